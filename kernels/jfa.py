@@ -1,0 +1,357 @@
+"""Host side of the Triton jagged flash attention: validation, tile schedules,
+launches and the autograd Function.
+
+    out, lse = jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                      max_seqlen_q, max_seqlen_k, causal=False,
+                                      softmax_scale=None, broadcast_q=False,
+                                      deterministic=False)
+
+See the spec conventions in README / kernels/PERF.md.  dQ is always computed
+without atomics (one writer per element; broadcast-Q sums fp32 per-chunk
+partials in a fixed order), so every gradient is bitwise reproducible for a
+given input whether or not ``deterministic`` is set.
+"""
+from __future__ import annotations
+
+import math
+import os
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+from . import schedule as sched
+from . import triton_kernels as tk
+
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DQ_DETERMINISTIC = True  # dQ never uses atomics, in any mode
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+# ---------------------------------------------------------------------------
+# launch configurations
+# ---------------------------------------------------------------------------
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel; chosen on the H200
+# (kernels/PERF.md).  The interpreter uses small blocks (still BLOCK_M !=
+# BLOCK_N so that the peeled causal loops are exercised).
+_GPU_CFG = {
+    # head_dim: fwd, bwd_kv, bwd_q
+    16: dict(fwd=(128, 64, 4, 3), kv=(64, 128, 4, 3), q=(128, 64, 4, 3)),
+    32: dict(fwd=(128, 64, 4, 3), kv=(64, 128, 4, 3), q=(128, 64, 4, 3)),
+    64: dict(fwd=(128, 64, 4, 3), kv=(64, 128, 8, 3), q=(128, 64, 8, 3)),
+    128: dict(fwd=(128, 64, 8, 3), kv=(64, 128, 8, 2), q=(128, 64, 8, 2)),
+    256: dict(fwd=(64, 32, 4, 2), kv=(32, 64, 4, 2), q=(64, 32, 4, 2)),
+}
+_CPU_CFG = dict(fwd=(32, 16, 4, 1), kv=(16, 32, 4, 1), q=(32, 16, 4, 1))
+
+# Tests / benchmarks may override: {"fwd": (...), "kv": (...), "q": (...)}
+CONFIG_OVERRIDE: dict = {}
+
+
+def _cfg(kind: str, head_dim: int, dtype: torch.dtype, on_cpu: bool):
+    if kind in CONFIG_OVERRIDE:
+        return CONFIG_OVERRIDE[kind]
+    if on_cpu:
+        return _CPU_CFG[kind]
+    bm, bn, w, s = _GPU_CFG[head_dim][kind]
+    if dtype == torch.float32:  # 2x the bytes per tile: halve the big block
+        if kind == "kv":
+            bm, s = max(16, bm // 2), min(s, 2)
+        else:
+            bn, s = max(16, bn // 2), min(s, 2)
+    return bm, bn, w, s
+
+
+def _num_sms(device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+# ---------------------------------------------------------------------------
+# validation
+# ---------------------------------------------------------------------------
+def _external_validate(q, k, v, cu_q, cu_k, max_q, max_k, broadcast_q, softmax_scale):
+    try:
+        from conformance.validation import validate_packed_inputs  # type: ignore
+    except Exception:  # not written yet / not installed: our own checks below still run
+        return
+    validate_packed_inputs(q, k, v, cu_q, cu_k, max_q, max_k,
+                           broadcast_q=broadcast_q, softmax_scale=softmax_scale)
+
+
+def _check_cu(name, cu_h, rows):
+    if cu_h.ndim != 1 or cu_h.shape[0] < 1:
+        raise ValueError(f"{name} must be a 1-D tensor of length B+1 >= 1")
+    if cu_h[0] != 0:
+        raise ValueError(f"{name}[0] must be 0, got {cu_h[0]}")
+    if cu_h.shape[0] > 1 and np.any(np.diff(cu_h) < 0):
+        raise ValueError(f"{name} must be non-decreasing")
+    if cu_h[-1] != rows:
+        raise ValueError(f"{name}[-1] must equal the number of packed rows ({rows}), got {cu_h[-1]}")
+
+
+def _validate(q, k, v, cu_q, cu_k, max_q, max_k, broadcast_q, softmax_scale):
+    _external_validate(q, k, v, cu_q, cu_k, max_q, max_k, broadcast_q, softmax_scale)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D [tokens, heads, head_dim], got shape {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"{name}.dtype {t.dtype} not supported (supported: {SUPPORTED_DTYPES})")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError("q, k, v must be on one device")
+    for name, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be an int32 or int64 tensor")
+        if t.dim() != 1:
+            raise ValueError(f"{name} must be 1-D")
+    if k.shape[0] != v.shape[0] or k.shape[1] != v.shape[1]:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree in tokens and heads")
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"q head_dim {q.shape[2]} != k head_dim {k.shape[2]}")
+    hq, hkv = q.shape[1], k.shape[1]
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"num heads of q ({hq}) must be a multiple of k/v heads ({hkv})")
+    if q.shape[2] not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim {q.shape[2]} not supported (supported: {SUPPORTED_HEAD_DIMS})")
+    if v.shape[2] not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"v head_dim {v.shape[2]} not supported (supported: {SUPPORTED_HEAD_DIMS})")
+    if softmax_scale is not None:
+        s = float(softmax_scale)
+        if not math.isfinite(s):
+            raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    if q.device.type == "cpu":
+        if not tk.INTERPRET:
+            raise NotImplementedError(
+                "CPU tensors need TRITON_INTERPRET=1 set before triton is imported; "
+                "otherwise use CUDA tensors")
+    elif q.device.type != "cuda":
+        raise NotImplementedError(f"device {q.device} not supported")
+    cu_q_h = cu_q.detach().to("cpu", torch.int64).numpy()
+    cu_k_h = cu_k.detach().to("cpu", torch.int64).numpy()
+    _check_cu("cu_seqlens_q", cu_q_h, q.shape[0])
+    _check_cu("cu_seqlens_k", cu_k_h, k.shape[0])
+    B = cu_k_h.shape[0] - 1
+    lens_k = np.diff(cu_k_h)
+    if broadcast_q:
+        if cu_q_h.shape[0] != 2:
+            raise ValueError("broadcast_q=True needs cu_seqlens_q == [0, Lq]")
+        lens_q = np.full(B, cu_q_h[1], dtype=np.int64)
+    else:
+        if cu_q_h.shape[0] != cu_k_h.shape[0]:
+            raise ValueError(f"cu_seqlens_q (len {cu_q_h.shape[0]}) and cu_seqlens_k "
+                             f"(len {cu_k_h.shape[0]}) must describe the same batch")
+        lens_q = np.diff(cu_q_h)
+    true_max_q = int(lens_q.max()) if lens_q.size else 0
+    true_max_k = int(lens_k.max()) if lens_k.size else 0
+    if int(max_seqlen_q_or(max_q)) < true_max_q:
+        raise ValueError(f"max_seqlen_q={max_q} is below the longest query sequence ({true_max_q})")
+    if int(max_seqlen_q_or(max_k)) < true_max_k:
+        raise ValueError(f"max_seqlen_k={max_k} is below the longest key sequence ({true_max_k})")
+    return cu_q_h, cu_k_h, lens_q, lens_k
+
+
+def max_seqlen_q_or(x):
+    if isinstance(x, torch.Tensor):
+        x = int(x.item())
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise ValueError(f"max_seqlen must be an int, got {x!r}")
+    if x < 0:
+        raise ValueError(f"max_seqlen must be >= 0, got {x}")
+    return x
+
+
+# ---------------------------------------------------------------------------
+# schedules (cached per offsets)
+# ---------------------------------------------------------------------------
+_SCHED_CACHE: "OrderedDict[tuple, dict]" = OrderedDict()
+_SCHED_CACHE_SIZE = 32
+
+
+def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq, device):
+    key = (cu_q_h.tobytes(), cu_k_h.tobytes(), broadcast, causal, cfgs, hq, str(device))
+    hit = _SCHED_CACHE.get(key)
+    if hit is not None:
+        _SCHED_CACHE.move_to_end(key)
+        return hit
+    bm_f = cfgs[0][0]
+    bn_kv = cfgs[1][1]
+    bm_q = cfgs[2][0]
+
+    def dev(a):
+        return torch.as_tensor(np.ascontiguousarray(a, dtype=np.int32)).to(device, non_blocking=True)
+
+    s = {}
+    seq, blk, work = sched.forward_tiles(lens_q, lens_k, bm_f, causal)
+    seq, blk, work = sched.sort_by_work(seq, blk, work=work)
+    s["fwd"] = (dev(seq), dev(blk), int(seq.shape[0]))
+    seq, blk, work = sched.kv_tiles(lens_q, lens_k, bn_kv, causal)
+    seq, blk, work = sched.sort_by_work(seq, blk, work=work)
+    s["kv"] = (dev(seq), dev(blk), int(seq.shape[0]))
+    s["kv_needs_zero"] = bool(np.any((lens_q == 0) & (lens_k > 0)))
+    if not broadcast:
+        seq, blk, work = sched.forward_tiles(lens_q, lens_k, bm_q, causal)
+        seq, blk, work = sched.sort_by_work(seq, blk, work=work)
+        s["q"] = (dev(seq), dev(seq + 1), dev(blk), dev(np.zeros_like(seq)), int(seq.shape[0]), 1)
+    else:
+        B = lens_k.shape[0]
+        lq = int(cu_q_h[1])
+        n_mblk = (lq + bm_q - 1) // bm_q
+        target = 4 * _num_sms(device)
+        n_chunks = max(1, min(B, -(-target // max(1, n_mblk * hq))))
+        bounds = sched.split_batches_by_work(lens_k + 16, n_chunks)
+        n_chunks = bounds.shape[0] - 1
+        c = np.repeat(np.arange(n_chunks), n_mblk)
+        m = np.tile(np.arange(n_mblk), n_chunks)
+        cw = np.add.reduceat(lens_k + 16, bounds[:-1]) if B > 0 else np.zeros(n_chunks)
+        order = np.argsort(-cw[c], kind="stable")
+        c, m = c[order], m[order]
+        s["q"] = (dev(bounds[:-1][c]), dev(bounds[1:][c]), dev(m), dev(c), int(c.shape[0]), n_chunks)
+    _SCHED_CACHE[key] = s
+    if len(_SCHED_CACHE) > _SCHED_CACHE_SIZE:
+        _SCHED_CACHE.popitem(last=False)
+    return s
+
+
+def _dot_prec(dtype):
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+# ---------------------------------------------------------------------------
+# forward / backward drivers
+# ---------------------------------------------------------------------------
+def _forward(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, n_out_rows):
+    hq, d = q.shape[1], q.shape[2]
+    hkv, dv = k.shape[1], v.shape[2]
+    out = torch.empty((n_out_rows, hq, dv), device=q.device, dtype=q.dtype)
+    lse = torch.empty((hq, n_out_rows), device=q.device, dtype=torch.float32)
+    seq_t, blk_t, n_tiles = s["fwd"]
+    if n_tiles == 0 or hq == 0:
+        return out, lse
+    bm, bn, w, st = cfgs[0]
+    tk._fwd_kernel[(n_tiles * hq,)](
+        q, k, v, out, lse, cu_q, cu_k, seq_t, blk_t,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0),
+        scale * tk.LOG2E,
+        H=hq, GROUP=hq // hkv, BROADCAST=broadcast, CAUSAL=causal,
+        BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dv, DOT_PREC=_dot_prec(q.dtype),
+        num_warps=w, num_stages=st)
+    return out, lse
+
+
+def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadcast):
+    hq, d = q.shape[1], q.shape[2]
+    hkv, dvd = k.shape[1], v.shape[2]
+    n_out = out.shape[0]
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    delta = torch.empty_like(lse)
+    if n_out > 0 and hq > 0:
+        blk = 64 if dvd <= 128 else 32
+        tk._bwd_preprocess[(triton_cdiv(n_out, blk), hq)](
+            out, do, delta, n_out, out.stride(0), out.stride(1), do.stride(0), do.stride(1),
+            delta.stride(0), BLOCK=blk, HEAD_DV=dvd, num_warps=4)
+    prec = _dot_prec(q.dtype)
+    # dK, dV
+    seq_t, blk_t, n_kv = s["kv"]
+    alloc = torch.zeros if s["kv_needs_zero"] else torch.empty
+    dk = alloc(k.shape, device=k.device, dtype=k.dtype)
+    dv = alloc(v.shape, device=v.device, dtype=v.dtype)
+    if n_kv > 0 and hkv > 0:
+        bm, bn, w, st = cfgs[1]
+        tk._bwd_kv_kernel[(n_kv * hkv,)](
+            q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, seq_t, blk_t,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+            lse.stride(0), scale, scale * tk.LOG2E,
+            HKV=hkv, GROUP=hq // hkv, BROADCAST=broadcast, CAUSAL=causal,
+            BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dvd, DOT_PREC=prec,
+            num_warps=w, num_stages=st)
+    # dQ
+    blo_t, bhi_t, mblk_t, slot_t, n_q, n_slots = s["q"]
+    if broadcast and n_slots > 1:
+        dq_buf = torch.empty((n_slots,) + tuple(q.shape), device=q.device, dtype=torch.float32)
+    else:
+        dq_buf = torch.empty(q.shape, device=q.device, dtype=torch.float32 if broadcast else q.dtype)
+        if broadcast:
+            dq_buf = dq_buf.unsqueeze(0)
+    if n_q > 0 and hq > 0:
+        bm, bn, w, st = cfgs[2]
+        dq3 = dq_buf if dq_buf.dim() == 4 else dq_buf.unsqueeze(0)
+        tk._bwd_q_kernel[(n_q * hq,)](
+            q, k, v, do, lse, delta, dq3, cu_q, cu_k, blo_t, bhi_t, mblk_t, slot_t,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), dq3.stride(0), dq3.stride(1), dq3.stride(2),
+            lse.stride(0), scale, scale * tk.LOG2E,
+            H=hq, GROUP=hq // hkv, BROADCAST=broadcast, CAUSAL=causal,
+            BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dvd, DOT_PREC=prec,
+            num_warps=w, num_stages=st)
+    elif dq_buf.numel() > 0:
+        dq_buf.zero_()
+    if broadcast:
+        # fixed-order fp32 reduction over chunk partials: deterministic
+        dq = dq_buf.sum(0) if dq_buf.shape[0] > 1 else dq_buf[0]
+        dq = dq.to(q.dtype)
+    else:
+        dq = dq_buf
+    return dq, dk, dv
+
+
+def triton_cdiv(a, b):
+    return (a + b - 1) // b
+
+
+class _JaggedFlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, n_out_rows):
+        out, lse = _forward(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, n_out_rows)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.s, ctx.cfgs, ctx.causal, ctx.scale, ctx.broadcast = s, cfgs, causal, scale, broadcast
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = _backward(do, q, k, v, out, lse, cu_q, cu_k, ctx.s, ctx.cfgs,
+                               ctx.causal, ctx.scale, ctx.broadcast)
+        return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                           causal=False, softmax_scale=None, broadcast_q=False,
+                           deterministic=False):
+    """Jagged (packed varlen) flash attention.  Returns ``(out, lse)``.
+
+    out: [total_q, Hq, Dv] (broadcast-Q: [B*Lq, Hq, Dv], batch-major);
+    lse: float32 [Hq, total_q] (broadcast-Q: [Hq, B*Lq]), natural log,
+    -inf for rows with no visible key.  ``deterministic`` is accepted for API
+    compatibility: every gradient here is computed without atomics and is
+    bitwise reproducible in either mode.
+    """
+    cu_q_h, cu_k_h, lens_q, lens_k = _validate(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                               max_seqlen_q, max_seqlen_k, broadcast_q,
+                                               softmax_scale)
+    d = q.shape[2]
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
+    on_cpu = q.device.type == "cpu"
+    dkey = max(d, v.shape[2])
+    cfgs = tuple(_cfg(kind, dkey, q.dtype, on_cpu) for kind in ("fwd", "kv", "q"))
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    k = k if k.stride(-1) == 1 else k.contiguous()
+    v = v if v.stride(-1) == 1 else v.contiguous()
+    if cu_seqlens_q.device != q.device:
+        cu_seqlens_q = cu_seqlens_q.to(q.device)
+    if cu_seqlens_k.device != q.device:
+        cu_seqlens_k = cu_seqlens_k.to(q.device)
+    s = _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, bool(broadcast_q), bool(causal), cfgs,
+                        q.shape[1], q.device)
+    n_out_rows = int(lens_q.sum())
+    return _JaggedFlashAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, s, cfgs, bool(causal),
+                                       scale, bool(broadcast_q), n_out_rows)

@@ -1,0 +1,158 @@
+"""Host-side tile scheduling for jagged flash attention.
+
+A *tile* is one (sequence, block) pair: a block of BLOCK_M query rows of one
+sequence (forward, dQ) or a block of BLOCK_N key rows (dK/dV).  Padded tiles
+(block index beyond the sequence's own length) never exist in these lists:
+only real tiles are generated ("empty tiles pruned").
+
+Two static policies are provided, as in the seed document:
+
+* forward: tiles sorted by KV workload (descending) and dealt to ``n_sms``
+  persistent programs in zigzag (boustrophedon) order;
+* backward: block-innermost round-robin (tiles of one sequence adjacent, so a
+  sequence's K/V or Q stays hot in L2 while consecutive programs read it).
+
+``imbalance(loads) = max / mean`` measures the result.
+
+The GPU launcher (``kernels/jfa.py``) uses the *sorted* tile list as a plain
+grid (heaviest tiles first; the hardware block scheduler then performs dynamic
+longest-processing-time-first balancing).  The static persistent assignment
+is kept here, tested, and was compared on the H200 (see ``kernels/PERF.md``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "zigzag_assign",
+    "round_robin_assign",
+    "imbalance",
+    "forward_tiles",
+    "kv_tiles",
+    "sort_by_work",
+    "persistent_zigzag",
+    "block_innermost_round_robin",
+    "split_batches_by_work",
+]
+
+
+def zigzag_assign(workloads, n_sms: int):
+    """Sort tiles by workload (descending) and deal them to ``n_sms`` bins in
+    boustrophedon order.  Returns ``(assign, loads)``: the bin of every tile
+    (in the original tile order) and the total load of every bin."""
+    w = np.asarray(workloads, dtype=np.int64)
+    n = w.shape[0]
+    order = np.argsort(-w, kind="stable")
+    pos = np.arange(n)
+    rnd, col = pos // n_sms, pos % n_sms
+    sm = np.where(rnd % 2 == 0, col, n_sms - 1 - col)
+    assign = np.empty(n, dtype=np.int32)
+    assign[order] = sm
+    loads = np.bincount(assign, weights=w, minlength=n_sms).astype(np.int64)
+    return assign, loads
+
+
+def round_robin_assign(workloads, n_sms: int):
+    """Tile ``t`` goes to bin ``t % n_sms`` (the tiles' given order)."""
+    w = np.asarray(workloads, dtype=np.int64)
+    assign = (np.arange(w.shape[0]) % n_sms).astype(np.int32)
+    loads = np.bincount(assign, weights=w, minlength=n_sms).astype(np.int64)
+    return assign, loads
+
+
+def imbalance(loads) -> float:
+    """max / mean of the per-bin loads (1.0 = perfectly balanced)."""
+    loads = np.asarray(loads, dtype=np.float64)
+    m = loads.mean() if loads.size else 0.0
+    return float(loads.max() / m) if m > 0 else 1.0
+
+
+def _causal_visible(lq, lk, blk_start, blk_len, causal):
+    """Number of visible keys summed... approximated per row block: the KV
+    extent (keys processed) of a q block [blk_start, blk_start+blk_len)."""
+    if not causal:
+        return np.broadcast_to(lk, blk_start.shape).astype(np.int64)
+    hi = np.minimum(lk, blk_start + blk_len + (lk - lq))
+    return np.maximum(hi, 0).astype(np.int64)
+
+
+def forward_tiles(lens_q, lens_k, block_m: int, causal: bool):
+    """Real (sequence, q-block) tiles.
+
+    Returns ``(seq, blk, work)`` int64 arrays.  ``work`` is the number of keys
+    the tile iterates over (its KV extent) plus a small constant so that tiles
+    with no keys (which still write zeros / -inf) have a cost.
+    """
+    lq = np.asarray(lens_q, dtype=np.int64)
+    lk = np.asarray(lens_k, dtype=np.int64)
+    nblk = (lq + block_m - 1) // block_m
+    seq = np.repeat(np.arange(lq.shape[0], dtype=np.int64), nblk)
+    first = np.cumsum(nblk) - nblk
+    blk = np.arange(seq.shape[0], dtype=np.int64) - np.repeat(first, nblk)
+    rows = np.minimum(block_m, lq[seq] - blk * block_m)
+    extent = _causal_visible(lq[seq], lk[seq], blk * block_m, rows, causal)
+    work = extent * np.maximum(rows, 1) // block_m + 16
+    return seq, blk, work
+
+
+def kv_tiles(lens_q, lens_k, block_n: int, causal: bool):
+    """Real (sequence, k-block) tiles for the dK/dV pass.  ``work`` = number of
+    query rows that see the block (q extent).  Blocks of sequences with no
+    query rows are pruned (the caller zero-fills dK/dV for them)."""
+    lq = np.asarray(lens_q, dtype=np.int64)
+    lk = np.asarray(lens_k, dtype=np.int64)
+    nblk = np.where(lq > 0, (lk + block_n - 1) // block_n, 0)
+    seq = np.repeat(np.arange(lq.shape[0], dtype=np.int64), nblk)
+    first = np.cumsum(nblk) - nblk
+    blk = np.arange(seq.shape[0], dtype=np.int64) - np.repeat(first, nblk)
+    if causal:
+        lo = np.maximum(blk * block_n - (lk[seq] - lq[seq]), 0)
+        work = np.maximum(lq[seq] - lo, 0) + 16
+    else:
+        work = lq[seq] + 16
+    return seq, blk, work
+
+
+def sort_by_work(*arrays, work):
+    """Reorder tile arrays by descending work (stable)."""
+    order = np.argsort(-np.asarray(work), kind="stable")
+    return tuple(np.asarray(a)[order] for a in arrays) + (np.asarray(work)[order],)
+
+
+def persistent_zigzag(work, n_programs: int):
+    """Persistent-grid schedule: CSR lists ``(ptr, tile_ids)`` where program
+    ``p`` processes ``tile_ids[ptr[p]:ptr[p+1]]`` (heaviest first)."""
+    w = np.asarray(work, dtype=np.int64)
+    assign, loads = zigzag_assign(w, n_programs)
+    order = np.lexsort((-w, assign))  # by program, then heaviest first
+    counts = np.bincount(assign, minlength=n_programs)
+    ptr = np.zeros(n_programs + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum(counts)
+    return ptr, order.astype(np.int64), loads
+
+
+def block_innermost_round_robin(seq, blk, work, n_programs: int):
+    """Backward policy: tiles ordered (sequence, block) with the block index
+    innermost, dealt round-robin.  Returns ``(order, assign, loads)``."""
+    order = np.lexsort((np.asarray(blk), np.asarray(seq)))
+    w = np.asarray(work, dtype=np.int64)[order]
+    assign, loads = round_robin_assign(w, n_programs)
+    return order, assign, loads
+
+
+def split_batches_by_work(work_per_batch, n_chunks: int):
+    """Split batches 0..B-1 into at most ``n_chunks`` contiguous chunks of
+    roughly equal total work.  Returns chunk boundaries ``[0, ..., B]``."""
+    w = np.asarray(work_per_batch, dtype=np.float64)
+    B = w.shape[0]
+    if B == 0:
+        return np.zeros(1, dtype=np.int64)
+    n_chunks = max(1, min(n_chunks, B))
+    c = np.cumsum(w)
+    total = c[-1]
+    if total <= 0:
+        return np.linspace(0, B, n_chunks + 1).astype(np.int64)
+    targets = total * np.arange(1, n_chunks) / n_chunks
+    cuts = np.searchsorted(c, targets, side="left") + 1
+    bounds = np.unique(np.concatenate([[0], np.clip(cuts, 1, B - 1) if B > 1 else [], [B]]).astype(np.int64))
+    return bounds

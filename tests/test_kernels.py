@@ -1,0 +1,313 @@
+"""Tests for the Triton jagged flash attention kernel (kernels/).
+
+On machines without CUDA the kernels run under the Triton interpreter
+(TRITON_INTERPRET=1, set below before triton is imported).  Every result is
+compared with a float64 per-sequence PyTorch reference written here.
+"""
+import os
+
+try:  # decide before triton is imported anywhere in this process
+    import torch as _torch_probe
+
+    _HAS_CUDA = _torch_probe.cuda.is_available()
+except Exception:  # pragma: no cover
+    _HAS_CUDA = False
+if not _HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from kernels import SUPPORTED_HEAD_DIMS, jagged_flash_attention
+from kernels import schedule as sched
+from kernels import triton_kernels as tk
+
+DEVICE = "cuda" if _HAS_CUDA else "cpu"
+INTERPRET = tk.INTERPRET
+BF16_INTERP_SKIP = pytest.mark.skipif(
+    INTERPRET,
+    reason="Triton interpreter tl.dot on bfloat16 multiplies raw bit patterns "
+           "(triton-lang/triton#11584); bf16 is tested on GPU only")
+needs_kernels = pytest.mark.skipif(not (_HAS_CUDA or INTERPRET),
+                                   reason="needs CUDA or TRITON_INTERPRET=1")
+
+
+# ---------------------------------------------------------------------------
+# float64 reference (per-sequence loop)
+# ---------------------------------------------------------------------------
+def reference(q, k, v, cu_q, cu_k, causal, scale, broadcast):
+    """Returns out [rows, Hq, Dv] and lse [Hq, rows] in float64; differentiable."""
+    hq, hkv = q.shape[1], k.shape[1]
+    g = hq // hkv
+    cu_q = [int(x) for x in cu_q]
+    cu_k = [int(x) for x in cu_k]
+    B = len(cu_k) - 1
+    outs, lses = [], []
+    for b in range(B):
+        qb = q if broadcast else q[cu_q[b]:cu_q[b + 1]]
+        kb = k[cu_k[b]:cu_k[b + 1]].repeat_interleave(g, dim=1)
+        vb = v[cu_k[b]:cu_k[b + 1]].repeat_interleave(g, dim=1)
+        lq, lk = qb.shape[0], kb.shape[0]
+        s = torch.einsum("ihd,jhd->hij", qb, kb) * scale
+        i = torch.arange(lq)[:, None]
+        j = torch.arange(lk)[None, :]
+        mask = (j <= i + (lk - lq)) if causal else torch.ones(lq, lk, dtype=torch.bool)
+        mask = mask.expand(hq, lq, lk)
+        s = s.masked_fill(~mask, float("-inf"))
+        lse = torch.logsumexp(s, dim=-1) if lk > 0 else torch.full((hq, lq), float("-inf"), dtype=s.dtype)
+        row_ok = mask.any(-1)
+        s_safe = s.masked_fill(~row_ok[..., None], 0.0)
+        p = torch.softmax(s_safe, dim=-1) * row_ok[..., None] if lk > 0 else s_safe
+        o = torch.einsum("hij,jhd->ihd", p, vb) if lk > 0 else torch.zeros(lq, hq, v.shape[2], dtype=v.dtype)
+        outs.append(o)
+        lses.append(lse)
+    if not outs:
+        return (torch.zeros(0, hq, v.shape[2], dtype=torch.float64),
+                torch.zeros(hq, 0, dtype=torch.float64))
+    return torch.cat(outs, 0), torch.cat(lses, 1)
+
+
+def make_inputs(lens_q, lens_k, hq, hkv, d, dv, dtype, broadcast=False, seed=0, idx=torch.int32):
+    gen = torch.Generator().manual_seed(seed)
+    tq = lens_q[0] if broadcast else sum(lens_q)
+    tkk = sum(lens_k)
+    q = torch.randn(tq, hq, d, generator=gen).to(dtype)
+    k = torch.randn(tkk, hkv, d, generator=gen).to(dtype)
+    v = torch.randn(tkk, hkv, dv, generator=gen).to(dtype)
+    cu_q = torch.tensor([0] + list(np.cumsum([lens_q[0]] if broadcast else lens_q)), dtype=idx)
+    cu_k = torch.tensor([0] + list(np.cumsum(lens_k)), dtype=idx)
+    return q, k, v, cu_q, cu_k
+
+
+def rel(a, b):
+    a = a.double()
+    b = b.double()
+    den = b.norm().item()
+    return (a - b).norm().item() / max(den, 1e-12)
+
+
+TOL = {torch.float32: 2e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+LSE_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+def run_case(lens_q, lens_k, *, hq=2, hkv=2, d=32, dv=None, dtype=torch.float32, causal=False,
+             broadcast=False, scale=None, deterministic=False, seed=0, idx=torch.int32):
+    dv = dv or d
+    q, k, v, cu_q, cu_k = make_inputs(lens_q, lens_k, hq, hkv, d, dv, dtype, broadcast, seed, idx)
+    sc = scale if scale is not None else 1.0 / math.sqrt(d)
+    # reference on the same (rounded) values in float64
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    ref_o, ref_l = reference(q64, k64, v64, cu_q, cu_k, causal, sc, broadcast)
+    gen = torch.Generator().manual_seed(seed + 1)
+    do = torch.randn(ref_o.shape, generator=gen).to(dtype)
+    if ref_o.numel():
+        ref_o.backward(do.double())
+    qd, kd, vd = (t.to(DEVICE).requires_grad_() for t in (q, k, v))
+    out, lse = jagged_flash_attention(qd, kd, vd, cu_q.to(DEVICE), cu_k.to(DEVICE),
+                                      max(lens_q) if lens_q else 0, max(lens_k) if lens_k else 0,
+                                      causal=causal, softmax_scale=scale, broadcast_q=broadcast,
+                                      deterministic=deterministic)
+    assert out.shape == ref_o.shape and out.dtype == dtype
+    assert lse.shape == ref_l.shape and lse.dtype == torch.float32
+    out.backward(do.to(DEVICE))
+    out, lse = out.detach().cpu(), lse.cpu()
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    # -inf exactly where the reference has no visible key
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_l))
+    fin = torch.isfinite(ref_l)
+    if fin.any():
+        assert (lse[fin].double() - ref_l[fin]).abs().max().item() < LSE_TOL[dtype]
+    if ref_o.numel():
+        assert rel(out, ref_o.detach()) < TOL[dtype], rel(out, ref_o.detach())
+    # rows with no visible key: exactly 0
+    empty_rows = torch.isneginf(ref_l).all(0)
+    if empty_rows.any():
+        assert (out[empty_rows] == 0).all()
+    grads = {}
+    for name, t, r in (("dq", qd, q64), ("dk", kd, k64), ("dv", vd, v64)):
+        gt = t.grad.cpu()
+        assert gt.shape == r.shape
+        assert torch.isfinite(gt).all(), name
+        rg = r.grad if r.grad is not None else torch.zeros_like(r)
+        if rg.norm() > 0:
+            assert rel(gt, rg) < 2 * TOL[dtype], (name, rel(gt, rg))
+        else:
+            assert (gt == 0).all(), name
+        grads[name] = gt
+    return out, lse, grads
+
+
+# ---------------------------------------------------------------------------
+# forward + backward vs reference
+# ---------------------------------------------------------------------------
+FP = [torch.float32, torch.float16]
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", FP)
+def test_varlen_noncausal_zero_length_and_unequal(dtype):
+    # zero-length q and k sequences, Lq != Lk, a sequence longer than one block
+    run_case([5, 0, 37, 3, 0, 20], [9, 4, 30, 0, 0, 41], dtype=dtype, d=32)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", FP)
+def test_causal_bottom_right(dtype):
+    # Lq > Lk (early rows with no visible key), Lq < Lk, Lk == 0, equal lengths
+    run_case([40, 12, 7, 33, 5], [9, 50, 0, 33, 1], dtype=dtype, d=32, causal=True)
+
+
+@needs_kernels
+def test_causal_rows_without_keys_have_zero_grad():
+    out, lse, grads = run_case([20], [3], causal=True, d=16)
+    # rows 0..16 see no key (j <= i + 3 - 20)
+    assert torch.isneginf(lse[:, :17]).all() and torch.isfinite(lse[:, 17:]).all()
+    assert (out[:17] == 0).all()
+    assert (grads["dq"][:17] == 0).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("causal", [False, True])
+def test_gqa(causal):
+    run_case([17, 35, 0, 8], [17, 20, 6, 40], hq=4, hkv=2, d=32, causal=causal)
+    run_case([17, 35], [30, 20], hq=4, hkv=1, d=16, causal=causal, dtype=torch.float16)
+
+
+@needs_kernels
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", FP)
+def test_broadcast_q(causal, dtype):
+    # 40 shared query rows vs 6 jagged K/V sequences (incl. empty ones); dQ is
+    # the sum over the batch, reduced from several chunk partials
+    run_case([40], [50, 0, 13, 64, 1, 40], broadcast=True, causal=causal, dtype=dtype, hq=2, hkv=1)
+
+
+@needs_kernels
+def test_broadcast_q_deterministic_bitwise():
+    lens_k = [33, 7, 50, 0, 21, 64, 5, 40]
+    res = []
+    for _ in range(2):
+        _, _, g = run_case([40], lens_k, broadcast=True, causal=True, deterministic=True,
+                           dtype=torch.float16, seed=3)
+        res.append(g)
+    for name in ("dq", "dk", "dv"):
+        assert torch.equal(res[0][name], res[1][name]), name
+
+
+@needs_kernels
+def test_head_dims_and_dv():
+    run_case([9, 21], [14, 3], d=64, dtype=torch.float16)
+    run_case([9, 21], [14, 30], d=16, dv=32, causal=True)
+    run_case([5, 18], [19, 3], d=128, causal=True, hq=1, hkv=1)
+
+
+@needs_kernels
+def test_int64_offsets_and_custom_scale():
+    run_case([12, 30], [25, 7], causal=True, idx=torch.int64, scale=0.3)
+
+
+@needs_kernels
+def test_single_block_exact_multiples():
+    # lengths equal to block multiples (no ragged tail) on interpreter configs
+    run_case([32, 64], [32, 64], causal=True)
+    run_case([64], [16, 32, 48], broadcast=True)
+
+
+@needs_kernels
+@BF16_INTERP_SKIP
+def test_bf16():
+    run_case([5, 0, 37, 3], [9, 4, 30, 0], dtype=torch.bfloat16, causal=True, hq=4, hkv=2, d=64)
+    run_case([40], [50, 0, 13, 64], dtype=torch.bfloat16, broadcast=True, d=128)
+
+
+@needs_kernels
+def test_all_empty():
+    q, k, v, cu_q, cu_k = make_inputs([0, 0], [0, 3], 2, 2, 32, 32, torch.float32)
+    kd = k.to(DEVICE).requires_grad_()
+    out, lse = jagged_flash_attention(q.to(DEVICE), kd, v.to(DEVICE), cu_q.to(DEVICE),
+                                      cu_k.to(DEVICE), 0, 3)
+    assert out.shape == (0, 2, 32) and lse.shape == (2, 0)
+
+
+# ---------------------------------------------------------------------------
+# bad inputs
+# ---------------------------------------------------------------------------
+def _good():
+    q, k, v, cu_q, cu_k = make_inputs([5, 7], [6, 8], 2, 2, 32, 32, torch.float32)
+    return dict(q=q.to(DEVICE), k=k.to(DEVICE), v=v.to(DEVICE), cu_seqlens_q=cu_q.to(DEVICE),
+                cu_seqlens_k=cu_k.to(DEVICE), max_seqlen_q=7, max_seqlen_k=8)
+
+
+def _call(**kw):
+    a = _good()
+    extra = {x: kw.pop(x) for x in ("causal", "broadcast_q", "softmax_scale") if x in kw}
+    a.update(kw)
+    return jagged_flash_attention(a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["cu_seqlens_k"],
+                                  a["max_seqlen_q"], a["max_seqlen_k"], **extra)
+
+
+@needs_kernels
+@pytest.mark.parametrize("bad", [
+    dict(max_seqlen_q=6),
+    dict(max_seqlen_k=7),
+    dict(cu_seqlens_q=torch.tensor([1, 5, 12], dtype=torch.int32)),
+    dict(cu_seqlens_q=torch.tensor([0, 8, 7], dtype=torch.int32)),
+    dict(cu_seqlens_k=torch.tensor([0, 6, 13], dtype=torch.int32)),
+    dict(cu_seqlens_k=torch.tensor([0, 6, 14], dtype=torch.float32)),
+    dict(cu_seqlens_k=torch.tensor([0, 14], dtype=torch.int32)),
+    dict(k=torch.randn(14, 3, 32)),
+    dict(v=torch.randn(13, 2, 32)),
+    dict(q=torch.randn(12, 2, 48), k=torch.randn(14, 2, 48), v=torch.randn(14, 2, 48)),
+    dict(q=torch.randn(12, 2, 32, dtype=torch.float64)),
+    dict(q=torch.randn(12, 2, 32).half()),
+    dict(q=torch.randn(12, 32)),
+    dict(softmax_scale=float("nan")),
+    dict(broadcast_q=True),
+])
+def test_bad_inputs_raise_value_error(bad):
+    bad = {kk: (vv.to(DEVICE) if isinstance(vv, torch.Tensor) else vv) for kk, vv in bad.items()}
+    with pytest.raises(ValueError):
+        _call(**bad)
+
+
+def test_supported_head_dims_declared():
+    assert 64 in SUPPORTED_HEAD_DIMS and 128 in SUPPORTED_HEAD_DIMS
+
+
+# ---------------------------------------------------------------------------
+# host-side scheduling
+# ---------------------------------------------------------------------------
+def _seed_work():
+    rng = np.random.default_rng(1)
+    work = rng.integers(32, 512, size=48).astype(np.int64)
+    work[0], work[1], work[2] = 480, 450, 40
+    return work
+
+
+def test_schedule_seed_imbalance():
+    work = _seed_work()
+    _, rr = sched.round_robin_assign(work, 8)
+    _, zz = sched.zigzag_assign(work, 8)
+    assert round(sched.imbalance(rr), 3) == 1.234
+    assert round(sched.imbalance(zz), 3) == 1.022
+    assert rr.tolist() == [1937, 1604, 1087, 1569, 1485, 1493, 1468, 1913]
+    assert zz.tolist() == [1604, 1563, 1569, 1573, 1583, 1557, 1545, 1562]
+
+
+def test_schedule_tiles_pruned_and_persistent_lists():
+    lens_q = np.array([0, 5, 130, 0, 64])
+    lens_k = np.array([7, 0, 200, 0, 64])
+    seq, blk, work = sched.forward_tiles(lens_q, lens_k, 64, causal=False)
+    assert list(zip(seq.tolist(), blk.tolist())) == [(1, 0), (2, 0), (2, 1), (2, 2), (4, 0)]
+    seq, blk, work = sched.kv_tiles(lens_q, lens_k, 64, causal=True)
+    assert list(zip(seq.tolist(), blk.tolist())) == [(2, 0), (2, 1), (2, 2), (2, 3), (4, 0)]
+    ptr, ids, loads = sched.persistent_zigzag(_seed_work(), 8)
+    assert ptr[-1] == 48 and sorted(ids.tolist()) == list(range(48))
+    assert round(sched.imbalance(loads), 3) == 1.022
+    order, assign, loads = sched.block_innermost_round_robin(seq, blk, work, 3)
+    assert sorted(order.tolist()) == list(range(len(seq)))
+    b = sched.split_batches_by_work([5, 1, 1, 1, 9, 1], 3)
+    assert b[0] == 0 and b[-1] == 6 and np.all(np.diff(b) > 0)
