@@ -1,0 +1,117 @@
+"""The adapter contract: what a backend declares and what it must compute.
+
+A backend is an object with a ``name``, :class:`Capabilities` declared as data, ``unavailable_reason``
+(why it cannot run on this machine at all), ``not_supported_reasons(problem)`` (why it cannot run one
+problem; readable sentences, empty when supported) and ``forward(args) -> Output``. Subclass
+:class:`Backend` and usually only ``forward`` and the capabilities need writing.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field, fields
+from typing import Literal
+
+import torch
+
+from .problem import AttentionArgs, Output, Problem
+
+BroadcastQ = Literal["native", "emulated", "none"]
+ALL_DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend supports, as data. The spec draws only problems inside these bounds."""
+
+    devices: tuple[str, ...] = ("cpu",)
+    dtypes: tuple[str, ...] = ALL_DTYPES
+    head_dims: tuple[int, ...] | None = None  # None: any head dim
+    max_head_dim: int | None = None
+    value_dim_differs: bool = True  # may Dv differ from D?
+    causal_modes: tuple[str, ...] = ("none", "bottom_right")
+    gqa: bool = True
+    cross_attention: bool = True  # may Lq differ from Lk within a sequence?
+    zero_length: bool = True  # sequences of length 0
+    broadcast_q: BroadcastQ = "emulated"
+    backward: bool = True
+    lse: bool = True
+    deterministic: bool = False
+    min_compute_capability: tuple[int, int] | None = None
+    notes: str = ""
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def supports_head_dim(self, d: int) -> bool:
+        if self.head_dims is not None and d not in self.head_dims:
+            return False
+        return self.max_head_dim is None or d <= self.max_head_dim
+
+
+class Backend:
+    """Base class for adapters. Override ``forward``; extend the two reason methods when needed."""
+
+    name: str = "unnamed"
+    capabilities: Capabilities = Capabilities()
+    requires: tuple[str, ...] = ()  # importable modules the adapter needs
+
+    def unavailable_reason(self, device: str) -> str | None:
+        """Why this backend cannot run on ``device`` here (missing package, no GPU, wrong arch), or None."""
+        for module in self.requires:
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                return f"the Python module '{module}' is not installed"
+        kind = torch.device(device).type
+        if kind not in self.capabilities.devices:
+            return f"runs on {', '.join(self.capabilities.devices)}, not on {kind}"
+        if kind == "cuda":
+            if not torch.cuda.is_available():
+                return "no CUDA GPU is visible"
+            need = self.capabilities.min_compute_capability
+            have = torch.cuda.get_device_capability(device)
+            if need is not None and have < need:
+                return f"needs compute capability >= {need[0]}.{need[1]}, this GPU has {have[0]}.{have[1]}"
+        return None
+
+    def not_supported_reasons(self, problem: Problem) -> list[str]:
+        caps, reasons = self.capabilities, []
+        if problem.dtype not in caps.dtypes:
+            reasons.append(f"dtype {problem.dtype} is not supported (supports {', '.join(caps.dtypes)})")
+        for label, d in (("head_dim", problem.head_dim), ("head_dim_v", problem.value_dim)):
+            if not caps.supports_head_dim(d):
+                allowed = caps.head_dims if caps.head_dims is not None else f"<= {caps.max_head_dim}"
+                reasons.append(f"{label} {d} is not supported (supports {allowed})")
+        if problem.value_dim != problem.head_dim and not caps.value_dim_differs:
+            reasons.append("a value head dim different from the query/key head dim is not supported")
+        if problem.causal not in caps.causal_modes:
+            reasons.append(f"causal mode '{problem.causal}' is not supported (supports {', '.join(caps.causal_modes)})")
+        if problem.heads_q != problem.heads_kv and not caps.gqa:
+            reasons.append("grouped-query attention (Hq != Hkv) is not supported")
+        if problem.broadcast_q and caps.broadcast_q == "none":
+            reasons.append("broadcast-Q is not supported")
+        if not problem.broadcast_q and not caps.cross_attention and problem.seqlens_q != problem.seqlens_k:
+            reasons.append("query and key lengths must be equal per sequence (no cross-attention)")
+        if not caps.zero_length and 0 in problem.seqlens_q + problem.seqlens_k:
+            reasons.append("zero-length sequences are not supported")
+        return reasons
+
+    def forward(self, args: AttentionArgs) -> Output:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<backend {self.name}>"
+
+
+@dataclass
+class BackendInfo:
+    """A row of ``jfa-conformance list``."""
+
+    name: str
+    source: str
+    available: bool
+    reason: str | None
+    capabilities: dict = field(default_factory=dict)
+

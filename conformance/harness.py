@@ -1,0 +1,160 @@
+"""Running a backend on a problem and judging it: strategy -> backend -> oracle + tolerance -> verdicts.
+
+The spec tests are thin wrappers over these functions, so the same path serves pytest, the CLI and
+replays.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from . import oracle
+from .backend import Backend
+from .problem import AttentionArgs, Output, Problem, make_grad_out, make_inputs
+from .tolerance import FORWARD_FACTOR, GRADIENT_FACTOR, Verdict, allowed_error, judge, magnitude, max_error
+from .validation import validate_packed_inputs
+
+
+class Unsupported(Exception):
+    """The backend cannot run this problem; the message is the reason shown in reports."""
+
+
+class ContractError(AssertionError):
+    """The backend returned something outside the adapter contract (shape, dtype, device, grad)."""
+
+
+@dataclass
+class Run:
+    """One evaluation: forward results and, when asked for, the gradients w.r.t. q, k, v."""
+
+    out: torch.Tensor
+    lse: torch.Tensor | None
+    dq: torch.Tensor | None = None
+    dk: torch.Tensor | None = None
+    dv: torch.Tensor | None = None
+
+
+def _check_output(backend: Backend, args: AttentionArgs, output) -> Output:
+    if isinstance(output, torch.Tensor):
+        output = Output(output)
+    if not isinstance(output, Output):
+        raise ContractError(f"{backend.name}.forward must return an Output, got {type(output).__name__}")
+    rows = sum(args.seqlens_q)
+    hq, dv = args.q.shape[1], args.v.shape[2]
+    out, lse = output.out, output.lse
+    if tuple(out.shape) != (rows, hq, dv):
+        raise ContractError(f"out has shape {tuple(out.shape)}, expected [rows, Hq, Dv] = {(rows, hq, dv)}")
+    if out.dtype != args.q.dtype:
+        raise ContractError(f"out has dtype {out.dtype}, expected the input dtype {args.q.dtype}")
+    if out.device != args.q.device:
+        raise ContractError(f"out is on {out.device}, expected the input device {args.q.device}")
+    if lse is not None:
+        if tuple(lse.shape) != (hq, rows):
+            raise ContractError(f"lse has shape {tuple(lse.shape)}, expected [Hq, rows] = {(hq, rows)}")
+        if lse.dtype != torch.float32:
+            raise ContractError(f"lse has dtype {lse.dtype}, expected float32")
+    return output
+
+
+def call_backend(backend: Backend, args: AttentionArgs, grad_out: torch.Tensor | None = None) -> Run:
+    """Run ``backend`` on ``args`` (emulating broadcast-Q when the backend only supports it that way);
+    with ``grad_out``, also backpropagate it through ``out`` and return dq, dk, dv."""
+    validate_packed_inputs(
+        args.q, args.k, args.v, args.cu_seqlens_q, args.cu_seqlens_k, args.max_seqlen_q, args.max_seqlen_k,
+        broadcast_q=args.broadcast_q, softmax_scale=args.softmax_scale,
+    )
+    leaves = [t.detach().clone().requires_grad_(grad_out is not None) for t in (args.q, args.k, args.v)]
+    call = args.replace(q=leaves[0], k=leaves[1], v=leaves[2])
+    if call.broadcast_q and backend.capabilities.broadcast_q == "emulated":
+        call = call.with_broadcast_q_expanded()
+    try:
+        output = _check_output(backend, call, backend.forward(call))
+    except NotImplementedError as exc:
+        raise Unsupported(str(exc) or f"{backend.name} raised NotImplementedError") from exc
+    run = Run(output.out.detach(), None if output.lse is None else output.lse.detach())
+    if grad_out is not None:
+        if not output.out.requires_grad:
+            if getattr(backend, "infers_capabilities", False) and output.out.numel():
+                raise Unsupported(f"{backend.name} returned an output without an autograd graph (no backward)")
+            # A declared backward with no graph means a constant output: zero gradients, judged as such.
+            run.dq, run.dk, run.dv = (torch.zeros_like(t) for t in leaves)
+            return run
+        grads = torch.autograd.grad(output.out, leaves, grad_out, allow_unused=True)
+        run.dq, run.dk, run.dv = (torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves))
+    return run
+
+
+def ensure_supported(backend: Backend, problem: Problem) -> None:
+    reasons = backend.not_supported_reasons(problem)
+    if reasons:
+        raise Unsupported("; ".join(reasons))
+
+
+def run_backend(backend: Backend, problem: Problem, device, *, gradients: bool = False) -> Run:
+    ensure_supported(backend, problem)
+    if gradients and not backend.capabilities.backward:
+        raise Unsupported(f"{backend.name} declares no backward")
+    grad_out = make_grad_out(problem, device) if gradients else None
+    return call_backend(backend, make_inputs(problem, device), grad_out)
+
+
+def oracle_call(args: AttentionArgs, compute_dtype: torch.dtype, grad_out: torch.Tensor | None = None) -> Run:
+    """The oracle as a :class:`Run`, in ``compute_dtype`` (float64: the oracle; else the low-precision reference)."""
+    leaves = [t.detach().to("cpu", compute_dtype).requires_grad_(grad_out is not None) for t in (args.q, args.k, args.v)]
+    result = oracle.attention(args.replace(q=leaves[0], k=leaves[1], v=leaves[2]), compute_dtype)
+    run = Run(result.out.detach(), result.lse.detach())
+    if grad_out is not None and result.out.requires_grad:
+        grads = torch.autograd.grad(result.out, leaves, grad_out.to("cpu", compute_dtype), allow_unused=True)
+        run.dq, run.dk, run.dv = (torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves))
+    elif grad_out is not None:
+        run.dq, run.dk, run.dv = (torch.zeros_like(t) for t in leaves)
+    return run
+
+
+@functools.lru_cache(maxsize=16)
+def oracle_run(problem: Problem, low_precision: bool, gradients: bool) -> Run:
+    """Oracle results for ``problem`` (cached: several checks judge the same drawn problem)."""
+    compute = problem.torch_dtype if low_precision else torch.float64
+    return oracle_call(make_inputs(problem), compute, make_grad_out(problem) if gradients else None)
+
+
+def judge_forward(problem: Problem, run: Run) -> list[Verdict]:
+    exact, low = oracle_run(problem, False, False), oracle_run(problem, True, False)
+    verdicts = [judge("out", run.out, exact.out, low.out, problem.torch_dtype, FORWARD_FACTOR)]
+    if run.lse is not None:
+        verdicts.append(judge("lse", run.lse, exact.lse, low.lse, problem.torch_dtype, FORWARD_FACTOR))
+    return verdicts
+
+
+def judge_gradients(problem: Problem, run: Run) -> list[Verdict]:
+    exact, low = oracle_run(problem, False, True), oracle_run(problem, True, True)
+    return [
+        judge(name, getattr(run, name), getattr(exact, name), getattr(low, name), problem.torch_dtype, GRADIENT_FACTOR)
+        for name in ("dq", "dk", "dv")
+    ]
+
+
+def compare_runs(problem: Problem, quantity: str, observed: torch.Tensor, expected: torch.Tensor) -> Verdict:
+    """Two results of one backend that must agree (e.g. native vs emulated broadcast-Q), allowed the same
+    error as a comparison with the oracle would be."""
+    gradient = quantity in ("dq", "dk", "dv")
+    exact, low = oracle_run(problem, False, gradient), oracle_run(problem, True, gradient)
+    reference_error = max_error(getattr(low, quantity), getattr(exact, quantity))
+    factor = GRADIENT_FACTOR if gradient else FORWARD_FACTOR
+    return Verdict(
+        quantity=quantity,
+        observed=max_error(observed, expected),
+        allowed=allowed_error(reference_error, problem.torch_dtype, magnitude(getattr(exact, quantity)), factor),
+        reference_error=reference_error,
+    )
+
+
+def assert_verdicts(problem: Problem, verdicts: list[Verdict], backend: Backend | None = None) -> None:
+    """Fail with every quantity's error, allowance and budget when any verdict fails."""
+    if all(v.ok for v in verdicts):
+        return
+    who = f"{backend.name} " if backend else ""
+    lines = "\n  ".join(str(v) for v in verdicts)
+    raise AssertionError(f"{who}disagrees with the float64 oracle on {problem!r}\n  {lines}")

@@ -1,0 +1,130 @@
+"""pytest plumbing of the spec: backend selection, device, hypothesis profiles, expected failures.
+
+Loaded by the project's conftest.py and by ``jfa-conformance run`` (``-p conformance.plugin``).
+Options: ``--backend`` (repeatable), ``--device``, ``--xfails-file``, ``--max-examples``; the hypothesis
+profile comes from hypothesis's own ``--hypothesis-profile`` (default ``ci``, see profiles.py).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis.errors import Unsatisfiable
+
+from . import profiles
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("jfa-conformance", "jagged flash attention conformance")
+    group.addoption(
+        "--backend", action="append", default=[], metavar="NAME",
+        help="backend to test: a built-in or entry-point name, 'package.module:attr' or 'file.py:attr' "
+        "(repeatable; default: every backend available on --device)",
+    )
+    group.addoption("--device", default=None, help="device the backends run on (default: cuda if available, else cpu)")
+    group.addoption(
+        "--xfails-file", default=None, metavar="PATH",
+        help="file of node-id substrings, one per line ('# reason' allowed): matching checks are expected failures",
+    )
+    group.addoption("--max-examples", type=int, default=None, help="override the profile's hypothesis max_examples")
+
+
+@pytest.hookimpl(trylast=True)  # after hypothesis's own plugin has loaded --hypothesis-profile
+def pytest_configure(config):
+    config.addinivalue_line("markers", "spec: a conformance check of the spec, run per backend")
+    chosen = config.getoption("hypothesis_profile", default=None) or profiles.DEFAULT
+    profiles.load(chosen, config.getoption("max_examples"))
+
+
+def selected_backends(config):
+    """``(backend, skip_reason)`` pairs for the run: explicit names, or every available backend."""
+    from backends import registry
+
+    device = config.getoption("device") or default_device()
+    names = config.getoption("backend")
+    if not names:
+        return [(b, None) for b in registry.available(device)]
+    chosen = []
+    for name in names:
+        backend = registry.resolve(name)
+        chosen.append((backend, backend.unavailable_reason(device)))
+    return chosen
+
+
+def pytest_generate_tests(metafunc):
+    if "backend" not in metafunc.fixturenames:
+        return
+    if not hasattr(metafunc.config, "_jfa_backends"):
+        metafunc.config._jfa_backends = selected_backends(metafunc.config)
+    params = [
+        pytest.param(b, id=b.name, marks=[pytest.mark.skip(reason=f"{b.name} unavailable: {why}")] if why else [])
+        for b, why in metafunc.config._jfa_backends
+    ]
+    metafunc.parametrize("backend", params)
+
+
+def read_xfails(path: str | Path) -> list[tuple[str, str]]:
+    """``(node-id substring, reason)`` pairs; blank lines and full-line comments are ignored."""
+    entries = []
+    for line in Path(path).read_text().splitlines():
+        pattern, _, reason = line.partition("#")
+        if pattern.strip():
+            entries.append((pattern.strip(), reason.strip() or "listed in the expected-failures file"))
+    return entries
+
+
+def pytest_collection_modifyitems(config, items):
+    path = config.getoption("xfails_file")
+    if not path:
+        return
+    entries = read_xfails(path)
+    for item in items:
+        for pattern, reason in entries:
+            if pattern in item.nodeid:
+                item.add_marker(pytest.mark.xfail(reason=reason, strict=False))
+                break
+
+
+@pytest.fixture
+def device(request) -> str:
+    return request.config.getoption("device") or default_device()
+
+
+class UnsupportedTally:
+    """Reasons why drawn examples were unsupported; when no example was supported, the check is skipped
+    with these reasons instead of failing."""
+
+    def __init__(self):
+        self.reasons: dict[str, int] = {}
+
+    def add(self, reason: str) -> None:
+        self.reasons[reason] = self.reasons.get(reason, 0) + 1
+
+    def summary(self) -> str:
+        ranked = sorted(self.reasons.items(), key=lambda kv: -kv[1])
+        return "; ".join(reason for reason, _ in ranked[:3]) or "no supported example could be drawn"
+
+
+@pytest.fixture
+def unsupported(request) -> UnsupportedTally:
+    tally = UnsupportedTally()
+    request.node.stash[_TALLY] = tally
+    return tally
+
+
+_TALLY = pytest.StashKey[UnsupportedTally]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    try:
+        return (yield)
+    except Unsatisfiable:
+        tally = item.stash.get(_TALLY, None)
+        pytest.skip(f"unsupported: {tally.summary() if tally else 'no supported example'}")
+

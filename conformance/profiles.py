@@ -1,0 +1,28 @@
+"""Hypothesis settings profiles of the spec: ``ci`` (default, fast and reproducible), ``dev``, ``thorough``."""
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+
+DEFAULT = "ci"
+_COMMON = dict(
+    deadline=None,  # kernels compile on first use; timing belongs to benchmarks, not to checks
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
+                           HealthCheck.differing_executors, HealthCheck.function_scoped_fixture],
+)
+PROFILES = {
+    "ci": settings(max_examples=8, derandomize=True, database=None, **_COMMON),
+    "dev": settings(max_examples=40, **_COMMON),
+    "thorough": settings(max_examples=300, **_COMMON),
+}
+for _name, _settings in PROFILES.items():
+    settings.register_profile(_name, _settings)
+
+
+def load(name: str, max_examples: int | None = None) -> None:
+    """Load profile ``name`` (ours or one the adopter registered), optionally with another max_examples."""
+    if max_examples is not None:
+        derived = f"{name}-n{max_examples}"
+        settings.register_profile(derived, settings(settings.get_profile(name), max_examples=max_examples))
+        name = derived
+    settings.load_profile(name)

@@ -1,0 +1,33 @@
+"""Helpers shared by the spec's test modules."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from hypothesis import reject
+
+from conformance.harness import Unsupported
+
+
+@contextlib.contextmanager
+def supported(tally):
+    """Turn an :class:`Unsupported` example into a rejected draw, remembering the reason."""
+    try:
+        yield
+    except Unsupported as exc:
+        tally.add(str(exc))
+        reject()
+
+
+def require(condition: bool, reason: str) -> None:
+    """Skip a whole check the backend declares it does not support."""
+    if not condition:
+        pytest.skip(f"unsupported: {reason}")
+
+
+def require_lse(backend, run) -> None:
+    """LSE checks need an LSE: declared-absent is unsupported; promised-but-missing is a contract failure."""
+    if run.lse is None:
+        if getattr(backend, "infers_capabilities", False) or not backend.capabilities.lse:
+            raise Unsupported(f"{backend.name} returns no LSE")
+        raise AssertionError(f"{backend.name} declares LSE support but returned none")

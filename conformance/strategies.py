@@ -1,0 +1,104 @@
+"""Hypothesis strategies that draw whole problems, bounded by a backend's declared capabilities.
+
+Each draw is labelled (``length_law``, ``heads``, ...) so a shrunk failure reads as a sentence. Lengths
+follow named laws that stress what jagged kernels get wrong: skew, empty sequences, one huge sequence
+among tiny ones, and lengths straddling tile sizes (16, 64, 128).
+"""
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from .backend import Capabilities
+from .problem import Problem
+
+# Lengths around tile edges: 1, 15-17, 63-65, 127-129.
+TILE_EDGES = (1, 15, 16, 17, 63, 64, 65, 127, 128, 129)
+HEAD_DIMS = (16, 32, 40, 64, 72, 128, 256)
+# (Hq, Hkv): MHA, GQA ratios 2, 3, 7, 8, and MQA.
+HEAD_LAYOUTS = ((1, 1), (2, 2), (4, 2), (3, 1), (6, 2), (7, 1), (8, 1), (8, 4), (16, 2))
+MAX_BATCH = 8
+MAX_LEN = 96  # typical lengths; the mega law and tile edges go past it
+
+
+def _pareto(draw, label: str, n: int) -> list[int]:
+    # Inverse-CDF Pareto(alpha=1.2, min 1) from uniform draws, capped: a heavy tail that shrinks well.
+    u = draw(st.lists(st.floats(0.0, 0.999), min_size=n, max_size=n), label=label)
+    return [min(256, int((1.0 - x) ** (-1.0 / 1.2))) for x in u]
+
+
+LENGTH_LAWS = ("uniform", "pareto", "bimodal", "many_zeros", "mega_plus_tiny", "tile_edges", "equal")
+
+
+@st.composite
+def lengths(draw, n: int, law: str, label: str) -> list[int]:
+    """``n`` sequence lengths following ``law``."""
+    if law == "uniform":
+        return draw(st.lists(st.integers(0, MAX_LEN), min_size=n, max_size=n), label=label)
+    if law == "pareto":
+        return _pareto(draw, label, n)
+    if law == "bimodal":
+        return draw(st.lists(st.one_of(st.integers(1, 8), st.integers(80, 160)), min_size=n, max_size=n), label=label)
+    if law == "many_zeros":
+        return draw(st.lists(st.one_of(st.just(0), st.just(0), st.integers(1, 40)), min_size=n, max_size=n), label=label)
+    if law == "mega_plus_tiny":
+        tiny = draw(st.lists(st.integers(0, 4), min_size=n, max_size=n), label=label)
+        if n:
+            tiny[draw(st.integers(0, n - 1), label=f"{label} mega index")] = draw(st.integers(200, 320), label=f"{label} mega length")
+        return tiny
+    if law == "tile_edges":
+        return draw(st.lists(st.sampled_from(TILE_EDGES), min_size=n, max_size=n), label=label)
+    if law == "equal":
+        return [draw(st.integers(0, 130), label=label)] * n
+    raise ValueError(f"unknown length law {law!r}")
+
+
+@st.composite
+def problems(
+    draw,
+    caps: Capabilities = Capabilities(),
+    *,
+    broadcast_q: bool | None = None,
+    causal: str | None = None,
+    dtype: str | None = None,
+    min_batch: int = 0,
+) -> Problem:
+    """A problem inside ``caps``; keyword arguments pin a feature instead of drawing it."""
+    batch = draw(st.integers(min_batch, MAX_BATCH), label="batch")
+    law = draw(st.sampled_from(LENGTH_LAWS), label="length_law")
+    seqlens_k = draw(lengths(batch, law, "seqlens_k"))
+    if not caps.zero_length:
+        seqlens_k = [max(1, n) for n in seqlens_k]
+
+    if broadcast_q is None:
+        broadcast_q = caps.broadcast_q != "none" and draw(st.booleans(), label="broadcast_q")
+    if broadcast_q:
+        lq = draw(st.sampled_from((1, 4, 16, 17, 33, 64)), label="dense Lq")
+        seqlens_q = [lq] * batch
+    elif caps.cross_attention and draw(st.booleans(), label="cross-attention (Lq != Lk)"):
+        seqlens_q = draw(lengths(batch, law, "seqlens_q"))
+        if not caps.zero_length:
+            seqlens_q = [max(1, n) for n in seqlens_q]
+    else:
+        seqlens_q = list(seqlens_k)
+
+    layouts = HEAD_LAYOUTS if caps.gqa else tuple(h for h in HEAD_LAYOUTS if h[0] == h[1])
+    heads_q, heads_kv = draw(st.sampled_from(layouts), label="heads (Hq, Hkv)")
+    dims = tuple(d for d in (caps.head_dims or HEAD_DIMS) if caps.supports_head_dim(d))
+    head_dim = draw(st.sampled_from(dims), label="head_dim")
+    head_dim_v = None
+    if caps.value_dim_differs and draw(st.booleans(), label="Dv != D"):
+        head_dim_v = draw(st.sampled_from(dims), label="head_dim_v")
+    return Problem(
+        seqlens_q=tuple(seqlens_q),
+        seqlens_k=tuple(seqlens_k),
+        heads_q=heads_q,
+        heads_kv=heads_kv,
+        head_dim=head_dim,
+        head_dim_v=head_dim_v,
+        dtype=dtype or draw(st.sampled_from(caps.dtypes), label="dtype"),
+        causal=causal or draw(st.sampled_from(caps.causal_modes), label="causal"),
+        broadcast_q=broadcast_q,
+        scale=draw(st.one_of(st.none(), st.sampled_from((0.05, 0.3, 1.0))), label="scale"),
+        seed=draw(st.integers(0, 2**16), label="seed"),
+        length_law=law,
+    )
