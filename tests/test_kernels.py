@@ -311,3 +311,25 @@ def test_schedule_tiles_pruned_and_persistent_lists():
     assert sorted(order.tolist()) == list(range(len(seq)))
     b = sched.split_batches_by_work([5, 1, 1, 1, 9, 1], 3)
     assert b[0] == 0 and b[-1] == 6 and np.all(np.diff(b) > 0)
+
+
+# ---------------------------------------------------------------------------
+# GPU-only: lengths spanning several of the GPU kernels' blocks (BLOCK_M 128)
+# ---------------------------------------------------------------------------
+needs_cuda = pytest.mark.skipif(not _HAS_CUDA, reason="needs a CUDA GPU (sizes too big for the interpreter)")
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_multiblock(dtype, causal):
+    run_case([300, 0, 513, 129, 64, 700], [257, 5, 513, 400, 0, 200], hq=4, hkv=2, d=128,
+             causal=causal, dtype=dtype)
+    run_case([129, 384], [700, 1], hq=2, hkv=2, d=64, causal=causal, dtype=dtype)
+
+
+@needs_cuda
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_broadcast_multiblock(causal):
+    run_case([256], [300, 0, 1, 513, 64, 200, 999, 128] * 3, hq=4, hkv=4, d=128, causal=causal,
+             dtype=torch.bfloat16, broadcast=True)

@@ -1,0 +1,341 @@
+"""Benchmark: triton-jfa vs FA4 (flash_attn.cute), flex_attention (document
+BlockMask) and padded SDPA on one GPU.
+
+    python -m kernels.bench [--out DIR] [--impls triton,fa4,flex,sdpa]
+                            [--shapes S1,S1c,S2,S3,S4a,S4b] [--sweep]
+
+TFLOP/s count useful FLOPs only: 4 * D * H * (visible (query, key) pairs)
+forward, 2.5x that backward.  Times are triton.testing.do_bench medians
+after warm-up on random bf16 data (fixed seed).  Backward is timed as
+torch.autograd.grad of the output (the forward is not re-run).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+SEED = 1234
+
+
+# ---------------------------------------------------------------------------
+# shapes
+# ---------------------------------------------------------------------------
+def _uniform_lens(rng, B, lo, hi):
+    return rng.integers(lo, hi, size=B).astype(np.int64)
+
+
+def _pareto_lens(rng, B, alpha=1.2, lo=16, hi=4096):
+    x = (rng.pareto(alpha, size=B) + 1.0) * lo
+    return np.clip(x, lo, hi).astype(np.int64)
+
+
+def make_shapes():
+    rng = np.random.default_rng(SEED)
+    s1 = _uniform_lens(rng, 1024, 1, 1024)
+    s2k = _uniform_lens(rng, 1024, 1, 1024)
+    s3 = _pareto_lens(rng, 512)
+    return {
+        "S1": dict(desc="jagged self-attn B=1024 U[1,1024) H=4", lq=s1, lk=s1, H=4, causal=False, bq=False),
+        "S1c": dict(desc="jagged self-attn B=1024 U[1,1024) H=4 causal", lq=s1, lk=s1, H=4, causal=True, bq=False),
+        "S2": dict(desc="broadcast-Q Lq=256 x B=1024 KV U[1,1024) H=4", lq=np.array([256]), lk=s2k, H=4,
+                   causal=False, bq=True),
+        "S3": dict(desc="Pareto(1.2,16..4096) B=512 H=8", lq=s3, lk=s3, H=8, causal=False, bq=False),
+        "S4a": dict(desc="dense B=768 L=512 H=4", lq=np.full(768, 512), lk=np.full(768, 512), H=4,
+                    causal=False, bq=False),
+        "S4b": dict(desc="dense B=8 L=4096 H=16 causal", lq=np.full(8, 4096), lk=np.full(8, 4096), H=16,
+                    causal=True, bq=False),
+    }
+
+
+def visible_pairs(lq, lk, causal, bq):
+    lk = np.asarray(lk, dtype=np.int64)
+    if bq:
+        lq = np.full_like(lk, int(lq[0]))
+    lq = np.asarray(lq, dtype=np.int64)
+    if not causal:
+        return int((lq * lk).sum())
+    tot = 0
+    for a, b in zip(lq.tolist(), lk.tolist()):
+        i = np.arange(a)
+        tot += int(np.clip(i + (b - a) + 1, 0, b).sum())
+    return tot
+
+
+# ---------------------------------------------------------------------------
+# problem construction
+# ---------------------------------------------------------------------------
+def build(shape, D=128, dtype=torch.bfloat16, device="cuda"):
+    g = torch.Generator(device="cpu").manual_seed(SEED)
+    lq, lk, H, bq = shape["lq"], shape["lk"], shape["H"], shape["bq"]
+    tq = int(lq[0]) if bq else int(lq.sum())
+    tk_ = int(lk.sum())
+    q = torch.randn(tq, H, D, generator=g).to(device=device, dtype=dtype)
+    k = torch.randn(tk_, H, D, generator=g).to(device=device, dtype=dtype)
+    v = torch.randn(tk_, H, D, generator=g).to(device=device, dtype=dtype)
+    cu_q = torch.tensor(np.concatenate([[0], np.cumsum(lq)]), dtype=torch.int32, device=device)
+    cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lk)]), dtype=torch.int32, device=device)
+    return q, k, v, cu_q, cu_k
+
+
+# ---------------------------------------------------------------------------
+# implementations: each returns (fwd_fn, make_bwd_fn) or raises
+# ---------------------------------------------------------------------------
+def impl_triton(shape, q, k, v, cu_q, cu_k):
+    from kernels import jagged_flash_attention
+    mq, mk = int(shape["lq"].max()), int(shape["lk"].max())
+
+    def fwd():
+        return jagged_flash_attention(q, k, v, cu_q, cu_k, mq, mk, causal=shape["causal"],
+                                      broadcast_q=shape["bq"])[0]
+    return fwd
+
+
+def impl_fa4(shape, q, k, v, cu_q, cu_k):
+    from flash_attn.cute import flash_attn_varlen_func as fa
+    mq, mk = int(shape["lq"].max()), int(shape["lk"].max())
+    if shape["bq"]:
+        B = len(shape["lk"])
+        Lq = int(shape["lq"][0])
+
+        def fwd():
+            # dense Q (B, Lq, H, D) as a stride-0 expand of the shared q, jagged K/V;
+            # autograd of the expand sums dQ over the batch
+            qe = q.unsqueeze(0).expand(B, Lq, q.shape[1], q.shape[2])
+            r = fa(qe, k, v, cu_seqlens_q=None, cu_seqlens_k=cu_k, max_seqlen_q=Lq, max_seqlen_k=mk,
+                   causal=shape["causal"])
+            o = r[0] if isinstance(r, tuple) else r
+            return o.reshape(B * Lq, q.shape[1], v.shape[2])
+        return fwd
+
+    def fwd():
+        r = fa(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=mq, max_seqlen_k=mk,
+               causal=shape["causal"])
+        return r[0] if isinstance(r, tuple) else r
+    return fwd
+
+
+def _doc_block_mask(lq, lk, causal, BLOCK=128, device="cuda"):
+    """BlockMask for packed documents built from per-q-block kv block lists
+    (no dense evaluation over all pairs)."""
+    from torch.nn.attention.flex_attention import BlockMask
+    cq = np.concatenate([[0], np.cumsum(lq)]).astype(np.int64)
+    ck = np.concatenate([[0], np.cumsum(lk)]).astype(np.int64)
+    TQ, TK = int(cq[-1]), int(ck[-1])
+    nqb, nkb = -(-TQ // BLOCK), -(-TK // BLOCK)
+    parts, fulls = [], []
+    doc_of_q = np.searchsorted(cq, np.arange(0, TQ, BLOCK), side="right") - 1
+    for qb in range(nqb):
+        qs, qe = qb * BLOCK, min(TQ, qb * BLOCK + BLOCK)
+        d0 = int(np.searchsorted(cq, qs, side="right") - 1)
+        d1 = int(np.searchsorted(cq, qe - 1, side="right") - 1)
+        part, full = set(), set()
+        for d in range(d0, d1 + 1):
+            if cq[d + 1] == cq[d] or ck[d + 1] == ck[d]:
+                continue
+            rs, re_ = max(qs, cq[d]), min(qe, cq[d + 1])  # q rows of doc d in this block
+            Lq_, Lk_ = cq[d + 1] - cq[d], ck[d + 1] - ck[d]
+            ks, ke = ck[d], ck[d + 1]
+            if causal:  # rows i see keys j <= i + Lk - Lq (local indices)
+                ke = min(ke, ck[d] + (re_ - 1 - cq[d]) + Lk_ - Lq_ + 1)
+                if ke <= ks:
+                    continue
+            q_whole = (rs == qs and re_ == qe)
+            for kb in range(ks // BLOCK, -(-ke // BLOCK)):
+                kbs, kbe = kb * BLOCK, min(TK, kb * BLOCK + BLOCK)
+                is_full = q_whole and kbs >= ck[d] and kbe <= ck[d + 1]
+                if causal and is_full:
+                    # every (row, key) pair visible: key kbe-1 <= first row + diag
+                    is_full = (kbe - 1 - ck[d]) <= (rs - cq[d]) + Lk_ - Lq_
+                (full if is_full else part).add(kb)
+        part -= full
+        parts.append(sorted(part))
+        fulls.append(sorted(full))
+
+    def pack(lists):
+        n = max(1, max(len(x) for x in lists))
+        idx = np.zeros((nqb, n), dtype=np.int32)
+        num = np.zeros(nqb, dtype=np.int32)
+        for i, x in enumerate(lists):
+            num[i] = len(x)
+            idx[i, :len(x)] = x
+        return (torch.tensor(num, device=device)[None, None],
+                torch.tensor(idx, device=device)[None, None])
+
+    doc_q = torch.tensor(np.repeat(np.arange(len(lq)), lq), device=device, dtype=torch.int32)
+    doc_k = torch.tensor(np.repeat(np.arange(len(lk)), lk), device=device, dtype=torch.int32)
+    cq_t = torch.tensor(cq, device=device, dtype=torch.int32)
+    ck_t = torch.tensor(ck, device=device, dtype=torch.int32)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        dq_, dk_ = doc_q[q_idx], doc_k[kv_idx]
+        ok = dq_ == dk_
+        if causal:
+            lqd = cq_t[dq_ + 1] - cq_t[dq_]
+            lkd = ck_t[dq_ + 1] - ck_t[dq_]
+            ok = ok & ((kv_idx - ck_t[dq_]) <= (q_idx - cq_t[dq_]) + lkd - lqd)
+        return ok
+
+    kn, ki = pack(parts)
+    fn, fi = pack(fulls)
+    return BlockMask.from_kv_blocks(kn, ki, fn, fi, BLOCK_SIZE=BLOCK, mask_mod=mask_mod,
+                                    seq_lengths=(TQ, TK))
+
+
+_FLEX = None
+
+
+def impl_flex(shape, q, k, v, cu_q, cu_k):
+    global _FLEX
+    from torch.nn.attention.flex_attention import flex_attention
+    if _FLEX is None:
+        _FLEX = torch.compile(flex_attention, dynamic=False)
+    lq = np.full(len(shape["lk"]), int(shape["lq"][0])) if shape["bq"] else shape["lq"]
+    bm = _doc_block_mask(lq, shape["lk"], shape["causal"], device=q.device)
+    B = len(shape["lk"])
+
+    def fwd():
+        qq = q
+        if shape["bq"]:
+            qq = q.unsqueeze(0).expand(B, *q.shape).reshape(B * q.shape[0], q.shape[1], q.shape[2])
+        o = _FLEX(qq.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=bm)
+        return o[0].transpose(0, 1)
+    return fwd
+
+
+def impl_sdpa(shape, q, k, v, cu_q, cu_k):
+    import torch.nn.functional as F
+    lk = shape["lk"]
+    B, H, D = len(lk), q.shape[1], q.shape[2]
+    lq = np.full(B, int(shape["lq"][0])) if shape["bq"] else shape["lq"]
+    Lq, Lk = int(lq.max()), int(lk.max())
+    dev = q.device
+    # gather indices to pad / unpad (rows past a sequence's end read row 0, masked out)
+    cq = np.concatenate([[0], np.cumsum(lq)])
+    ck = np.concatenate([[0], np.cumsum(lk)])
+    iq = np.arange(Lq)[None, :] + (0 if shape["bq"] else cq[:-1, None])
+    vq = np.arange(Lq)[None, :] < lq[:, None]
+    ik = np.arange(Lk)[None, :] + ck[:-1, None]
+    vk = np.arange(Lk)[None, :] < lk[:, None]
+    iq_t = torch.tensor(np.where(vq, iq, 0), device=dev).reshape(-1)
+    ik_t = torch.tensor(np.where(vk, ik, 0), device=dev).reshape(-1)
+    vk_t = torch.tensor(vk, device=dev)
+    vq_flat = torch.tensor(vq.reshape(-1), device=dev)
+    dense = bool(vq.all() and vk.all())
+    if shape["causal"] and not dense:
+        if not np.all(lq == lk):
+            raise RuntimeError("padded SDPA causal path only for Lq == Lk")
+        tri = torch.ones(Lq, Lk, dtype=torch.bool, device=dev).tril()
+        mask = (vk_t[:, None, None, :] & tri[None, None])
+    elif dense:
+        mask = None
+    else:
+        mask = vk_t[:, None, None, :]
+
+    def fwd():
+        qp = q[iq_t].view(B, Lq, H, D).transpose(1, 2)
+        kp = k[ik_t].view(B, Lk, H, D).transpose(1, 2)
+        vp = v[ik_t].view(B, Lk, H, D).transpose(1, 2)
+        if mask is None:
+            o = F.scaled_dot_product_attention(qp, kp, vp, is_causal=shape["causal"])
+        else:
+            o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)
+        o = o.transpose(1, 2).reshape(B * Lq, H, D)
+        return o[vq_flat]
+    return fwd
+
+
+IMPLS = {"triton": impl_triton, "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
+
+
+# ---------------------------------------------------------------------------
+# timing
+# ---------------------------------------------------------------------------
+def time_impl(make, shape, tensors, warmup=25, rep=100):
+    from triton.testing import do_bench
+    q, k, v, cu_q, cu_k = tensors
+    q = q.detach().requires_grad_()
+    k = k.detach().requires_grad_()
+    v = v.detach().requires_grad_()
+    fwd = make(shape, q, k, v, cu_q, cu_k)
+    with torch.no_grad():
+        t_f = do_bench(fwd, warmup=warmup, rep=rep, return_mode="median")
+    out = fwd()
+    do = torch.randn_like(out)
+
+    def bwd():
+        torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+    t_b = do_bench(bwd, warmup=warmup, rep=rep, return_mode="median")
+    return t_f, t_b, out.detach()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
+    ap.add_argument("--impls", default="triton,fa4,flex,sdpa")
+    ap.add_argument("--shapes", default="S1,S1c,S2,S3,S4a,S4b")
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    shapes = make_shapes()
+    impls = args.impls.split(",")
+    rows = []
+    dev = torch.cuda.get_device_name(0)
+    print(f"device: {dev}; torch {torch.__version__}", flush=True)
+    for sname in args.shapes.split(","):
+        shape = shapes[sname]
+        D, H = 128, shape["H"]
+        pairs = visible_pairs(shape["lq"], shape["lk"], shape["causal"], shape["bq"])
+        flops_f = 4.0 * D * H * pairs
+        tensors = build(shape, D)
+        ref_out = None
+        for name in impls:
+            rec = dict(shape=sname, desc=shape["desc"], impl=name)
+            try:
+                t0 = time.time()
+                tf, tb, out = time_impl(IMPLS[name], shape, tensors)
+                rec.update(fwd_ms=tf, bwd_ms=tb, fwd_tflops=flops_f / tf * 1e-9,
+                           bwd_tflops=2.5 * flops_f / tb * 1e-9, wall_s=time.time() - t0)
+                if ref_out is None:
+                    ref_out = out.float()
+                else:
+                    rec["max_abs_diff_vs_first"] = float((out.float() - ref_out).abs().max())
+            except Exception as e:  # report and go on
+                rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            rows.append(rec)
+            print(json.dumps(rec), flush=True)
+            torch.cuda.empty_cache()
+        del tensors
+    # table
+    by = {(r["shape"], r["impl"]): r for r in rows}
+    lines = ["| shape | impl | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | fwd vs FA4 | bwd vs FA4 |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['shape']} | {r['impl']} | error: {r['error'][:80]} | | | | | |")
+            continue
+        fa = by.get((r["shape"], "fa4"))
+        rf = rb = ""
+        if fa and "error" not in fa:
+            rf = f"{r['fwd_tflops'] / fa['fwd_tflops']:.2f}x"
+            rb = f"{r['bwd_tflops'] / fa['bwd_tflops']:.2f}x"
+        lines.append(f"| {r['shape']} | {r['impl']} | {r['fwd_ms']:.3f} | {r['fwd_tflops']:.0f} | "
+                     f"{r['bwd_ms']:.3f} | {r['bwd_tflops']:.0f} | {rf} | {rb} |")
+    table = "\n".join(lines)
+    print(table)
+    tag = ("_" + args.tag) if args.tag else ""
+    with open(os.path.join(args.out, f"bench{tag}.md"), "w") as f:
+        f.write(f"device: {dev}\n\n" + table + "\n")
+    with open(os.path.join(args.out, f"bench{tag}.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
