@@ -21,6 +21,17 @@ BUILTIN: dict[str, str] = {
     "reference": "backends.reference:Reference",
     "reference-online": "backends.reference_online:ReferenceOnline",
     "sdpa": "backends.sdpa:Sdpa",
+    "triton-jfa": "backends.triton_jfa:TritonJfa",
+    "fa4": "backends.fa4:FA4",
+    "flash-attn": "backends.flash_attn2:FlashAttn2",
+    "tlx-jfa": "backends.tlx_jfa:TlxJfa",
+    "flex": "backends.flex:Flex",
+    "varlen-attn": "backends.varlen_attn:VarlenAttn",
+    "njt-sdpa": "backends.njt_sdpa:NjtSdpa",
+    "sdpa-flash": "backends.sdpa_kernels:SdpaFlash",
+    "sdpa-efficient": "backends.sdpa_kernels:SdpaEfficient",
+    "sdpa-cudnn": "backends.sdpa_kernels:SdpaCudnn",
+    "sdpa-math": "backends.sdpa_kernels:SdpaMath",
 }
 
 

@@ -13,6 +13,7 @@ import torch
 from hypothesis.errors import Unsatisfiable
 
 from . import profiles
+from .checklog import CheckLog
 
 
 def default_device() -> str:
@@ -95,29 +96,15 @@ def device(request) -> str:
     return request.config.getoption("device") or default_device()
 
 
-class UnsupportedTally:
-    """Reasons why drawn examples were unsupported; when no example was supported, the check is skipped
-    with these reasons instead of failing."""
-
-    def __init__(self):
-        self.reasons: dict[str, int] = {}
-
-    def add(self, reason: str) -> None:
-        self.reasons[reason] = self.reasons.get(reason, 0) + 1
-
-    def summary(self) -> str:
-        ranked = sorted(self.reasons.items(), key=lambda kv: -kv[1])
-        return "; ".join(reason for reason, _ in ranked[:3]) or "no supported example could be drawn"
+CHECK_LOG = pytest.StashKey[CheckLog]()
 
 
 @pytest.fixture
-def unsupported(request) -> UnsupportedTally:
-    tally = UnsupportedTally()
-    request.node.stash[_TALLY] = tally
-    return tally
-
-
-_TALLY = pytest.StashKey[UnsupportedTally]()
+def check(request, backend) -> CheckLog:
+    """The check's log; spec tests record every example's verdicts through ``check.verify``."""
+    log = CheckLog(backend=backend.name)
+    request.node.stash[CHECK_LOG] = log
+    return log
 
 
 @pytest.hookimpl(wrapper=True)
@@ -125,6 +112,6 @@ def pytest_runtest_call(item):
     try:
         return (yield)
     except Unsatisfiable:
-        tally = item.stash.get(_TALLY, None)
-        pytest.skip(f"unsupported: {tally.summary() if tally else 'no supported example'}")
-
+        # Every drawn example was unsupported: the check is unsupported, with the reasons seen.
+        log = item.stash.get(CHECK_LOG, None)
+        pytest.skip(f"unsupported: {log.unsupported_summary() if log else 'no supported example'}")

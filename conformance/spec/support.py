@@ -10,12 +10,12 @@ from conformance.harness import Unsupported
 
 
 @contextlib.contextmanager
-def supported(tally):
-    """Turn an :class:`Unsupported` example into a rejected draw, remembering the reason."""
+def supported(check):
+    """Turn an :class:`Unsupported` example into a rejected draw, remembering the reason in the check log."""
     try:
         yield
     except Unsupported as exc:
-        tally.add(str(exc))
+        check.add_unsupported(str(exc))
         reject()
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.harness import Unsupported, assert_verdicts, ensure_supported, judge_forward, judge_gradients, run_backend
+from conformance.harness import Unsupported, ensure_supported, judge_forward, judge_gradients, run_backend
 from conformance.problem import DTYPES
 
 from .edge_cases import EDGE_CASES
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.spec
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("case", list(EDGE_CASES))
-def test_edge_case(backend, device, case, dtype):
+def test_edge_case(backend, device, check, case, dtype):
     problem = EDGE_CASES[case].replace(dtype=dtype)
     try:
         ensure_supported(backend, problem)
@@ -24,4 +24,4 @@ def test_edge_case(backend, device, case, dtype):
     verdicts = judge_forward(problem, run)
     if gradients:
         verdicts += judge_gradients(problem, run)
-    assert_verdicts(problem, verdicts, backend)
+    check.verify(problem, verdicts)

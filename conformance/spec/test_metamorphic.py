@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.harness import Run, assert_verdicts, call_backend, compare_runs, ensure_supported, oracle_call
+from conformance.harness import Run, call_backend, compare_runs, ensure_supported, oracle_call
 from conformance.problem import make_grad_out, make_inputs
 from conformance.relations import RELATIONS, check_relation
 from conformance.strategies import problems
@@ -21,9 +21,9 @@ def _on(device, run: Run) -> Run:
 
 @pytest.mark.parametrize("relation", list(RELATIONS))
 @given(data=st.data())
-def test_metamorphic(backend, device, unsupported, relation, data):
+def test_metamorphic(backend, device, check, relation, data):
     problem = data.draw(problems(backend.capabilities, min_batch=1), label="problem")
-    with supported(unsupported):
+    with supported(check):
         ensure_supported(backend, problem)
         verdicts = check_relation(
             RELATIONS[relation],
@@ -32,17 +32,17 @@ def test_metamorphic(backend, device, unsupported, relation, data):
             make_inputs(problem, device),
             problem.seed,
         )
-    assert_verdicts(problem, verdicts, backend)
+    check.verify(problem, verdicts)
 
 
 @given(data=st.data())
-def test_broadcast_q_native_matches_replicated(backend, device, unsupported, data):
+def test_broadcast_q_native_matches_replicated(backend, device, check, data):
     """A native broadcast-Q path must equal the same call with q replicated per sequence, dQ summed."""
     require(backend.capabilities.broadcast_q == "native", f"{backend.name} has no native broadcast-Q path")
     problem = data.draw(problems(backend.capabilities, broadcast_q=True, min_batch=1), label="problem")
     args = make_inputs(problem, device)
     grad_out = make_grad_out(problem, device) if backend.capabilities.backward else None
-    with supported(unsupported):
+    with supported(check):
         ensure_supported(backend, problem)
         native = call_backend(backend, args, grad_out)
         replicated = call_backend(backend, args.with_broadcast_q_expanded(), grad_out)
@@ -53,4 +53,4 @@ def test_broadcast_q_native_matches_replicated(backend, device, unsupported, dat
         summed_dq = replicated.dq.float().view(problem.batch, *native.dq.shape).sum(0)
         verdicts.append(compare_runs(problem, "dq", native.dq, summed_dq))
         verdicts += [compare_runs(problem, n, getattr(native, n), getattr(replicated, n)) for n in ("dk", "dv")]
-    assert_verdicts(problem, verdicts, backend)
+    check.verify(problem, verdicts)

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.harness import assert_verdicts, judge_forward, judge_gradients, run_backend
+from conformance.harness import judge_forward, judge_gradients, run_backend
 from conformance.strategies import problems
 
 from .support import require, require_lse, supported
@@ -14,27 +14,27 @@ pytestmark = pytest.mark.spec
 
 
 @given(data=st.data())
-def test_forward(backend, device, unsupported, data):
+def test_forward(backend, device, check, data):
     problem = data.draw(problems(backend.capabilities), label="problem")
-    with supported(unsupported):
+    with supported(check):
         run = run_backend(backend, problem, device)
-    assert_verdicts(problem, judge_forward(problem, run)[:1], backend)
+    check.verify(problem, judge_forward(problem, run)[:1])
 
 
 @given(data=st.data())
-def test_lse(backend, device, unsupported, data):
+def test_lse(backend, device, check, data):
     require(backend.capabilities.lse, f"{backend.name} declares no LSE")
     problem = data.draw(problems(backend.capabilities), label="problem")
-    with supported(unsupported):
+    with supported(check):
         run = run_backend(backend, problem, device)
         require_lse(backend, run)
-    assert_verdicts(problem, judge_forward(problem, run)[1:], backend)
+    check.verify(problem, judge_forward(problem, run)[1:])
 
 
 @given(data=st.data())
-def test_gradients(backend, device, unsupported, data):
+def test_gradients(backend, device, check, data):
     require(backend.capabilities.backward, f"{backend.name} declares no backward")
     problem = data.draw(problems(backend.capabilities), label="problem")
-    with supported(unsupported):
+    with supported(check):
         run = run_backend(backend, problem, device, gradients=True)
-    assert_verdicts(problem, judge_gradients(problem, run), backend)
+    check.verify(problem, judge_gradients(problem, run))

@@ -1,0 +1,36 @@
+"""What one spec check saw, kept on its pytest item for reports: examples run, unsupported reasons, the
+last problem and its verdicts (after a failure, hypothesis's shrunk counterexample), and the worst
+budget used per quantity over all examples."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .harness import assert_verdicts
+from .problem import Problem
+from .tolerance import Verdict
+
+
+@dataclass
+class CheckLog:
+    backend: str
+    examples: int = 0
+    unsupported: dict[str, int] = field(default_factory=dict)
+    last_problem: Problem | None = None
+    last_verdicts: list[Verdict] = field(default_factory=list)
+    worst: dict[str, Verdict] = field(default_factory=dict)
+
+    def add_unsupported(self, reason: str) -> None:
+        self.unsupported[reason] = self.unsupported.get(reason, 0) + 1
+
+    def unsupported_summary(self) -> str:
+        ranked = sorted(self.unsupported.items(), key=lambda kv: -kv[1])
+        return "; ".join(reason for reason, _ in ranked[:3]) or "no supported example could be drawn"
+
+    def verify(self, problem: Problem, verdicts: list[Verdict]) -> None:
+        """Record the verdicts of one example, then fail if any verdict fails."""
+        self.examples += 1
+        self.last_problem, self.last_verdicts = problem, list(verdicts)
+        for v in verdicts:
+            if v.quantity not in self.worst or v.budget_used > self.worst[v.quantity].budget_used:
+                self.worst[v.quantity] = v
+        assert_verdicts(problem, verdicts, self.backend)
