@@ -97,21 +97,36 @@ def impl_triton(shape, q, k, v, cu_q, cu_k):
     return fwd
 
 
+def impl_triton_atomic(shape, q, k, v, cu_q, cu_k):
+    from kernels import jfa
+    inner = impl_triton(shape, q, k, v, cu_q, cu_k)
+
+    def fwd():
+        old = jfa.BWD_DQ_MODE
+        jfa.BWD_DQ_MODE = "atomic"
+        try:
+            return inner()
+        finally:
+            jfa.BWD_DQ_MODE = old
+    return fwd
+
+
 def impl_fa4(shape, q, k, v, cu_q, cu_k):
     from flash_attn.cute import flash_attn_varlen_func as fa
     mq, mk = int(shape["lq"].max()), int(shape["lk"].max())
     if shape["bq"]:
         B = len(shape["lk"])
         Lq = int(shape["lq"][0])
+        cu_qr = torch.arange(0, B + 1, device=q.device, dtype=torch.int32) * Lq
 
         def fwd():
-            # dense Q (B, Lq, H, D) as a stride-0 expand of the shared q, jagged K/V;
-            # autograd of the expand sums dQ over the batch
-            qe = q.unsqueeze(0).expand(B, Lq, q.shape[1], q.shape[2])
-            r = fa(qe, k, v, cu_seqlens_q=None, cu_seqlens_k=cu_k, max_seqlen_q=Lq, max_seqlen_k=mk,
+            # Q replicated per sequence (a stride-0 4-D q with only cu_seqlens_k was
+            # rejected by this FA4 build: "_compute_tile_cumsum requires num_m_blocks,
+            # cu_seqlens, or seqused"); autograd of the expand sums dQ over the batch.
+            qe = q.unsqueeze(0).expand(B, Lq, q.shape[1], q.shape[2]).reshape(B * Lq, q.shape[1], q.shape[2])
+            r = fa(qe, k, v, cu_seqlens_q=cu_qr, cu_seqlens_k=cu_k, max_seqlen_q=Lq, max_seqlen_k=mk,
                    causal=shape["causal"])
-            o = r[0] if isinstance(r, tuple) else r
-            return o.reshape(B * Lq, q.shape[1], v.shape[2])
+            return r[0] if isinstance(r, tuple) else r
         return fwd
 
     def fwd():
@@ -214,7 +229,7 @@ def impl_sdpa(shape, q, k, v, cu_q, cu_k):
     lk = shape["lk"]
     B, H, D = len(lk), q.shape[1], q.shape[2]
     lq = np.full(B, int(shape["lq"][0])) if shape["bq"] else shape["lq"]
-    Lq, Lk = int(lq.max()), int(lk.max())
+    Lq, Lk = -(-int(lq.max()) // 16) * 16, -(-int(lk.max()) // 16) * 16  # aligned for SDPA kernels
     dev = q.device
     # gather indices to pad / unpad (rows past a sequence's end read row 0, masked out)
     cq = np.concatenate([[0], np.cumsum(lq)])
@@ -251,7 +266,7 @@ def impl_sdpa(shape, q, k, v, cu_q, cu_k):
     return fwd
 
 
-IMPLS = {"triton": impl_triton, "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
+IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
 
 
 # ---------------------------------------------------------------------------
@@ -281,9 +296,16 @@ def main(argv=None):
     ap.add_argument("--impls", default="triton,fa4,flex,sdpa")
     ap.add_argument("--shapes", default="S1,S1c,S2,S3,S4a,S4b")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--cfg", default="", help="json {kind: [BM,BN,warps,stages]} config override for triton")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.cfg and os.path.exists(args.cfg):
+        from kernels import jfa
+        with open(args.cfg) as fh:
+            jfa.CONFIG_OVERRIDE.update({kk: tuple(vv) for kk, vv in json.load(fh).items()})
+        print("config override:", jfa.CONFIG_OVERRIDE, flush=True)
     shapes = make_shapes()
+    tag = ("_" + args.tag) if args.tag else ""
     impls = args.impls.split(",")
     rows = []
     dev = torch.cuda.get_device_name(0)
@@ -310,6 +332,8 @@ def main(argv=None):
                 rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             rows.append(rec)
             print(json.dumps(rec), flush=True)
+            with open(os.path.join(args.out, f"bench{tag}.json"), "w") as fh:
+                json.dump(rows, fh, indent=1)
             torch.cuda.empty_cache()
         del tensors
     # table
@@ -329,7 +353,6 @@ def main(argv=None):
                      f"{r['bwd_ms']:.3f} | {r['bwd_tflops']:.0f} | {rf} | {rb} |")
     table = "\n".join(lines)
     print(table)
-    tag = ("_" + args.tag) if args.tag else ""
     with open(os.path.join(args.out, f"bench{tag}.md"), "w") as f:
         f.write(f"device: {dev}\n\n" + table + "\n")
     with open(os.path.join(args.out, f"bench{tag}.json"), "w") as f:

@@ -37,16 +37,23 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # BLOCK_N so that the peeled causal loops are exercised).
 _GPU_CFG = {
     # head_dim: fwd, bwd_kv, bwd_q
-    16: dict(fwd=(128, 64, 4, 3), kv=(64, 128, 4, 3), q=(128, 64, 4, 3)),
-    32: dict(fwd=(128, 64, 4, 3), kv=(64, 128, 4, 3), q=(128, 64, 4, 3)),
-    64: dict(fwd=(128, 64, 4, 3), kv=(64, 128, 8, 3), q=(128, 64, 8, 3)),
-    128: dict(fwd=(128, 64, 8, 3), kv=(64, 128, 8, 2), q=(128, 64, 8, 2)),
-    256: dict(fwd=(64, 32, 4, 2), kv=(32, 64, 4, 2), q=(64, 32, 4, 2)),
+    16: dict(fwd=(64, 64, 4, 3), kv=(32, 64, 4, 3), kvf=(64, 128, 8, 2), q=(128, 64, 8, 3)),
+    32: dict(fwd=(64, 64, 4, 3), kv=(32, 64, 4, 3), kvf=(64, 128, 8, 2), q=(128, 64, 8, 3)),
+    64: dict(fwd=(64, 64, 4, 3), kv=(32, 64, 4, 3), kvf=(64, 128, 8, 2), q=(128, 64, 8, 3)),
+    128: dict(fwd=(64, 64, 4, 3), kv=(32, 64, 4, 3), kvf=(64, 128, 8, 2), q=(128, 64, 8, 3)),
+    256: dict(fwd=(64, 32, 4, 2), kv=(32, 64, 4, 2), kvf=(32, 64, 4, 2), q=(64, 32, 4, 2)),
 }
-_CPU_CFG = dict(fwd=(32, 16, 4, 1), kv=(16, 32, 4, 1), q=(32, 16, 4, 1))
+_CPU_CFG = dict(fwd=(32, 16, 4, 1), kv=(16, 32, 4, 1), kvf=(16, 32, 4, 1), q=(32, 16, 4, 1))
 
-# Tests / benchmarks may override: {"fwd": (...), "kv": (...), "q": (...)}
+# Tests / benchmarks may override: {"fwd": (...), "kv": (...), "kvf": (...), "q": (...)}
 CONFIG_OVERRIDE: dict = {}
+
+# dQ strategy when deterministic=False and not broadcast-Q:
+#   "separate": own dQ kernel (recomputes QK^T and dP; no atomics; deterministic)
+#   "atomic":   dQ fused into the dK/dV kernel with fp32 atomics (fewer matmuls,
+#               summation order not fixed)
+# deterministic=True and broadcast-Q always use "separate".
+BWD_DQ_MODE = "separate"
 
 
 def _cfg(kind: str, head_dim: int, dtype: torch.dtype, on_cpu: bool):
@@ -56,7 +63,7 @@ def _cfg(kind: str, head_dim: int, dtype: torch.dtype, on_cpu: bool):
         return _CPU_CFG[kind]
     bm, bn, w, s = _GPU_CFG[head_dim][kind]
     if dtype == torch.float32:  # 2x the bytes per tile: halve the big block
-        if kind == "kv":
+        if kind in ("kv", "kvf"):
             bm, s = max(16, bm // 2), min(s, 2)
         else:
             bn, s = max(16, bn // 2), min(s, 2)
@@ -280,21 +287,29 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
             out, do, delta, n_out, out.stride(0), out.stride(1), do.stride(0), do.stride(1),
             delta.stride(0), BLOCK=blk, HEAD_DV=dvd, num_warps=4)
     prec = _dot_prec(q.dtype)
-    # dK, dV
+    # dK, dV (and dQ when fused)
+    fuse = cfgs[3]
     seq_t, blk_t, n_kv = s["kv"]
     alloc = torch.zeros if s["kv_needs_zero"] else torch.empty
     dk = alloc(k.shape, device=k.device, dtype=k.dtype)
     dv = alloc(v.shape, device=v.device, dtype=v.dtype)
+    if fuse:
+        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    else:
+        dq_acc = dk  # unused pointer
     if n_kv > 0 and hkv > 0:
         bm, bn, w, st = cfgs[1]
         tk._bwd_kv_kernel[(n_kv * hkv,)](
-            q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, seq_t, blk_t,
+            q, k, v, do, lse, delta, dk, dv, dq_acc, cu_q, cu_k, seq_t, blk_t,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+            dq_acc.stride(0), dq_acc.stride(1),
             lse.stride(0), scale, scale * tk.LOG2E,
-            HKV=hkv, GROUP=hq // hkv, BROADCAST=broadcast, CAUSAL=causal,
+            HKV=hkv, GROUP=hq // hkv, BROADCAST=broadcast, CAUSAL=causal, FUSE_DQ=fuse,
             BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dvd, DOT_PREC=prec,
             num_warps=w, num_stages=st)
+    if fuse:
+        return dq_acc.to(q.dtype), dk, dv
     # dQ
     blo_t, bhi_t, mblk_t, slot_t, n_q, n_slots = s["q"]
     if broadcast and n_slots > 1:
@@ -364,7 +379,9 @@ def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
     on_cpu = q.device.type == "cpu"
     dkey = max(d, v.shape[2])
-    cfgs = tuple(_cfg(kind, dkey, q.dtype, on_cpu) for kind in ("fwd", "kv", "q"))
+    fuse = (BWD_DQ_MODE == "atomic") and not broadcast_q and not deterministic
+    cfgs = tuple(_cfg(kind, dkey, q.dtype, on_cpu) for kind in ("fwd", "kvf" if fuse else "kv", "q"))
+    cfgs = cfgs + (fuse,)
     q = q if q.stride(-1) == 1 else q.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
     v = v if v.stride(-1) == 1 else v.contiguous()

@@ -159,9 +159,9 @@ def _bwd_preprocess(O, DO, DELTA, n_rows, stride_ot, stride_oh, stride_dot, stri
 # query-head group and the query blocks that see the key block)
 # ----------------------------------------------------------------------------
 @triton.jit
-def _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                  stride_qt, stride_dot, offs_n, lo, hi, lq, diag, qk_scale,
-                  MASKED: tl.constexpr, BLOCK_M: tl.constexpr,
+def _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                  stride_qt, stride_dot, stride_dqt, offs_n, lo, hi, lq, diag, qk_scale, sm_scale,
+                  MASKED: tl.constexpr, FUSE_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
                   HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, DOT_PREC: tl.constexpr):
     offs_d = tl.arange(0, HEAD_D)
     offs_dv = tl.arange(0, HEAD_DV)
@@ -183,17 +183,22 @@ def _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)  # [BN, BM]
         dsT = pT * (dpT - delta[None, :])
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PREC)
+        if FUSE_DQ:
+            # dQ[rows] += scale * dS @ K, fp32 atomics (non-deterministic order)
+            dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PREC) * sm_scale
+            tl.atomic_add(dq_base + r64[:, None] * stride_dqt + offs_d[None, :], dq,
+                          mask=rok[:, None], sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, TILE_SEQ, TILE_BLK,
+def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, TILE_SEQ, TILE_BLK,
                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                    stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-                   stride_lh,
+                   stride_dqt, stride_dqh, stride_lh,
                    sm_scale, qk_scale,
                    HKV: tl.constexpr, GROUP: tl.constexpr,
-                   BROADCAST: tl.constexpr, CAUSAL: tl.constexpr,
+                   BROADCAST: tl.constexpr, CAUSAL: tl.constexpr, FUSE_DQ: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
                    DOT_PREC: tl.constexpr):
@@ -231,13 +236,16 @@ def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, TILE_SEQ, TILE_B
         do_base = DO + o_start * stride_dot + h * stride_doh
         lse_base = LSE + h * stride_lh + o_start
         delta_base = DELTA + h * stride_lh + o_start
+        dq_base = DQ + q_start * stride_dqt + h * stride_dqh
         if CAUSAL:
-            dk, dv = _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                   stride_qt, stride_dot, offs_n, m_lo, m_full, lq, diag, qk_scale,
-                                   True, BLOCK_M, HEAD_D, HEAD_DV, DOT_PREC)
-        dk, dv = _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                               stride_qt, stride_dot, offs_n, m_full, lq, lq, diag, qk_scale,
-                               False, BLOCK_M, HEAD_D, HEAD_DV, DOT_PREC)
+            dk, dv = _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                                   stride_qt, stride_dot, stride_dqt, offs_n, m_lo, m_full, lq, diag,
+                                   qk_scale, sm_scale,
+                                   True, FUSE_DQ, BLOCK_M, HEAD_D, HEAD_DV, DOT_PREC)
+        dk, dv = _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                               stride_qt, stride_dot, stride_dqt, offs_n, m_full, lq, lq, diag,
+                               qk_scale, sm_scale,
+                               False, FUSE_DQ, BLOCK_M, HEAD_D, HEAD_DV, DOT_PREC)
     dk = dk * sm_scale
     tl.store(DK + (k_start + n64[:, None]) * stride_dkt + hk * stride_dkh + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=nok[:, None])

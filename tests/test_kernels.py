@@ -232,6 +232,18 @@ def test_all_empty():
     assert out.shape == (0, 2, 32) and lse.shape == (2, 0)
 
 
+@needs_kernels
+@pytest.mark.parametrize("dtype", FP)
+def test_fused_atomic_dq_mode(dtype, monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_DQ_MODE", "atomic")
+    run_case([5, 0, 37, 3, 0, 20], [9, 4, 30, 0, 0, 41], dtype=dtype, d=32)
+    run_case([40, 12, 7, 33, 5], [9, 50, 0, 33, 1], dtype=dtype, d=32, causal=True, hq=4, hkv=2)
+    # deterministic=True / broadcast-Q fall back to the separate dQ kernel
+    run_case([40], [50, 0, 13], broadcast=True, causal=True, dtype=dtype)
+    run_case([12, 30], [25, 7], causal=True, deterministic=True, dtype=dtype)
+
+
 # ---------------------------------------------------------------------------
 # bad inputs
 # ---------------------------------------------------------------------------
@@ -322,7 +334,10 @@ needs_cuda = pytest.mark.skipif(not _HAS_CUDA, reason="needs a CUDA GPU (sizes t
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_multiblock(dtype, causal):
+@pytest.mark.parametrize("mode", ["separate", "atomic"])
+def test_gpu_multiblock(dtype, causal, mode, monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_DQ_MODE", mode)
     run_case([300, 0, 513, 129, 64, 700], [257, 5, 513, 400, 0, 200], hq=4, hkv=2, d=128,
              causal=causal, dtype=dtype)
     run_case([129, 384], [700, 1], hq=2, hkv=2, d=64, causal=causal, dtype=dtype)
