@@ -174,7 +174,7 @@ def _doc_block_mask(lq, lk, causal, BLOCK=128, device="cuda"):
         fulls.append(sorted(full))
 
     def pack(lists):
-        n = max(1, max(len(x) for x in lists))
+        n = nkb  # BlockMask wants the kv-block dimension in full
         idx = np.zeros((nqb, n), dtype=np.int32)
         num = np.zeros(nqb, dtype=np.int32)
         for i, x in enumerate(lists):
