@@ -1,0 +1,112 @@
+"""Timings of each backend's forward and backward on a few representative jagged shapes (pytest-benchmark).
+
+Not collected by the spec run (the file name does not match ``test_*.py``): ``jfa-conformance run --bench``
+runs it in its own pytest session without xdist, because pytest-benchmark switches itself off under xdist.
+Each benchmark stores in ``extra_info`` what the report needs: the shape, its length skew, the useful FLOPs
+(valid tokens only, causal halved: ``4 * pairs * D * Hq`` forward, 2.5x that backward) and the padding waste
+a padded ``[B, max L]`` layout would pay on it.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from .harness import Unsupported, call_backend, ensure_supported
+from .problem import Problem, make_grad_out, make_inputs
+
+BACKWARD_FLOP_RATIO = 2.5
+
+
+def _lengths(kind: str, batch: int, mean: int, rng: random.Random) -> tuple[int, ...]:
+    if kind == "dense":
+        return (mean,) * batch
+    if kind == "uniform":
+        return tuple(rng.randint(1, 2 * mean - 1) for _ in range(batch))
+    if kind == "pareto":
+        return tuple(min(16 * mean, max(1, int(mean / 3 * rng.paretovariate(1.2)))) for _ in range(batch))
+    if kind == "one_long":
+        return (mean * batch // 2,) + tuple(max(1, mean // 8) for _ in range(batch - 1))
+    raise ValueError(f"unknown length law {kind!r}")
+
+
+def shapes(device: str) -> dict[str, Problem]:
+    """Representative problems: small on CPU (the suite must stay quick there), realistic on GPUs."""
+    gpu = device.startswith("cuda")
+    batch, mean = (64, 512) if gpu else (8, 48)
+    heads, dim, dtype = (8, 128, "bfloat16") if gpu else (2, 64, "float32")
+    rng = random.Random(1234)  # fixed: the same shapes on every run, so timings compare across runs
+    out = {}
+    for name, law, causal in (("dense", "dense", "none"), ("uniform", "uniform", "none"),
+                              ("uniform_causal", "uniform", "bottom_right"), ("pareto", "pareto", "none"),
+                              ("one_long", "one_long", "bottom_right")):
+        lens = _lengths(law, batch, mean, rng)
+        out[name] = Problem(lens, lens, heads_q=heads, heads_kv=heads, head_dim=dim, dtype=dtype, causal=causal,
+                            seed=7, length_law=law)
+    return out
+
+
+def useful_flops(problem: Problem, direction: str) -> float:
+    forward = 4.0 * problem.visible_pairs() * problem.head_dim * problem.heads_q
+    return forward * (BACKWARD_FLOP_RATIO if direction == "backward" else 1.0)
+
+
+def padding_waste(problem: Problem) -> float:
+    """Share of a padded layout's attention work that is padding: 1 - useful pairs / padded pairs."""
+    longest_q, longest_k = max(problem.seqlens_q, default=0), max(problem.seqlens_k, default=0)
+    padded = problem.replace(seqlens_q=(longest_q,) * problem.batch, seqlens_k=(longest_k,) * problem.batch)
+    padded_pairs = padded.visible_pairs()
+    return 1.0 - problem.visible_pairs() / padded_pairs if padded_pairs else 0.0
+
+
+def length_skew(problem: Problem) -> float:
+    """Longest over mean key length: 1 for dense batches, large when one sequence dominates."""
+    lens = problem.seqlens_k
+    mean = sum(lens) / len(lens) if lens else 0
+    return max(lens) / mean if mean else 1.0
+
+
+def _synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+SHAPES = shapes("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_timing(benchmark, backend, device, shape, direction):
+    problem = shapes(device)[shape]
+    try:
+        ensure_supported(backend, problem)
+    except Unsupported as exc:
+        pytest.skip(f"unsupported: {exc}")
+    if direction == "backward" and not backend.capabilities.backward:
+        pytest.skip(f"unsupported: {backend.name} declares no backward")
+    args = make_inputs(problem, device)
+    benchmark.group = f"{shape}-{direction}"
+    benchmark.extra_info.update(
+        backend=backend.name, shape=shape, direction=direction, useful_flops=useful_flops(problem, direction),
+        padding_waste=padding_waste(problem), length_skew=length_skew(problem), problem=problem.summary(),
+    )
+    if direction == "forward":
+        def run():
+            with torch.no_grad():
+                backend.forward(args)
+            _synchronize(device)
+    else:
+        leaves = [t.detach().clone().requires_grad_(True) for t in (args.q, args.k, args.v)]
+        call = args.replace(q=leaves[0], k=leaves[1], v=leaves[2])
+        if call.broadcast_q and backend.capabilities.broadcast_q == "emulated":
+            call = call.with_broadcast_q_expanded()
+        out = backend.forward(call).out
+        grad_out = make_grad_out(problem, device)
+
+        def run():
+            torch.autograd.grad(out, leaves, grad_out, retain_graph=True, allow_unused=True)
+            _synchronize(device)
+    # Same as the spec's contract check: a wrong shape would make the timing meaningless.
+    call_backend(backend, args)
+    benchmark.pedantic(run, rounds=5 if device.startswith("cuda") else 3, iterations=1, warmup_rounds=1)

@@ -1,0 +1,626 @@
+"""``jfa-conformance``: list backends, run the spec and report, compare and merge reports.
+
+``run`` drives pytest in a child process (hypothesis draws the problems, pytest-xdist runs the checks in
+worker processes that are replaced when a backend kills one, pytest-timeout stops hung checks,
+pytest-benchmark times the backends) and turns what the recorder plugin writes into
+``reports/<run-name>/``: report.json, summary.md, index.html, junit.xml and, with ``--bench``,
+benchmark.json.
+
+Exit codes: 0 every check passed or was declared unsupported / an expected failure; 1 any failure, crash,
+timeout or check that never ran, a backend that supports nothing, or (with ``--baseline``) a new failure
+or a timing regression; 2 usage error.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+USAGE_ERROR = 2
+DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_MAX_WORKER_RESTART = 100
+VENDOR_PACKAGES = ("torch", "triton", "flash-attn", "flash-attn-cute", "nvidia-cutlass-dsl", "fbtriton", "tlx-jfa",
+                   "hypothesis", "pytest", "pytest-xdist", "pytest-benchmark", "pytest-timeout")
+
+
+class UsageError(Exception):
+    """Bad command-line input; the message names the option."""
+
+
+def _console():
+    from rich.console import Console
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console.width = max(console.width, 140)  # CI logs: do not fold tables into 80 columns
+    return console
+
+
+# -- list -----------------------------------------------------------------------------------------------
+def _caps_text(caps: dict) -> str:
+    if not caps:
+        return ""
+    bits = [",".join(d.replace("float", "f").replace("bf16", "bf16") for d in caps["dtypes"]),
+            "causal " + "/".join(caps["causal_modes"])]
+    bits.append("GQA" if caps["gqa"] else "no GQA")
+    bits.append(f"bcast-Q {caps['broadcast_q']}")
+    bits.append("bwd" if caps["backward"] else "no bwd")
+    bits.append("LSE" if caps["lse"] else "no LSE")
+    if caps.get("deterministic"):
+        bits.append("deterministic")
+    if caps.get("head_dims"):
+        bits.append("D in " + ",".join(map(str, caps["head_dims"])))
+    elif caps.get("max_head_dim"):
+        bits.append(f"D <= {caps['max_head_dim']}")
+    if caps.get("min_compute_capability"):
+        bits.append("sm >= {}.{}".format(*caps["min_compute_capability"]))
+    return "; ".join(bits)
+
+
+def cmd_list(ns) -> int:
+    from backends import registry
+
+    from .plugin import default_device
+
+    device = ns.device or default_device()
+    names = registry.known_names() + [b for b in ns.backend if b not in registry.known_names()]
+    infos = []
+    for name in names:
+        try:
+            infos.append(registry.describe(name, device))
+        except ValueError as exc:
+            raise UsageError(f"--backend: {exc}") from None
+    if ns.json:
+        print(json.dumps([info.__dict__ for info in infos], indent=1, default=list))
+        return 0
+    from rich.table import Table
+    table = Table(title=f"Backends on {device}", show_lines=False)
+    for column in ("backend", "available", "capabilities (or why it is not available)", "source"):
+        table.add_column(column, overflow="fold")
+    for info in infos:
+        detail = _caps_text(info.capabilities) if info.available else f"[yellow]{info.reason}[/]"
+        table.add_row(info.name, "[green]yes[/]" if info.available else "[red]no[/]", detail, info.source)
+    _console().print(table)
+    return 0
+
+
+# -- run ------------------------------------------------------------------------------------------------
+def _default_workers(device: str) -> int:
+    return max(1, min(os.cpu_count() or 1, 4)) if device == "cpu" else 1
+
+
+def _gpu_list(spec: str) -> list[str]:
+    """``--gpus all`` or ``--gpus 0,2``: the CUDA device indices to put one worker on each."""
+    if spec == "all":
+        import torch
+        count = torch.cuda.device_count()
+        if count == 0:
+            raise UsageError("--gpus all: no CUDA GPU is visible")
+        return [str(i) for i in range(count)]
+    indices = [s.strip() for s in spec.split(",") if s.strip()]
+    if not indices or not all(i.isdigit() for i in indices):
+        raise UsageError(f"--gpus must be 'all' or comma-separated device indices like 0,1, got {spec!r}")
+    return indices
+
+
+def _threshold(text: str) -> float:
+    try:
+        value = float(text.rstrip("%")) / (100.0 if text.endswith("%") else 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction like 0.1 or a percentage like 10%, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _git_commit() -> tuple[str | None, bool | None]:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, timeout=10).stdout.strip()) if commit else None
+        return commit, dirty
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+def environment(device: str) -> dict:
+    """What the run ran on (no host name): versions, device, compute capability, commit."""
+    import torch
+    versions = {}
+    for package in VENDOR_PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    commit, dirty = _git_commit()
+    env = {"python": platform.python_version(), "platform": f"{platform.system()} {platform.machine()}",
+           "torch": torch.__version__, "triton": versions.get("triton"), "cuda": torch.version.cuda,
+           "packages": versions, "device": device, "device_name": None, "compute_capability": None,
+           "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+           "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available(),
+           "git_commit": commit, "git_dirty": dirty}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        env["device_name"] = torch.cuda.get_device_name(device)
+        env["compute_capability"] = "{}.{}".format(*torch.cuda.get_device_capability(device))
+    else:
+        env["device_name"] = platform.processor() or platform.machine() or "cpu"
+    return env
+
+
+def _resolve_backends(specs: list[str], device: str):
+    """``[(spec, BackendInfo)]`` for the run; every name is checked before pytest starts."""
+    from backends import registry
+    if not specs:
+        specs = [b.name for b in registry.available(device)]
+    chosen = []
+    for spec in specs:
+        ref = spec
+        if ":" in spec and spec.partition(":")[0].endswith(".py"):
+            path, _, attr = spec.partition(":")
+            ref = f"{Path(path).resolve()}:{attr}"  # the child pytest may run from elsewhere
+        try:
+            chosen.append((ref, registry.describe(ref, device)))
+        except ValueError as exc:
+            raise UsageError(f"--backend: {exc}") from None
+    return chosen
+
+
+def _pytest_command(ns, run_dir: Path, backend_specs: list[str], device: str) -> list[str]:
+    spec_dir = Path(__file__).resolve().parent / "spec"
+    args = [sys.executable, "-m", "pytest", str(spec_dir), "-p", "conformance.plugin", "-p", "conformance.recorder",
+            "-p", "no:cacheprovider", "-q", "-rN",
+            "--jfa-records", str(run_dir / ".records.jsonl"), "--jfa-flight-dir", str(run_dir / ".flight"),
+            "--hypothesis-profile", ns.profile, "--device", device,
+            "--timeout", f"{ns.timeout:g}", "--timeout-method", "thread",
+            "--junitxml", str(run_dir / ".junit.xml.partial"), "-o", "junit_family=xunit2"]
+    for spec in backend_specs:
+        args += ["--backend", spec]
+    for dtype in ns.dtype:
+        args += ["--dtype", dtype]
+    if ns.max_examples is not None:
+        args += ["--max-examples", str(ns.max_examples)]
+    if ns.xfails_file:
+        args += ["--xfails-file", str(Path(ns.xfails_file).resolve())]
+    if ns.seed is not None:
+        args += [f"--hypothesis-seed={ns.seed}"]
+    if ns.k:
+        args += ["-k", ns.k]
+    if ns.gpus:
+        for index in _gpu_list(ns.gpus):
+            args += ["--tx", f"popen//env:CUDA_VISIBLE_DEVICES={index}//env:JFA_CONFORMANCE_DEVICE_INDEX={index}"]
+        args += ["--dist", "load"]
+    else:
+        args += ["-n", str(ns.workers or _default_workers(device)), "--dist", "load"]
+    args += ["--max-worker-restart", str(ns.max_worker_restart)]
+    return args
+
+
+def _child_env(device: str, workers: int) -> dict:
+    env = dict(os.environ)
+    import torch
+    if not torch.cuda.is_available():
+        env.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run under the interpreter without a GPU
+    if device == "cpu":
+        # One worker per core: more intra-op threads than cores only adds contention.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, workers))))
+    return env
+
+
+class LiveView:
+    """Per-backend progress bars fed by the recorder's JSON lines."""
+
+    def __init__(self, console, enabled: bool):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        self.progress = Progress(TextColumn("{task.fields[backend]:<18}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[counts]}"), TimeElapsedColumn(), console=console,
+                                 disable=not enabled)
+        self.tasks, self.counts, self.offset, self.buffer = {}, {}, 0, ""
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.progress.__exit__(*exc)
+
+    def _task(self, backend: str, total=None):
+        if backend not in self.tasks:
+            self.counts[backend] = {}
+            self.tasks[backend] = self.progress.add_task(backend, backend=backend, counts="", total=total)
+        return self.tasks[backend]
+
+    def feed(self, path: Path) -> None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+                self.offset = f.tell()
+        except FileNotFoundError:
+            return
+        self.buffer += chunk
+        *lines, self.buffer = self.buffer.split("\n")
+        for line in lines:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if entry.get("kind") == "collected":
+                totals: dict[str, int] = {}
+                for check in entry["checks"]:
+                    totals[check["backend"]] = totals.get(check["backend"], 0) + 1
+                for backend, total in totals.items():
+                    self.progress.update(self._task(backend), total=total)
+            elif entry.get("kind") == "record":
+                backend = entry["backend"]
+                task = self._task(backend)
+                counts = self.counts[backend]
+                counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1
+                self.progress.update(task, advance=1, counts=_counts_markup(counts))
+
+
+def _counts_markup(counts: dict) -> str:
+    style = {"pass": "green", "fail": "bold red", "crash": "bold magenta", "timeout": "bold yellow",
+             "not-run": "red", "unsupported": "dim", "expected-fail": "blue"}
+    return " ".join(f"[{style.get(o, '')}]{n} {o}[/]" for o, n in sorted(counts.items()))
+
+
+def _run_pytest(command, env, log_path: Path, records_path: Path, view: LiveView | None) -> tuple[int, bool]:
+    """Run pytest, feeding the live view; ``(return code, interrupted)``."""
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            while proc.poll() is None:
+                if view:
+                    view.feed(records_path)
+                time.sleep(0.25)
+        except KeyboardInterrupt:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            return proc.returncode, True
+        if view:
+            view.feed(records_path)
+    return proc.returncode, False
+
+
+def _run_benchmarks(ns, run_dir: Path, backend_specs, device, env, console) -> tuple[list[dict], str]:
+    from . import report as rp
+    bench_file = Path(__file__).resolve().parent / "benchmarks.py"
+    partial = run_dir / ".benchmark.json.partial"
+    command = [sys.executable, "-m", "pytest", str(bench_file), "-p", "conformance.plugin", "-p", "no:cacheprovider",
+               "-q", "--device", device, "--benchmark-only", "--benchmark-json", str(partial),
+               "--timeout", f"{ns.timeout:g}", "--timeout-method", "thread"]
+    for spec in backend_specs:
+        command += ["--backend", spec]
+    with console.status("timing forward and backward of each backend (pytest-benchmark) ..."):
+        rc, _ = _run_pytest(command, env, run_dir / "pytest.log", run_dir / ".none", None)
+    if not partial.exists():
+        return [], f"benchmarks did not complete (pytest exit code {rc}; see pytest.log)"
+    bench = json.loads(partial.read_text())
+    os.replace(partial, run_dir / "benchmark.json")
+    status = "ok" if rc == 0 else f"some benchmarks failed (pytest exit code {rc}; see pytest.log)"
+    return rp.timings_from_benchmark(bench), status
+
+
+def _replay(run_dir: Path, record: dict, spec_of: dict) -> dict | None:
+    """The replay artifact and command of a failed check, when the replay module provides them."""
+    try:
+        replay = importlib.import_module("conformance.replay")
+    except ImportError:
+        return None
+    if not hasattr(replay, "write_artifact"):
+        return None
+    try:
+        result = replay.write_artifact(run_dir, record)
+    except Exception as exc:  # noqa: BLE001 - a replay bug must not lose the report
+        return {"artifact": None, "command": None, "error": f"{type(exc).__name__}: {exc}"}
+    if result is None:
+        return None
+    if isinstance(result, str) and result.startswith("jfa-conformance"):
+        return {"artifact": None, "command": result}
+    backend = spec_of.get(record["backend"], record["backend"])
+    return {"artifact": str(result), "command": f"jfa-conformance replay {result} --backend {backend}"}
+
+
+def write_run_dir(run_dir: Path, report: dict, regressions: list[dict] | None = None) -> None:
+    from . import report as rp
+    from .reporting import render_html, render_markdown
+    report["summary"] = rp.summarize_backends(report)
+    rp.write_json(run_dir / "report.json", report)
+    rp.atomic_write_text(run_dir / "summary.md", render_markdown(report, regressions))
+    rp.atomic_write_text(run_dir / "index.html", render_html(report, regressions))
+
+
+def print_summary(console, report: dict, regressions: list[dict], run_dir: Path | None) -> None:
+    from rich.table import Table
+
+    from . import report as rp
+    table = Table(title="Conformance")
+    for column in ("backend", "verdict", "pass", "fail", "crash", "timeout", "not run", "xfail", "unsupported",
+                   "worst budget"):
+        table.add_column(column, justify="left" if column in ("backend", "verdict") else "right")
+    colour = {"conformant": "green", "failing": "bold red", "supports nothing": "yellow"}
+    for name, s in rp.summarize_backends(report).items():
+        c = s["counts"]
+        budget = s["worst_budget"]
+        table.add_row(name, f"[{colour[s['verdict']]}]{s['verdict']}[/]", str(c["pass"]), str(c["fail"] or ""),
+                      str(c["crash"] or ""), str(c["timeout"] or ""), str(c["not-run"] or ""),
+                      str(c["expected-fail"] or ""), str(c["unsupported"] or ""),
+                      "" if budget is None else ("inf" if budget == float("inf") else f"{budget:.0%}"))
+    console.print(table)
+    bad = rp.failures(report)
+    for r in bad[:30]:
+        where = f"{r['backend']} {r['feature']}" + (f" [{r['dtype']}]" if r.get("dtype") else "")
+        console.print(f"[bold red]{r['outcome'].upper()}[/] {where}: {r.get('reason') or ''}", markup=True,
+                      highlight=False, soft_wrap=True)
+        if r.get("counterexample"):
+            console.print(f"    counterexample: {r['counterexample']}", markup=False, soft_wrap=True)
+        if (r.get("replay") or {}).get("command"):
+            console.print(f"    replay: {r['replay']['command']}", markup=False, soft_wrap=True)
+    if len(bad) > 30:
+        console.print(f"... and {len(bad) - 30} more failures (see summary.md)")
+    for r in regressions:
+        console.print(f"[bold red]REGRESSION[/] {r['kind']}: {r['what']} — {r['detail']}", soft_wrap=True)
+    if run_dir is not None:
+        console.print(f"report: {run_dir / 'index.html'}  (also report.json, summary.md, junit.xml)", markup=False)
+
+
+def cmd_run(ns) -> int:
+    from . import report as rp
+    from .plugin import default_device
+    from .problem import DTYPES
+
+    console = _console()
+    device = ns.device or default_device()
+    baseline = None
+    if ns.baseline:
+        try:
+            baseline = rp.load(ns.baseline)
+        except rp.ReportError as exc:
+            raise UsageError(f"--baseline: {exc}") from None
+    if ns.xfails_file and not Path(ns.xfails_file).is_file():
+        raise UsageError(f"--xfails-file: {ns.xfails_file} does not exist")
+    bad_dtypes = [d for d in ns.dtype if d not in DTYPES]
+    if bad_dtypes:
+        raise UsageError(f"--dtype: {', '.join(bad_dtypes)} is not one of {', '.join(DTYPES)}")
+    from hypothesis import settings
+    from hypothesis.errors import InvalidArgument
+
+    from . import profiles  # noqa: F401 - registers the profiles
+    try:
+        settings.get_profile(ns.profile)
+    except InvalidArgument:
+        raise UsageError(f"--profile: unknown profile {ns.profile!r} (known: {', '.join(profiles.PROFILES)})") from None
+    if ns.gpus:
+        _gpu_list(ns.gpus)
+    chosen = _resolve_backends(ns.backend, device)
+    if not chosen:
+        console.print(f"[bold red]no backend is available on {device}[/]; see `jfa-conformance list`")
+        return 1
+    specs = [spec for spec, _ in chosen]
+    name = ns.name or f"{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-{ns.profile}"
+    run_dir = Path(ns.report_dir) / name
+    if (run_dir / "report.json").exists():
+        raise UsageError(f"--name: {run_dir} already holds a report")
+    (run_dir / ".flight").mkdir(parents=True, exist_ok=True)
+    records_path = run_dir / ".records.jsonl"
+    records_path.unlink(missing_ok=True)
+    workers = len(_gpu_list(ns.gpus)) if ns.gpus else (ns.workers or _default_workers(device))
+    env = _child_env(device, workers)
+    command = _pytest_command(ns, run_dir, specs, device)
+    started = dt.datetime.now(dt.timezone.utc)
+    t0 = time.perf_counter()
+    console.print(f"jfa-conformance run [bold]{name}[/]: {', '.join(info.name for _, info in chosen)} on {device}, "
+                  f"profile {ns.profile}, {workers} worker{'s' if workers > 1 else ''}", highlight=False)
+    with LiveView(console, enabled=not ns.quiet) as view:
+        rc, interrupted = _run_pytest(command, env, run_dir / "pytest.log", records_path, view)
+    collected, records, finished = rp.read_record_stream(records_path)
+    if rc in (3, 4) and not records:
+        log_tail = (run_dir / "pytest.log").read_text(errors="replace")[-3000:]
+        console.print(log_tail, markup=False)
+        console.print(f"[bold red]pytest could not run the spec (exit code {rc}); see {run_dir / 'pytest.log'}[/]")
+        return USAGE_ERROR if rc == 4 else 1
+    stop_reason = "never ran: the run was interrupted" if interrupted else \
+        "never ran: the run stopped before reaching it (see pytest.log)"
+    records = rp.complete_records(collected, records, stop_reason)
+    timings, bench_status = [], "not run (use --bench)"
+    bench = ns.bench if ns.bench is not None else device.startswith("cuda")
+    if bench and not interrupted:
+        timings, bench_status = _run_benchmarks(ns, run_dir, specs, device, env, console)
+    spec_of = {info.name: spec for spec, info in chosen}
+    for r in records:
+        if r["outcome"] in rp.FAILING and r["outcome"] != "not-run":
+            r["replay"] = _replay(run_dir, r, spec_of)
+    partial_junit = run_dir / ".junit.xml.partial"
+    if partial_junit.exists():
+        os.replace(partial_junit, run_dir / "junit.xml")
+    report = {
+        "schema": rp.SCHEMA, "schema_version": rp.SCHEMA_VERSION,
+        "run": {"name": name, "started": started.isoformat(timespec="seconds"),
+                "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "duration_s": round(time.perf_counter() - t0, 1), "profile": ns.profile,
+                "max_examples": ns.max_examples,
+                "seed": ns.seed if ns.seed is not None else ("derandomized" if ns.profile == "ci" else None),
+                "dtypes": ns.dtype or None, "xfails_file": ns.xfails_file, "timeout_s": ns.timeout,
+                "workers": workers, "gpus": ns.gpus, "pytest_exit_code": rc, "benchmarks": bench_status,
+                "complete": finished and not interrupted and all(r["outcome"] != "not-run" for r in records),
+                "environment": environment(device)},
+        "backends": {info.name: {"source": info.source, "available": info.available, "reason": info.reason,
+                                 "capabilities": info.capabilities} for _, info in chosen},
+        "records": records,
+        "timings": timings,
+    }
+    regressions = []
+    if baseline is not None:
+        comparison = rp.compare(baseline, report, ns.timing_threshold)
+        regressions = rp.regressions_of(comparison)
+        report["baseline"] = {"path": str(ns.baseline), "name": baseline["run"].get("name"),
+                              "threshold": ns.timing_threshold, "regressions": regressions}
+    report["run"]["exit_code"] = rp.exit_code(report, regressions)
+    write_run_dir(run_dir, report, regressions)
+    shutil.rmtree(run_dir / ".flight", ignore_errors=True)
+    print_summary(console, report, regressions, run_dir)
+    return report["run"]["exit_code"]
+
+
+# -- compare and merge ----------------------------------------------------------------------------------
+def cmd_compare(ns) -> int:
+    from . import report as rp
+    try:
+        old, new = rp.load(ns.old), rp.load(ns.new)
+    except rp.ReportError as exc:
+        raise UsageError(str(exc)) from None
+    diff = rp.compare(old, new, ns.timing_threshold)
+    if ns.json:
+        print(json.dumps(diff, indent=1))
+        return 1 if diff["new_failures"] or diff["timing_regressions"] else 0
+    console = _console()
+    console.print(f"[bold]{old['run'].get('name')}[/] -> [bold]{new['run'].get('name')}[/]")
+    sections = [
+        ("New failures", diff["new_failures"], lambda f: f"{f['backend']} {f['feature']} {f.get('dtype') or ''}: "
+                                                         f"{f['before']} -> {f['after']} {f.get('reason') or ''}"),
+        ("Fixed", diff["fixed"], lambda f: f"{f['backend']} {f['feature']} {f.get('dtype') or ''}: {f['before']} -> {f['after']}"),
+        ("Error-budget changes (>= 5 points)", diff["budget_changes"][:25],
+         lambda c: f"{c['backend']} {c['feature']} {c.get('dtype') or ''}: {c['before']:.0%} -> {c['after']:.0%}"),
+        ("Timing changes", diff["timing_changes"],
+         lambda t: f"{t['backend']} {t['shape']} {t['direction']}: {t['before_s'] * 1e3:.3f} ms -> "
+                   f"{t['after_s'] * 1e3:.3f} ms ({t['change']:+.0%})"
+                   + ("  REGRESSION" if t["change"] > diff["threshold"] else "")),
+    ]
+    for title, rows, fmt in sections:
+        console.print(f"\n[bold]{title}[/] ({len(rows)})")
+        for row in rows:
+            console.print("  " + fmt(row), markup=False)
+    if diff["only_in_old"] or diff["only_in_new"]:
+        console.print(f"\nchecks only in {ns.old}: {len(diff['only_in_old'])}; only in {ns.new}: {len(diff['only_in_new'])}")
+    return 1 if diff["new_failures"] or diff["timing_regressions"] else 0
+
+
+def cmd_merge(ns) -> int:
+    from . import report as rp
+    try:
+        reports = [rp.load(path) for path in ns.reports]
+    except rp.ReportError as exc:
+        raise UsageError(str(exc)) from None
+    name = ns.name or f"merged-{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}"
+    out = Path(ns.output) if ns.output else Path(ns.report_dir) / name
+    merged = rp.merge(reports, name=name)
+    merged["run"]["exit_code"] = rp.exit_code(merged)
+    write_run_dir(out, merged)
+    console = _console()
+    print_summary(console, merged, [], out)
+    return merged["run"]["exit_code"]
+
+
+# -- delegated subcommands ------------------------------------------------------------------------------
+def _delegate(module: str, argv: list[str]) -> int:
+    try:
+        target = importlib.import_module(f"conformance.{module}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"conformance.{module}":
+            raise
+        print(f"jfa-conformance {module}: not available in this installation (conformance.{module} is missing)",
+              file=sys.stderr)
+        return USAGE_ERROR
+    return int(target.main(argv) or 0)
+
+
+# -- parser ---------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jfa-conformance", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("list", help="every known backend, whether it is available here, and its capabilities")
+    p.add_argument("--device", help="device to check availability on (default: cuda if available, else cpu)")
+    p.add_argument("--backend", action="append", default=[], help="also describe this reference (module:attr, file.py:attr)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("run", help="run the spec and write a report (default: every available backend, profile ci)")
+    p.add_argument("--backend", action="append", default=[], metavar="NAME",
+                   help="backend to test (repeatable): a name from `list`, an entry point, module:attr or file.py:attr")
+    p.add_argument("--device", help="device to run on (default: cuda if available, else cpu)")
+    p.add_argument("--profile", default="ci", help="hypothesis profile: ci (default), dev, thorough")
+    p.add_argument("--dtype", action="append", default=[], help="only these dtypes (repeatable)")
+    p.add_argument("--max-examples", type=_positive_int, help="hypothesis examples per check (overrides the profile)")
+    p.add_argument("--xfails-file", help="expected failures: node-id substrings, one per line ('# reason' allowed)")
+    p.add_argument("--bench", action=argparse.BooleanOptionalAction, default=None,
+                   help="time forward and backward with pytest-benchmark (default: on for CUDA, off on CPU)")
+    p.add_argument("--report-dir", default="reports", help="parent of the run directory (default: reports)")
+    p.add_argument("--name", help="run directory name (default: UTC time and profile)")
+    p.add_argument("--baseline", help="an earlier report.json: exit 1 on new failures and timing regressions")
+    p.add_argument("--timing-threshold", type=_threshold, default=0.10,
+                   help="slowdown counted as a timing regression (default 10%%; '0.1' or '10%%')")
+    p.add_argument("-n", "--workers", type=_positive_int,
+                   help="xdist worker processes (default: cores, at most 4, on CPU; 1 on a GPU)")
+    p.add_argument("--gpus", help="one worker per GPU with the device pinned: 'all' or indices like 0,1")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                   help=f"seconds one check may run before it is stopped and reported as a timeout (default {DEFAULT_TIMEOUT_S:g})")
+    p.add_argument("--max-worker-restart", type=int, default=DEFAULT_MAX_WORKER_RESTART,
+                   help=f"crashed workers replaced before the run stops (default {DEFAULT_MAX_WORKER_RESTART})")
+    p.add_argument("--seed", type=int, help="hypothesis seed (profiles other than ci draw randomly otherwise)")
+    p.add_argument("-k", help="only checks matching this pytest -k expression")
+    p.add_argument("-q", "--quiet", action="store_true", help="no live progress view")
+
+    for command, text in (("compare", "differences between two reports: new and fixed failures, budget and timing changes"),):
+        p = sub.add_parser(command, help=text + " (exit 1 when NEW has new failures or timing regressions)")
+        p.add_argument("old", help="report.json or its run directory")
+        p.add_argument("new", help="report.json or its run directory")
+        p.add_argument("--timing-threshold", type=_threshold, default=0.10, help="slowdown counted as a regression")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("merge", help="one report from shards run on several GPUs or machines")
+    p.add_argument("reports", nargs="+", help="report.json files or run directories")
+    p.add_argument("-o", "--output", help="directory of the merged report (default: <report-dir>/<name>)")
+    p.add_argument("--report-dir", default="reports")
+    p.add_argument("--name", help="name of the merged run")
+
+    sub.add_parser("selftest", help="run the spec against built-in mutant backends", add_help=False)
+    sub.add_parser("replay", help="re-run one failed check from its artifact", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    import torch
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run interpreted
+    if argv and argv[0] in ("selftest", "replay"):
+        return _delegate(argv[0], argv[1:])
+    parser = build_parser()
+    ns = parser.parse_args(argv)  # exits 2 on bad usage
+    if ns.command is None:
+        parser.print_help()
+        return USAGE_ERROR
+    handlers = {"list": cmd_list, "run": cmd_run, "compare": cmd_compare, "merge": cmd_merge}
+    try:
+        return handlers[ns.command](ns)
+    except UsageError as exc:
+        print(f"jfa-conformance {ns.command}: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

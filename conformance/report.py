@@ -1,0 +1,293 @@
+"""The run report: assembling ``report.json`` (schema in reports/README.md), gating, compare and merge.
+
+A report is plain JSON data; everything here reads and writes dicts so that reports from other machines
+and older runs load without the code that made them. Rendering (summary.md, index.html, plots) lives in
+:mod:`conformance.reporting`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import Counter, defaultdict
+from pathlib import Path
+
+SCHEMA = "jfa-conformance-report"
+SCHEMA_VERSION = 1
+OUTCOMES = ("pass", "fail", "crash", "timeout", "not-run", "expected-fail", "unsupported")
+FAILING = ("fail", "crash", "timeout", "not-run")
+# Worst first: a matrix cell shows the worst outcome among its records.
+SEVERITY = {"crash": 0, "timeout": 1, "fail": 2, "not-run": 3, "expected-fail": 4, "pass": 5, "unsupported": 6}
+DEFAULT_TIMING_THRESHOLD = 0.10
+
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+class ReportError(ValueError):
+    """A file that is not a report this code can read; the message names the file and the problem."""
+
+
+# -- atomic files ---------------------------------------------------------------------------------------
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a torn one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a report is as readable as any written file
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str | Path, data) -> Path:
+    return atomic_write_text(path, json.dumps(data, indent=1, sort_keys=False, default=str) + "\n")
+
+
+def load(path: str | Path) -> dict:
+    """Read and check a report.json (or a run directory holding one)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "report.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ReportError(f"{path}: no such report") from None
+    except ValueError as exc:
+        raise ReportError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ReportError(f"{path}: not a jfa-conformance report (field 'schema' is not {SCHEMA!r})")
+    if data.get("schema_version", 0) > SCHEMA_VERSION:
+        raise ReportError(
+            f"{path}: schema_version {data['schema_version']} is newer than this tool reads ({SCHEMA_VERSION})"
+        )
+    for key in ("run", "records"):
+        if key not in data:
+            raise ReportError(f"{path}: field {key!r} is missing")
+    return data
+
+
+# -- records and timings --------------------------------------------------------------------------------
+def read_record_stream(path: str | Path) -> tuple[list[dict], list[dict], bool]:
+    """``(collected checks, records, finished)`` from the recorder's JSON lines; a torn last line (the
+    writer was killed mid-line) is ignored."""
+    collected, records, finished = [], [], False
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return collected, records, finished
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        kind = entry.pop("kind", None)
+        if kind == "collected" and not collected:
+            collected = entry["checks"]
+        elif kind == "record":
+            records.append(entry)
+        elif kind == "finished":
+            finished = True
+    return collected, records, finished
+
+
+def complete_records(collected: list[dict], records: list[dict], reason: str) -> list[dict]:
+    """Every collected check gets a record: the ones that never reported are ``not-run`` with ``reason``."""
+    seen = {r["id"] for r in records}
+    missing = [
+        {"id": c["id"], "backend": c["backend"], "test": c.get("test"), "feature": c["feature"],
+         "dtype": c.get("dtype"), "outcome": "not-run", "reason": reason, "message": None, "verdicts": [],
+         "problem": None, "counterexample": None}
+        for c in collected if c["id"] not in seen
+    ]
+    return records + missing
+
+
+def timings_from_benchmark(bench: dict) -> list[dict]:
+    """One timing row per pytest-benchmark entry: median seconds and TFLOP/s on useful FLOPs."""
+    rows = []
+    for entry in bench.get("benchmarks", []):
+        info, stats = entry.get("extra_info", {}), entry.get("stats", {})
+        median = stats.get("median")
+        if not info.get("backend") or not median:
+            continue
+        rows.append({
+            "backend": info["backend"], "shape": info["shape"], "direction": info["direction"],
+            "median_s": median, "min_s": stats.get("min"), "rounds": stats.get("rounds"),
+            "useful_flops": info["useful_flops"], "tflops": info["useful_flops"] / median / 1e12,
+            "padding_waste": info["padding_waste"], "length_skew": info["length_skew"], "problem": info["problem"],
+        })
+    return rows
+
+
+def timing_key(row: dict) -> tuple:
+    return row["backend"], row["shape"], row["direction"]
+
+
+# -- summaries ------------------------------------------------------------------------------------------
+def outcome_counts(records) -> dict[str, Counter]:
+    counts: dict[str, Counter] = defaultdict(Counter)
+    for r in records:
+        counts[r["backend"]][r["outcome"]] += 1
+    return counts
+
+
+def backend_verdict(counts: Counter) -> str:
+    """``failing`` (any failure, crash, timeout or not-run check), ``supports nothing`` (every check was
+    unsupported) or ``conformant``."""
+    if any(counts[o] for o in FAILING):
+        return "failing"
+    if counts["unsupported"] == sum(counts.values()):
+        return "supports nothing"
+    return "conformant"
+
+
+def summarize_backends(report: dict) -> dict[str, dict]:
+    counts = outcome_counts(report["records"])
+    names = list(report.get("backends", {})) + sorted(set(counts) - set(report.get("backends", {})))
+    summary = {}
+    for name in names:
+        c = counts.get(name, Counter())
+        budgets = [r["budget_used"] for r in report["records"]
+                   if r["backend"] == name and r.get("budget_used") is not None]
+        summary[name] = {
+            "counts": {o: c[o] for o in OUTCOMES}, "checks": sum(c.values()),
+            "verdict": backend_verdict(c) if c else "supports nothing",
+            "worst_budget": max(budgets, default=None),
+        }
+    return summary
+
+
+def failures(report: dict) -> list[dict]:
+    return [r for r in report["records"] if r["outcome"] in FAILING]
+
+
+def exit_code(report: dict, regressions: list[dict] | None = None) -> int:
+    """0 when every check passed or was unsupported / an expected failure; 1 on any failure, crash,
+    timeout, check that never ran, backend that supports nothing, or baseline regression."""
+    if not report["run"].get("complete", True) or failures(report) or regressions:
+        return 1
+    if any(b["verdict"] != "conformant" for b in summarize_backends(report).values()):
+        return 1
+    return 1 if not report["records"] else 0
+
+
+def matrix(records) -> tuple[list[str], list[str], dict[tuple[str, str], list[dict]]]:
+    """backends, features (in first-seen order) and the records of each (backend, feature) cell."""
+    cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    backends, features = [], []
+    for r in records:
+        if r["backend"] not in backends:
+            backends.append(r["backend"])
+        if r["feature"] not in features:
+            features.append(r["feature"])
+        cells[r["backend"], r["feature"]].append(r)
+    return backends, features, cells
+
+
+def cell_outcome(records) -> str:
+    return min((r["outcome"] for r in records), key=lambda o: SEVERITY.get(o, 0))
+
+
+# -- baseline gating and compare ------------------------------------------------------------------------
+def compare(old: dict, new: dict, threshold: float = DEFAULT_TIMING_THRESHOLD) -> dict:
+    """Differences from ``old`` to ``new``: checks that newly fail or were fixed, error-budget changes,
+    and timing changes (``regressions`` are the ones slower than ``threshold``, e.g. 0.10 = 10%)."""
+    old_by_id = {r["id"]: r for r in old["records"]}
+    new_by_id = {r["id"]: r for r in new["records"]}
+    new_failures, fixed, budget_changes = [], [], []
+    for cid, r in new_by_id.items():
+        before = old_by_id.get(cid)
+        if r["outcome"] in FAILING and (before is None or before["outcome"] not in FAILING):
+            new_failures.append({"id": cid, "backend": r["backend"], "feature": r["feature"], "dtype": r.get("dtype"),
+                                 "before": before["outcome"] if before else "absent", "after": r["outcome"],
+                                 "reason": r.get("reason")})
+        if before is not None and before["outcome"] in FAILING and r["outcome"] not in FAILING:
+            fixed.append({"id": cid, "backend": r["backend"], "feature": r["feature"], "dtype": r.get("dtype"),
+                          "before": before["outcome"], "after": r["outcome"]})
+        b0, b1 = (before or {}).get("budget_used"), r.get("budget_used")
+        if b0 is not None and b1 is not None and abs(b1 - b0) >= 0.05:
+            budget_changes.append({"id": cid, "backend": r["backend"], "feature": r["feature"],
+                                   "dtype": r.get("dtype"), "before": b0, "after": b1})
+    old_timings = {timing_key(t): t for t in old.get("timings", [])}
+    timing_changes, regressions = [], []
+    for t in new.get("timings", []):
+        before = old_timings.get(timing_key(t))
+        if before is None:
+            continue
+        change = t["median_s"] / before["median_s"] - 1.0
+        row = {"backend": t["backend"], "shape": t["shape"], "direction": t["direction"],
+               "before_s": before["median_s"], "after_s": t["median_s"], "change": change}
+        timing_changes.append(row)
+        if change > threshold:
+            regressions.append(row)
+    gone = sorted(set(old_by_id) - set(new_by_id))
+    return {"new_failures": new_failures, "fixed": fixed,
+            "budget_changes": sorted(budget_changes, key=lambda c: -abs(c["after"] - c["before"])),
+            "timing_changes": timing_changes, "timing_regressions": regressions, "threshold": threshold,
+            "only_in_old": gone, "only_in_new": sorted(set(new_by_id) - set(old_by_id))}
+
+
+def regressions_of(comparison: dict) -> list[dict]:
+    """What ``--baseline`` gates on: new failures and timing regressions, as readable rows."""
+    rows = [{"kind": "new failure", "what": f"{f['backend']} {f['feature']}" + (f" [{f['dtype']}]" if f["dtype"] else ""),
+             "detail": f"{f['before']} -> {f['after']}" + (f": {f['reason']}" if f.get("reason") else "")}
+            for f in comparison["new_failures"]]
+    rows += [{"kind": "timing regression", "what": f"{t['backend']} {t['shape']} {t['direction']}",
+              "detail": f"median {t['before_s'] * 1e3:.3f} ms -> {t['after_s'] * 1e3:.3f} ms "
+                        f"(+{t['change']:.0%}, threshold {comparison['threshold']:.0%})"}
+             for t in comparison["timing_regressions"]]
+    return rows
+
+
+# -- merge ----------------------------------------------------------------------------------------------
+def merge(reports: list[dict], name: str = "merged") -> dict:
+    """One report from shards (runs of parts of the matrix on other GPUs or machines). A check present in
+    several shards keeps its worst outcome; every shard's run metadata is kept under ``run.shards``."""
+    if not reports:
+        raise ReportError("merge needs at least one report")
+    by_id: dict[str, dict] = {}
+    for shard_index, rep in enumerate(reports):
+        for r in rep["records"]:
+            r = {**r, "shard": shard_index}
+            kept = by_id.get(r["id"])
+            if kept is None or SEVERITY.get(r["outcome"], 0) < SEVERITY.get(kept["outcome"], 0):
+                by_id[r["id"]] = r
+    backends: dict[str, dict] = {}
+    for rep in reports:
+        for bname, info in rep.get("backends", {}).items():
+            backends.setdefault(bname, info)
+    timings: dict[tuple, dict] = {}
+    for shard_index, rep in enumerate(reports):
+        for t in rep.get("timings", []):
+            timings.setdefault(timing_key(t), {**t, "shard": shard_index})
+    first = reports[0]["run"]
+    profiles = sorted({rep["run"].get("profile") for rep in reports} - {None})
+    run = {
+        "name": name, "profile": profiles[0] if len(profiles) == 1 else ",".join(profiles),
+        "started": min((rep["run"].get("started") or "") for rep in reports) or None,
+        "finished": max((rep["run"].get("finished") or "") for rep in reports) or None,
+        "duration_s": sum(rep["run"].get("duration_s") or 0 for rep in reports),
+        "complete": all(rep["run"].get("complete", True) for rep in reports),
+        "environment": first.get("environment", {}),
+        "shards": [{"name": rep["run"].get("name"), "environment": rep["run"].get("environment", {}),
+                    "profile": rep["run"].get("profile"), "seed": rep["run"].get("seed"),
+                    "complete": rep["run"].get("complete", True), "checks": len(rep["records"])}
+                   for rep in reports],
+    }
+    merged = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run": run, "backends": backends,
+              "records": list(by_id.values()), "timings": list(timings.values())}
+    merged["summary"] = summarize_backends(merged)
+    return merged
