@@ -37,6 +37,9 @@ class Capabilities:
     lse: bool = True
     deterministic: bool = False
     min_compute_capability: tuple[int, int] | None = None
+    # A cost hint, not a limit: hypothesis draws problems of at most this many query + key rows and at
+    # most 4 query heads (for slow paths such as Triton's interpreter). Named edge cases still run in full.
+    max_drawn_rows: int | None = None
     notes: str = ""
 
     def as_dict(self) -> dict:

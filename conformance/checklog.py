@@ -3,21 +3,22 @@ last problem and its verdicts (after a failure, hypothesis's shrunk counterexamp
 budget used per quantity over all examples."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from .harness import assert_verdicts
 from .problem import Problem
 from .tolerance import Verdict
 
 
-@dataclass
 class CheckLog:
-    backend: str
-    examples: int = 0
-    unsupported: dict[str, int] = field(default_factory=dict)
-    last_problem: Problem | None = None
-    last_verdicts: list[Verdict] = field(default_factory=list)
-    worst: dict[str, Verdict] = field(default_factory=dict)
+    def __init__(self, backend: str):
+        self.backend = backend
+        self.examples = 0
+        self.unsupported: dict[str, int] = {}
+        self.last_problem: Problem | None = None
+        self.last_verdicts: list[Verdict] = []
+        self.worst: dict[str, Verdict] = {}
+
+    def __repr__(self) -> str:  # hypothesis prints fixtures in failing cases: keep it short
+        return f"CheckLog({self.backend!r})"
 
     def add_unsupported(self, reason: str) -> None:
         self.unsupported[reason] = self.unsupported.get(reason, 0) + 1

@@ -52,6 +52,21 @@ def lengths(draw, n: int, law: str, label: str) -> list[int]:
     raise ValueError(f"unknown length law {law!r}")
 
 
+def _shrink_to(max_rows: int, seqlens_q: list[int], seqlens_k: list[int], broadcast_q: bool):
+    """Scale lengths down proportionally so that query + key rows fit ``max_rows`` (zeros stay zeros)."""
+    rows = (seqlens_q[0] if broadcast_q and seqlens_q else sum(seqlens_q)) + sum(seqlens_k)
+    if rows <= max_rows:
+        return seqlens_q, seqlens_k
+    factor = max_rows / rows
+    shrink = lambda lens: [max(1, int(n * factor)) if n else 0 for n in lens]  # noqa: E731
+    if broadcast_q:
+        return [max(1, int(seqlens_q[0] * factor))] * len(seqlens_q), shrink(seqlens_k)
+    if seqlens_q == seqlens_k:
+        same = shrink(seqlens_k)
+        return same, list(same)
+    return shrink(seqlens_q), shrink(seqlens_k)
+
+
 @st.composite
 def problems(
     draw,
@@ -81,7 +96,11 @@ def problems(
     else:
         seqlens_q = list(seqlens_k)
 
+    if caps.max_drawn_rows is not None:
+        seqlens_q, seqlens_k = _shrink_to(caps.max_drawn_rows, seqlens_q, seqlens_k, broadcast_q)
     layouts = HEAD_LAYOUTS if caps.gqa else tuple(h for h in HEAD_LAYOUTS if h[0] == h[1])
+    if caps.max_drawn_rows is not None:
+        layouts = tuple(h for h in layouts if h[0] <= 4)
     heads_q, heads_kv = draw(st.sampled_from(layouts), label="heads (Hq, Hkv)")
     dims = tuple(d for d in (caps.head_dims or HEAD_DIMS) if caps.supports_head_dim(d))
     head_dim = draw(st.sampled_from(dims), label="head_dim")

@@ -60,9 +60,10 @@ class Verdict:
 
     def __str__(self) -> str:
         status = "ok" if self.ok else "FAIL"
+        used = f"{self.budget_used:.0%}" if self.budget_used < 10 else f"{self.budget_used:.3g}x the allowance"
         return (
             f"{self.quantity}: {status}, observed error {self.observed:.3e}, allowed {self.allowed:.3e} "
-            f"(budget used {self.budget_used:.0%}; low-precision reference error {self.reference_error:.3e})"
+            f"(budget used {used}; low-precision reference error {self.reference_error:.3e})"
         )
 
 

@@ -1,0 +1,89 @@
+"""`fa4`: FlashAttention 4, ``flash_attn.cute.flash_attn_varlen_func`` (PyPI ``flash-attn-4``, CuTe DSL).
+
+Conventions: FA4 already speaks the spec's packed layout (q ``[total_q, Hq, D]``, int32 ``cu_seqlens``),
+bottom-right causal per sequence, and a natural-log float32 LSE ``[Hq, total_q]`` (``return_lse=True``).
+
+Broadcast-Q is native: FA4 accepts a dense q ``(B, Lq, H, D)`` with ``cu_seqlens_q=None`` against jagged
+k/v, and keeps a stride-0 ``expand`` of the shared query without copying it. That call returns out
+``(B, Lq, H, Dv)`` and lse ``(B, H, Lq)``, reshaped here to the packed convention; dQ of the expand is
+summed by autograd.
+
+Head dims per architecture (FA4's ``_validate_head_dims``): sm_90 takes any multiple of 8 in 8..256 for
+both D and Dv; sm_100/sm_110 take 8..128, or (192, 128), or (256, 256). The forward runs on sm_80 too,
+but the backward needs sm_90 or newer, so this adapter asks for sm_90.
+"""
+from __future__ import annotations
+
+import torch
+
+from conformance.backend import Backend, Capabilities
+from conformance.problem import AttentionArgs, Output, Problem
+
+_BLACKWELL_PAIRS = ((192, 128), (256, 256))
+
+
+def _arch_major() -> int | None:
+    return torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else None
+
+
+class FA4(Backend):
+    name = "fa4"
+    requires = ("flash_attn.cute", "cutlass")
+
+    @property
+    def capabilities(self) -> Capabilities:  # head dims depend on the GPU's architecture
+        blackwell = _arch_major() in (10, 11)
+        return Capabilities(
+            devices=("cuda",),
+            dtypes=("float16", "bfloat16"),
+            max_head_dim=128 if blackwell else 256,
+            causal_modes=("none", "bottom_right"),
+            broadcast_q="native",
+            min_compute_capability=(9, 0),
+            notes="flash_attn.cute.flash_attn_varlen_func; native broadcast-Q (dense stride-0 q, cu_seqlens_q=None); "
+            "head dims: multiples of 8, <= 256 on sm_90, <= 128 (or (192,128), (256,256)) on sm_100/sm_110",
+        )
+
+    def unavailable_reason(self, device: str) -> str | None:
+        reason = super().unavailable_reason(device)
+        if reason is None and torch.device(device).type == "cuda":
+            major = torch.cuda.get_device_capability(device)[0]
+            if major not in (9, 10, 11, 12):
+                reason = f"FA4 supports sm_90, sm_100, sm_110 and sm_120 (forward and backward); this GPU is sm_{major}x"
+        return reason
+
+    def not_supported_reasons(self, problem: Problem) -> list[str]:
+        reasons = [r for r in super().not_supported_reasons(problem) if "head_dim" not in r]
+        d, dv = problem.head_dim, problem.value_dim
+        if d % 8 or dv % 8:
+            reasons.append(f"FA4 needs head dims divisible by 8 (16-byte alignment), got ({d}, {dv})")
+        elif _arch_major() in (10, 11):
+            if not (d <= 128 and dv <= 128) and (d, dv) not in _BLACKWELL_PAIRS:
+                reasons.append(f"(head_dim, head_dim_v) = ({d}, {dv}) is not supported on sm_100/sm_110 "
+                               "(8..128 each, or (192, 128), or (256, 256))")
+        elif not (8 <= d <= 256 and 8 <= dv <= 256):
+            reasons.append(f"(head_dim, head_dim_v) = ({d}, {dv}) is not supported on sm_90 (8..256 each)")
+        return reasons
+
+    def forward(self, args: AttentionArgs) -> Output:
+        from flash_attn.cute import flash_attn_varlen_func
+
+        common = dict(
+            cu_seqlens_k=args.cu_seqlens_k.to(torch.int32),
+            max_seqlen_k=args.max_seqlen_k,
+            softmax_scale=args.softmax_scale,
+            causal=args.causal == "bottom_right",
+            return_lse=True,
+        )
+        if args.broadcast_q:
+            lq, hq = args.q.shape[0], args.q.shape[1]
+            dense_q = args.q.unsqueeze(0).expand(args.batch, *args.q.shape)  # stride 0 over the batch
+            out, lse = flash_attn_varlen_func(dense_q, args.k, args.v, cu_seqlens_q=None, max_seqlen_q=lq, **common)
+            out = out.reshape(args.batch * lq, hq, out.shape[-1])
+            lse = lse.permute(1, 0, 2).reshape(hq, args.batch * lq)  # (B, H, Lq) -> [H, B*Lq]
+            return Output(out, lse)
+        out, lse = flash_attn_varlen_func(
+            args.q, args.k, args.v, cu_seqlens_q=args.cu_seqlens_q.to(torch.int32), max_seqlen_q=args.max_seqlen_q,
+            **common,
+        )
+        return Output(out, lse)

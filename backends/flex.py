@@ -1,0 +1,166 @@
+"""`flex`: ``torch.nn.attention.flex_attention`` over the packed batch with a document mask.
+
+The packed q, k, v become one "sequence" each (``(1, H, total, D)``); a ``mask_mod`` keeps a query
+and a key when they belong to the same document and :func:`conformance.problem.key_visible` allows the
+pair, so every causal alignment is expressible. GQA is ``enable_gqa``. The LSE comes back through
+``return_aux=AuxRequest(lse=True)`` (``return_lse=True`` on torch < 2.9), natural log, ``(1, Hq, total_q)``.
+
+The BlockMask is built from the offsets alone (:func:`document_block_mask`), at block granularity:
+``create_block_mask`` evaluates the mask densely, which over ~500k packed tokens asks for hundreds of GiB.
+
+On GPU flex_attention is compiled (the fused kernel, forward and backward). On CPU its compiled path
+returns no LSE and has no backward, so there the adapter runs flex's eager implementation, which
+evaluates ``mask_mod`` over the full score matrix (the BlockMask's sparsity is not used) and has no
+backward either: on CPU this checks the adapter's conventions, not the fused kernel.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+
+from conformance.backend import Backend, Capabilities
+from conformance.problem import CAUSAL_MODES, AttentionArgs, Output, key_visible
+
+BLOCK_SIZE = 128
+
+
+def _interval_matrix(rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, n_rows: int, n_cols: int) -> torch.Tensor:
+    """Boolean ``[n_rows, n_cols]`` with ``[lo, hi)`` set in each given row (empty intervals ignored)."""
+    keep = hi > lo
+    rows, lo, hi = rows[keep], lo[keep], hi[keep]
+    marks = torch.zeros(n_rows, n_cols + 1, dtype=torch.int32, device=rows.device)
+    ones = torch.ones_like(rows, dtype=torch.int32)
+    marks.index_put_((rows, lo), ones, accumulate=True)
+    marks.index_put_((rows, hi), -ones, accumulate=True)
+    return marks.cumsum(1)[:, :n_cols] > 0
+
+
+def _ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(num_blocks [1, 1, nQ], indices [1, 1, nQ, nKV])`` of a boolean block matrix, present blocks first."""
+    num = blocks.sum(-1, dtype=torch.int32)
+    order = torch.argsort(blocks.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
+    return num[None, None], order[None, None]
+
+
+def document_blocks(cu_q: torch.Tensor, cu_k: torch.Tensor, causal: str, block_size: int = BLOCK_SIZE):
+    """Partial and full ``[nQb, nKVb]`` block matrices of the packed document mask, with the same meaning as
+    ``create_block_mask``'s (a block is full when every one of its block_size**2 pairs is visible, so tail
+    blocks are never full), computed from the offsets without evaluating any token pair."""
+    cu_q, cu_k = cu_q.long(), cu_k.long()
+    total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
+    n_qb, n_kb = -(-total_q // block_size), -(-total_k // block_size)
+    len_q, len_k = cu_q.diff(), cu_k.diff()
+    docs = torch.nonzero(len_q > 0).flatten()
+    first_block = cu_q[docs] // block_size
+    counts = (cu_q[docs + 1] - 1) // block_size - first_block + 1
+    doc = torch.repeat_interleave(docs, counts)  # one entry per (document, q block) pair
+    qb = torch.repeat_interleave(first_block, counts) + torch.arange(int(counts.sum()), device=cu_q.device) - \
+        torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    g0 = torch.maximum(qb * block_size, cu_q[doc])  # first and last query of the block inside the document
+    g1 = torch.minimum((qb + 1) * block_size, cu_q[doc + 1]) - 1
+    lq, lk = len_q[doc], len_k[doc]
+    if causal == "none":
+        n_any = n_all = lk
+    else:  # the visible keys of local query p are the first min(lk, p + shift + 1) of the document
+        shift = lk - lq if causal == "bottom_right" else torch.zeros_like(lk)
+        n_any = torch.clamp(torch.minimum(lk, g1 - cu_q[doc] + shift + 1), min=0)
+        n_all = torch.clamp(torch.minimum(lk, g0 - cu_q[doc] + shift + 1), min=0)
+    k0 = cu_k[doc]
+    any_blocks = _interval_matrix(qb, k0 // block_size, torch.where(n_any > 0, (k0 + n_any - 1) // block_size + 1, 0), n_qb, n_kb)
+    whole_q_block = (g0 == qb * block_size) & (g1 == (qb + 1) * block_size - 1)
+    full_lo = -(-k0 // block_size)
+    full_hi = torch.where(whole_q_block, (k0 + n_all) // block_size, full_lo)
+    full_blocks = _interval_matrix(qb, full_lo, full_hi, n_qb, n_kb)
+    return any_blocks & ~full_blocks, full_blocks
+
+
+def document_mask_mod(cu_q: torch.Tensor, cu_k: torch.Tensor, causal: str, pad_to: tuple[int, int]):
+    """``mask_mod(b, h, q_idx, kv_idx)``: same document and visible under ``causal``. Padded positions up to
+    ``pad_to`` belong to sentinel documents that never match, so the kernel may evaluate them safely."""
+    batch = cu_q.numel() - 1
+    cu_q, cu_k = cu_q.long(), cu_k.long()
+
+    def doc_ids(cu, sentinel, length):
+        ids = torch.full((length,), sentinel, dtype=torch.long, device=cu.device)
+        ids[: int(cu[-1])] = torch.repeat_interleave(torch.arange(batch, device=cu.device), cu.diff())
+        return ids
+
+    doc_q, doc_k = doc_ids(cu_q, batch, pad_to[0]), doc_ids(cu_k, batch + 1, pad_to[1])
+    zeros = cu_q.new_zeros(2)
+    start_q, start_k = torch.cat([cu_q[:-1], zeros]), torch.cat([cu_k[:-1], zeros])
+    len_q, len_k = torch.cat([cu_q.diff(), zeros]), torch.cat([cu_k.diff(), zeros])
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        d = doc_q[q_idx]
+        same = d == doc_k[kv_idx]
+        return same & key_visible(q_idx - start_q[d], kv_idx - start_k[d], len_q[d], len_k[d], causal)
+
+    return mask_mod
+
+
+def document_block_mask(cu_q: torch.Tensor, cu_k: torch.Tensor, causal: str, block_size: int = BLOCK_SIZE):
+    """The flex BlockMask of a packed batch, from its offsets (no dense evaluation)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    partial, full = document_blocks(cu_q, cu_k, causal, block_size)
+    total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
+    pad = (partial.shape[0] * block_size + block_size, partial.shape[1] * block_size + block_size)
+    kv_num, kv_idx = _ordered(partial)
+    full_num, full_idx = _ordered(full)
+    return BlockMask.from_kv_blocks(
+        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block_size,
+        mask_mod=document_mask_mod(cu_q, cu_k, causal, pad), seq_lengths=(total_q, total_k),
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    # Every drawn problem has new lengths: let dynamo go dynamic instead of stopping after 8 recompiles.
+    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 256))
+    return torch.compile(flex_attention)
+
+
+class Flex(Backend):
+    name = "flex"
+    requires = ("torch.nn.attention.flex_attention",)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        # flex has no backward on CPU; a machine without a GPU checks the forward and LSE only.
+        gpu = torch.cuda.is_available()
+        return Capabilities(
+            devices=("cuda", "cpu"),
+            causal_modes=CAUSAL_MODES,
+            broadcast_q="emulated",
+            backward=gpu,
+            min_compute_capability=(8, 0),
+            notes="document mask_mod + BlockMask built from offsets; compiled on GPU; on CPU flex's eager "
+            "implementation, forward and LSE only (flex has no backward on CPU)",
+        )
+
+    def forward(self, args: AttentionArgs) -> Output:
+        from torch.nn.attention import flex_attention as flex_module
+
+        hq, hkv, dv = args.q.shape[1], args.k.shape[1], args.v.shape[2]
+        total_q, total_k = args.q.shape[0], args.k.shape[0]
+        on_cpu = args.q.device.type == "cpu"
+        if on_cpu and any(t.requires_grad for t in (args.q, args.k, args.v)):
+            raise NotImplementedError("flex_attention has no backward on CPU")
+        if total_q == 0 or total_k == 0:  # nothing to attend to: no kernel call
+            lse = torch.full((hq, total_q), float("-inf"), device=args.q.device)
+            return Output(args.q.new_zeros(total_q, hq, dv), lse)
+        block_mask = document_block_mask(args.cu_seqlens_q, args.cu_seqlens_k, args.causal)
+        q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (args.q, args.k, args.v))  # (1, H, total, D)
+        flex = flex_module.flex_attention if on_cpu else _compiled_flex()
+        options = dict(block_mask=block_mask, scale=args.softmax_scale, enable_gqa=hq != hkv)
+        if "return_aux" in inspect.signature(flex_module.flex_attention).parameters:
+            out, aux = flex(q, k, v, return_aux=flex_module.AuxRequest(lse=True), **options)
+            lse = aux.lse
+        else:
+            out, lse = flex(q, k, v, return_lse=True, **options)
+        return Output(out[0].transpose(0, 1), lse[0].float())

@@ -1,0 +1,51 @@
+"""`njt-sdpa`: nested jagged tensors (``torch.nested.nested_tensor_from_jagged``) through SDPA.
+
+q, k and v become ``(B, H, j, D)`` NJTs built on the packed tensors and their offsets (q and k may have
+different lengths per sequence), and ``F.scaled_dot_product_attention`` runs on them. The kernel is
+pinned to flash: of SDPA's NJT kernels it is the only one with a backward and a defined causal alignment
+for Lq != Lk (it calls FlashAttention's varlen forward, bottom-right per sequence; the efficient kernel
+would be top-left and has no NJT backward; math refuses ``is_causal`` for NJTs). So: fp16/bf16, equal
+q/k/v head dims, no zero-length sequences (the NJT flash path refuses them). NJT SDPA needs equal head
+counts (no GQA) and takes no mask; no LSE comes back.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from conformance.backend import Backend, Capabilities
+from conformance.problem import AttentionArgs, Output
+
+from .sdpa_kernels import only_kernel
+
+
+def _nested(values: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
+    """``(B, H, j, D)`` NJT over packed ``values [total, H, D]``."""
+    njt = torch.nested.nested_tensor_from_jagged(values, offsets=offsets.to(torch.int64), max_seqlen=max(max_len, 1))
+    return njt.transpose(1, 2)
+
+
+class NjtSdpa(Backend):
+    name = "njt-sdpa"
+    capabilities = Capabilities(
+        devices=("cuda",),
+        dtypes=("float16", "bfloat16"),
+        max_head_dim=256,
+        value_dim_differs=False,
+        causal_modes=("none", "bottom_right"),
+        gqa=False,
+        zero_length=False,
+        broadcast_q="emulated",
+        lse=False,
+        min_compute_capability=(8, 0),
+        notes="nested_tensor_from_jagged + SDPA pinned to the flash kernel (bottom-right causal, backward); "
+        "no GQA, no zero-length sequences, no LSE",
+    )
+
+    def forward(self, args: AttentionArgs) -> Output:
+        q = _nested(args.q, args.cu_seqlens_q, args.max_seqlen_q)
+        k = _nested(args.k, args.cu_seqlens_k, args.max_seqlen_k)
+        v = _nested(args.v, args.cu_seqlens_k, args.max_seqlen_k)
+        with only_kernel("FLASH_ATTENTION"):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=args.causal == "bottom_right", scale=args.softmax_scale)
+        return Output(out.transpose(1, 2).values())

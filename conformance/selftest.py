@@ -1,0 +1,216 @@
+"""``jfa-conformance selftest``: run the spec against every built-in mutant and show which checks catch it.
+
+Each mutant (see :mod:`conformance.mutants`) runs in its own pytest process, several at a time, so a
+mutant that crashes cannot hide the others. The control (the mutants' computation with no bug) runs
+too: it must pass, or the spec rejects correct kernels. The self-test fails when a mutant survives,
+when the control fails, or when a run ends in an error instead of a failed check.
+
+Hypothesis draws the same examples as under the chosen profile but does not shrink them (shrinking
+only makes a counterexample smaller; it cannot change whether a mutant is caught), which keeps the
+self-test fast. ``--first-failure`` stops each mutant at its first failed check, which is what CI needs;
+without it every check runs and the table shows everything that catches each mutant.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hypothesis import Phase, settings
+
+from . import mutants, profiles
+
+SPEC_DIR = Path(__file__).resolve().parent / "spec"
+NO_SHRINK_SUFFIX = "-noshrink"
+CONTROL = "Unmutated"
+
+
+def _register_no_shrink_profiles() -> None:
+    # Runs when pytest imports this module through ``-p conformance.selftest``, i.e. before hypothesis's
+    # plugin loads --hypothesis-profile, so the derived names exist by then.
+    kept = tuple(p for p in Phase if p not in (Phase.shrink, Phase.explain))
+    for name in profiles.PROFILES:
+        settings.register_profile(name + NO_SHRINK_SUFFIX, settings(settings.get_profile(name), phases=kept))
+
+
+_register_no_shrink_profiles()
+
+
+@dataclass
+class MutantResult:
+    class_name: str
+    name: str
+    bug: str
+    caught_by: list[str] = field(default_factory=list)
+    passed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    returncode: int = 0
+    output: str = ""
+
+    @property
+    def is_control(self) -> bool:
+        return self.class_name == CONTROL
+
+    @property
+    def ok(self) -> bool:
+        """A mutant is caught by at least one check; the control passes every check."""
+        if self.errors or self.returncode not in (0, 1):
+            return False
+        return not self.caught_by if self.is_control else bool(self.caught_by)
+
+
+def _check_label(testcase: ET.Element, backend_name: str) -> str:
+    """``test_edge_case[queries_without_keys-float32]`` from the test name, without the backend id."""
+    name = testcase.get("name", "?")
+    head, bracket, params = name.partition("[")
+    if not bracket:
+        return name
+    params = params.rstrip("]")
+    params = params.replace(backend_name, "", 1).strip("-")
+    return f"{head}[{params}]" if params else head
+
+
+def _read_junit(path: Path, result: MutantResult) -> None:
+    for testcase in ET.parse(path).getroot().iter("testcase"):
+        label = _check_label(testcase, result.name)
+        if testcase.find("failure") is not None:
+            result.caught_by.append(label)
+        elif testcase.find("error") is not None:
+            result.errors.append(label)
+        elif testcase.find("skipped") is not None:
+            result.skipped.append(label)
+        else:
+            result.passed.append(label)
+
+
+def spec_command(class_name: str, profile: str, junit: Path, *, first_failure: bool, device: str | None) -> list[str]:
+    command = [
+        sys.executable, "-m", "pytest", str(SPEC_DIR), "-q", "-p", "no:cacheprovider",
+        "-p", "conformance.plugin", "-p", __name__,
+        "--backend", mutants.backend_spec(class_name),
+        "--hypothesis-profile", profile + NO_SHRINK_SUFFIX,
+        f"--junitxml={junit}", "-o", "junit_family=xunit1",
+    ]
+    if first_failure:
+        command.append("--maxfail=1")
+    if device:
+        command += ["--device", device]
+    return command
+
+
+def run_one(class_name: str, profile: str = profiles.DEFAULT, *, first_failure: bool = False,
+            device: str | None = None, timeout: float | None = None) -> MutantResult:
+    cls = getattr(mutants, class_name)
+    result = MutantResult(class_name, cls.name, cls.bug)
+    with tempfile.TemporaryDirectory() as tmp:
+        junit = Path(tmp) / "junit.xml"
+        command = spec_command(class_name, profile, junit, first_failure=first_failure, device=device)
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+        except subprocess.TimeoutExpired:
+            result.returncode, result.errors = -1, [f"timed out after {timeout} s"]
+            return result
+        result.returncode, result.output = proc.returncode, proc.stdout + proc.stderr
+        if junit.exists():
+            _read_junit(junit, result)
+        elif proc.returncode not in (0, 1):
+            result.errors.append(f"pytest exited with status {proc.returncode}")
+    return result
+
+
+def run_selftest(class_names: list[str] | None = None, profile: str = profiles.DEFAULT, *, first_failure: bool = False,
+                 jobs: int | None = None, device: str | None = None, control: bool = True,
+                 timeout: float | None = None) -> list[MutantResult]:
+    """Results for the control (first, unless ``control`` is False) and each named mutant (default: all)."""
+    names = list(class_names or mutants.MUTANTS)
+    if control and CONTROL not in names:
+        names.insert(0, CONTROL)
+    jobs = jobs or os.cpu_count() or 1
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(run_one, n, profile, first_failure=first_failure, device=device, timeout=timeout) for n in names]
+        return [f.result() for f in futures]
+
+
+def _summarise(labels: list[str], limit: int = 6) -> str:
+    """Check names grouped by test function: ``test_edge_case (5): queries_without_keys-float32, ...``."""
+    groups: dict[str, list[str]] = {}
+    for label in labels:
+        head, _, params = label.partition("[")
+        groups.setdefault(head, []).append(params.rstrip("]"))
+    lines = []
+    for head, params in groups.items():
+        params = [p for p in params if p]
+        if not params:
+            lines.append(head)
+            continue
+        shown = ", ".join(params[:limit]) + (f", ... (+{len(params) - limit})" if len(params) > limit else "")
+        lines.append(f"{head} ({len(params)}): {shown}")
+    return "\n".join(lines)
+
+
+def print_table(results: list[MutantResult], first_failure: bool, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    title = "Mutants and the checks that catch them" + (" (each stopped at its first failure)" if first_failure else "")
+    table = Table(title=title, show_lines=True)
+    table.add_column("mutant", style="bold")
+    table.add_column("bug")
+    table.add_column("caught by")
+    table.add_column("verdict")
+    for r in results:
+        if r.is_control:
+            verdict = "[green]passes[/]" if r.ok else "[red]FAILS: the spec rejects a correct backend[/]"
+            detail = _summarise(r.caught_by) or f"{len(r.passed)} checks passed, {len(r.skipped)} skipped"
+        else:
+            verdict = "[green]caught[/]" if r.ok else "[red]SURVIVED[/]" if not r.errors else "[red]ERROR[/]"
+            detail = _summarise(r.caught_by) or "nothing"
+        if r.errors:
+            detail += "\nerrors: " + _summarise(r.errors)
+        table.add_row(r.name, r.bug, detail, verdict)
+    console.print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="jfa-conformance selftest", description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default=profiles.DEFAULT, choices=sorted(profiles.PROFILES),
+                        help="hypothesis profile whose examples are drawn (default: %(default)s)")
+    parser.add_argument("--mutant", action="append", choices=sorted(mutants.MUTANTS), metavar="CLASS",
+                        help="run only this mutant (repeatable; default: all)")
+    parser.add_argument("-x", "--first-failure", action="store_true",
+                        help="stop each mutant at the first check that catches it (fast; what CI runs)")
+    parser.add_argument("-j", "--jobs", type=int, default=None, help="mutants run at once (default: CPU count)")
+    parser.add_argument("--device", default=None, help="device passed to the spec (default: the spec's default)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per mutant (default: %(default)s)")
+    parser.add_argument("--show-output", action="store_true", help="print pytest's output for mutants that are not ok")
+    args = parser.parse_args(argv)
+    if args.jobs is not None and args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+
+    results = run_selftest(args.mutant, args.profile, first_failure=args.first_failure, jobs=args.jobs,
+                           device=args.device, timeout=args.timeout)
+    print_table(results, args.first_failure)
+    bad = [r for r in results if not r.ok]
+    if args.show_output:
+        for r in bad:
+            print(f"----- {r.name} (pytest exit status {r.returncode}) -----\n{r.output}")
+    survivors = [r.name for r in bad if not r.is_control and not r.errors]
+    if survivors:
+        print(f"{len(survivors)} mutant(s) survived: {', '.join(survivors)}")
+    if any(r.is_control for r in bad):
+        print("the control failed: the spec rejects a correct backend (run with --show-output)")
+    if any(r.errors for r in bad):
+        print("some runs ended in errors, not failed checks (run with --show-output)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
