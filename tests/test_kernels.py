@@ -244,6 +244,20 @@ def test_fused_atomic_dq_mode(dtype, monkeypatch):
     run_case([12, 30], [25, 7], causal=True, deterministic=True, dtype=dtype)
 
 
+@needs_kernels
+@pytest.mark.parametrize("mode", ["separate", "atomic"])
+def test_gpu_block_shapes(mode, monkeypatch):
+    """The H200 D=128 block shapes (BLOCK_M/BLOCK_N ratios differ from the
+    interpreter defaults) on multi-block lengths; under the interpreter too."""
+    from kernels import jfa
+    cfg = jfa._GPU_CFG[128]
+    monkeypatch.setattr(jfa, "CONFIG_OVERRIDE", {kk: cfg[kk] for kk in ("fwd", "kv", "kvf", "q")})
+    monkeypatch.setattr(jfa, "BWD_DQ_MODE", mode)
+    run_case([300, 0, 129, 64], [257, 5, 400, 0], hq=2, hkv=1, d=16, causal=True, dtype=torch.float16)
+    run_case([129, 200], [300, 1], hq=2, hkv=2, d=16, causal=False)
+    run_case([160], [300, 0, 1, 129, 64], hq=2, hkv=2, d=16, causal=True, broadcast=True)
+
+
 # ---------------------------------------------------------------------------
 # bad inputs
 # ---------------------------------------------------------------------------
