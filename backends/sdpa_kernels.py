@@ -1,7 +1,7 @@
 """`sdpa-flash`, `sdpa-efficient`, `sdpa-cudnn`, `sdpa-math`: SDPA with its kernel choice pinned.
 
 ``torch.nn.attention.sdpa_kernel`` allows exactly one kernel, so the dispatcher either runs that kernel
-or refuses the call. A refusal ("No available kernel") becomes an unsupported example whose reason is the
+or refuses the call. A refusal ("No available kernel" on CUDA, "No viable backend" on CPU) becomes an unsupported example whose reason is the
 dispatcher's own warning, so checks never silently run a different kernel.
 
 The efficient, cuDNN and math kernels take the padded batch with an explicit boolean mask
@@ -34,7 +34,7 @@ def only_kernel(kernel_name: str):
         try:
             yield
         except RuntimeError as exc:
-            if "No available kernel" not in str(exc):
+            if not any(refusal in str(exc) for refusal in ("No available kernel", "No viable backend")):
                 raise
             why = "; ".join(str(w.message).strip() for w in caught if "not used because" in str(w.message).lower())
             raise NotImplementedError(

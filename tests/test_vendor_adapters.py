@@ -1,0 +1,291 @@
+"""Vendor adapters on a CPU machine: their stated reasons, their declarations, and their conversions.
+
+The TLX adapter runs against a stand-in module with the real op's signature and contract (base-2 M,
+broadcast-Q through output_offset, no causal flag, G == 1 backward); the flex BlockMask builder is
+compared block for block with ``create_block_mask`` over a dense document mask.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import types
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from backends import registry
+from backends.flex import Flex, document_blocks, document_mask_mod
+from backends.sdpa_kernels import SdpaCudnn, SdpaEfficient, SdpaFlash, SdpaMath, only_kernel
+from backends.tlx_jfa import MODULE as TLX_MODULE
+from backends.tlx_jfa import TlxJfa
+from conformance.harness import Unsupported, judge_forward, judge_gradients, run_backend
+from conformance.problem import Problem, offsets
+from conformance.spec.edge_cases import EDGE_CASES
+from conformance.strategies import problems
+
+VENDOR_ADAPTERS = ("fa4", "flash-attn", "tlx-jfa", "flex", "varlen-attn", "njt-sdpa",
+                   "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math")
+GPU_ONLY = tuple(name for name in VENDOR_ADAPTERS if name != "flex")
+
+
+def _assert_passes(problem: Problem, run, gradients: bool) -> None:
+    verdicts = judge_forward(problem, run) + (judge_gradients(problem, run) if gradients else [])
+    failed = [str(v) for v in verdicts if not v.ok]
+    assert not failed, f"{problem!r}: " + "; ".join(failed)
+
+
+# -- what `jfa-conformance list` says ------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", VENDOR_ADAPTERS)
+def test_adapter_loads_and_declares(name):
+    info = registry.describe(name, "cpu")
+    assert info.name == name
+    assert info.capabilities, f"{name} failed to load: {info.reason}"
+    assert set(info.capabilities["dtypes"]) <= {"float32", "float16", "bfloat16"}
+
+
+@pytest.mark.parametrize("name", GPU_ONLY)
+def test_gpu_adapters_say_why_not_on_cpu(name):
+    info = registry.describe(name, "cpu")
+    assert not info.available
+    assert info.reason and info.reason[0].islower() and len(info.reason) > 20
+    # a missing vendor package is named; otherwise the device is
+    assert "is not installed" in info.reason or "cuda" in info.reason or "GPU" in info.reason
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the wording on a machine without a GPU")
+@pytest.mark.parametrize("name", ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math", "njt-sdpa", "varlen-attn"))
+def test_torch_adapters_on_cuda_without_gpu(name):
+    assert registry.describe(name, "cuda").reason == "no CUDA GPU is visible"
+
+
+def test_tlx_reason_names_everything_missing(monkeypatch):
+    monkeypatch.delenv("JFA_TLX_PATH", raising=False)
+    monkeypatch.delitem(sys.modules, TLX_MODULE, raising=False)
+    reason = TlxJfa().unavailable_reason("cuda")
+    assert reason.startswith("needs ")
+    assert "Blackwell GPU (sm_100+)" in reason
+    assert "JFA_TLX_PATH" in reason
+    try:
+        import triton.language.extra.tlx  # noqa: F401
+    except ImportError:
+        assert "fbtriton" in reason
+
+
+def test_fa4_head_dims_follow_the_architecture(monkeypatch):
+    from backends import fa4
+
+    backend = fa4.FA4()
+    monkeypatch.setattr(fa4, "_arch_major", lambda: 9)
+    assert backend.capabilities.max_head_dim == 256
+    assert not backend.not_supported_reasons(Problem((4,), (4,), head_dim=256, head_dim_v=64, dtype="bfloat16"))
+    assert backend.not_supported_reasons(Problem((4,), (4,), head_dim=20, dtype="bfloat16"))
+    monkeypatch.setattr(fa4, "_arch_major", lambda: 10)
+    assert backend.capabilities.max_head_dim == 128
+    assert not backend.not_supported_reasons(Problem((4,), (4,), head_dim=192, head_dim_v=128, dtype="bfloat16"))
+    assert not backend.not_supported_reasons(Problem((4,), (4,), head_dim=256, dtype="bfloat16"))
+    assert backend.not_supported_reasons(Problem((4,), (4,), head_dim=256, head_dim_v=64, dtype="bfloat16"))
+
+
+# -- SDPA kernel variants ------------------------------------------------------------------------------
+
+def test_sdpa_kernel_declarations():
+    flash, cudnn, efficient, math_ = SdpaFlash(), SdpaCudnn(), SdpaEfficient(), SdpaMath()
+    assert flash.capabilities.dtypes == cudnn.capabilities.dtypes == ("float16", "bfloat16")
+    assert "float32" in efficient.capabilities.dtypes and "float32" in math_.capabilities.dtypes
+    assert not flash.capabilities.value_dim_differs and not cudnn.capabilities.value_dim_differs
+    assert cudnn.capabilities.max_head_dim == 128 and flash.capabilities.max_head_dim == 256
+    assert not any(b.capabilities.lse for b in (flash, cudnn, efficient, math_))
+    cross = Problem((3, 5), (6, 5), dtype="float16", causal="bottom_right")
+    assert any("is_causal is top-left" in r for r in flash.not_supported_reasons(cross))
+    assert not efficient.not_supported_reasons(cross)
+    square = cross.replace(seqlens_q=(6, 5))
+    assert not flash.not_supported_reasons(square)
+
+
+def test_pinned_kernel_refusal_is_unsupported_with_the_dispatchers_reason():
+    q = torch.randn(1, 1, 4, 8)
+    with pytest.raises(NotImplementedError, match="EFFICIENT_ATTENTION kernel refused"):
+        with only_kernel("EFFICIENT_ATTENTION"):  # no memory-efficient kernel on CPU
+            torch.nn.functional.scaled_dot_product_attention(q, q, q)
+
+
+@pytest.mark.parametrize("case", ["tile_edges", "gqa_ratio_3", "queries_without_keys", "broadcast_q_causal",
+                                  "top_left_cross", "mqa_8_to_1"])
+def test_sdpa_flash_grouping_on_the_cpu_flash_kernel(case):
+    """The per-(Lq, Lk) grouping of sdpa-flash, run on PyTorch's CPU flash kernel."""
+    problem = EDGE_CASES[case].replace(dtype="bfloat16")
+    backend = SdpaFlash()
+    try:
+        run = run_backend(backend, problem, "cpu", gradients=True)
+    except Unsupported as exc:
+        assert case == "top_left_cross" or "Lq != Lk" in str(exc)
+        return
+    _assert_passes(problem, run, gradients=True)
+
+
+# -- TLX JFA against a stand-in ------------------------------------------------------------------------
+
+def _stand_in_tlx(query, key, value, query_offset, key_offset, max_seq_len_q: int, max_seq_len_kv: int,
+                  output_offset=None, sm_scale=None, window_size=None, broadcast_q=False, use_on_device_tma=False,
+                  cpu_query_offset=None, cpu_key_offset=None, ad_to_request_offset=None):
+    """The contract of tlx_jagged_flash_attention in plain torch: (o, M) with M the base-2 LSE [H, rows]."""
+    assert query.shape[-1] == key.shape[-1] == value.shape[-1] <= 128
+    assert query_offset.dtype == key_offset.dtype == torch.int32
+    assert ad_to_request_offset is None and window_size is None
+    heads, group = query.shape[1], query.shape[1] // key.shape[1]
+    assert heads % key.shape[1] == 0
+    batch = key_offset.numel() - 1 if broadcast_q else query_offset.numel() - 1
+    wants_grad = any(t.requires_grad for t in (query, key, value))
+    assert not (wants_grad and group != 1), "the backward asserts G == 1"
+    if broadcast_q:
+        assert query_offset.tolist() == [0, query.shape[0]]
+        if wants_grad:  # the backward reads o and dO through output_offset
+            assert output_offset is not None
+            assert output_offset.tolist() == list(range(0, batch * query.shape[0] + 1, query.shape[0]))
+    rows = batch * query.shape[0] if broadcast_q else query.shape[0]
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    o = torch.full((rows, heads, value.shape[-1]), float("nan"), dtype=torch.float32)  # unwritten rows stay NaN
+    m = torch.full((heads, rows), float("nan"), dtype=torch.float32)
+    qo, ko = query_offset.tolist(), key_offset.tolist()
+    for b in range(batch):
+        q_begin, q_end = (qo[0], qo[1]) if broadcast_q else (qo[b], qo[b + 1])
+        qlen = min(q_end - q_begin, max_seq_len_q)  # the grid truncates silently
+        o_begin = b * query.shape[0] if broadcast_q else q_begin
+        k = key[ko[b]:ko[b + 1]].float().repeat_interleave(group, dim=1)
+        v = value[ko[b]:ko[b + 1]].float().repeat_interleave(group, dim=1)
+        if qlen and not k.shape[0]:
+            raise RuntimeError("the kernel would hang on a sequence with queries and no keys")
+        s = torch.einsum("qhd,khd->hqk", query[q_begin:q_begin + qlen].float(), k) * (scale * math.log2(math.e))
+        row_max = s.amax(-1, keepdim=True)
+        p = torch.exp2(s - row_max)
+        denom = p.sum(-1, keepdim=True)
+        o[o_begin:o_begin + qlen] = torch.einsum("hqk,khd->qhd", p / denom, v)
+        m[:, o_begin:o_begin + qlen] = (row_max + torch.log2(denom)).squeeze(-1)
+    return o.to(query.dtype), m
+
+
+@pytest.fixture
+def tlx_stand_in(monkeypatch):
+    module = types.ModuleType(TLX_MODULE)
+    module.tlx_jagged_flash_attention = _stand_in_tlx
+    monkeypatch.setitem(sys.modules, TLX_MODULE, module)
+    return module
+
+
+TLX_CASES = {
+    "jagged": Problem((5, 17, 1), (9, 17, 30), heads_q=2, heads_kv=2, head_dim=32, dtype="bfloat16", seed=3),
+    "empty_query_sequence": Problem((0, 6), (4, 6), heads_q=2, heads_kv=2, head_dim=16, dtype="float16"),
+    "broadcast_q": Problem((6, 6, 6), (3, 11, 7), heads_q=2, heads_kv=2, head_dim=64, dtype="bfloat16", broadcast_q=True),
+    "scale": Problem((8, 3), (8, 12), head_dim=128, dtype="float16", scale=0.3),
+}
+
+
+@pytest.mark.parametrize("case", list(TLX_CASES))
+def test_tlx_adapter_meets_the_oracle(tlx_stand_in, case):
+    problem, backend = TLX_CASES[case], TlxJfa()
+    _assert_passes(problem, run_backend(backend, problem, "cpu", gradients=True), gradients=True)
+
+
+def test_tlx_gqa_is_forward_only(tlx_stand_in):
+    problem, backend = Problem((4, 9), (7, 9), heads_q=4, heads_kv=2, head_dim=32, dtype="bfloat16"), TlxJfa()
+    _assert_passes(problem, run_backend(backend, problem, "cpu"), gradients=False)
+    with pytest.raises(Unsupported, match="G == 1"):
+        run_backend(backend, problem, "cpu", gradients=True)
+
+
+def test_tlx_declared_limits():
+    backend = TlxJfa()
+    assert backend.not_supported_reasons(Problem((3,), (0,), dtype="bfloat16"))  # queries without keys
+    assert backend.not_supported_reasons(Problem((3,), (3,), dtype="bfloat16", causal="bottom_right"))
+    assert backend.not_supported_reasons(Problem((3,), (3,), dtype="bfloat16", head_dim=256))
+    assert backend.not_supported_reasons(Problem((3,), (3,), dtype="bfloat16", head_dim=64, head_dim_v=32))
+    assert not backend.not_supported_reasons(Problem((0, 3), (2, 3), dtype="bfloat16"))
+
+
+def test_tlx_lse_conversion_is_what_makes_it_pass(tlx_stand_in):
+    """Without ``* ln 2`` the same run fails the LSE check: the check can fail."""
+    class Base2(TlxJfa):
+        def forward(self, args):
+            out = super().forward(args)
+            return type(out)(out.out, out.lse / math.log(2.0))
+
+    problem = TLX_CASES["jagged"]
+    verdicts = judge_forward(problem, run_backend(Base2(), problem, "cpu"))
+    assert [v.quantity for v in verdicts if not v.ok] == ["lse"]
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_tlx_adapter_on_drawn_problems(tlx_stand_in, data):
+    backend = TlxJfa()
+    problem = data.draw(problems(backend.capabilities), label="problem")
+    gradients = problem.heads_q == problem.heads_kv
+    try:
+        run = run_backend(backend, problem, "cpu", gradients=gradients)
+    except Unsupported:
+        return
+    _assert_passes(problem, run, gradients)
+
+
+# -- flex ----------------------------------------------------------------------------------------------
+
+def _block_rows(num: torch.Tensor, idx: torch.Tensor) -> list[list[int]]:
+    return [sorted(idx[0, 0, r, : num[0, 0, r]].tolist()) for r in range(num.shape[-1])]
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(
+    lengths=st.lists(st.tuples(st.sampled_from((0, 1, 3, 7, 8, 9, 16, 23)), st.sampled_from((0, 1, 3, 7, 8, 9, 16, 23))),
+                     min_size=1, max_size=6),
+    causal=st.sampled_from(("none", "bottom_right", "top_left")),
+    block=st.sampled_from((4, 8)),
+)
+def test_flex_block_mask_equals_dense_evaluation(lengths, causal, block):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    cu_q, cu_k = offsets([lq for lq, _ in lengths]), offsets([lk for _, lk in lengths])
+    total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
+    if not total_q or not total_k:
+        return
+    mask_mod = document_mask_mod(cu_q, cu_k, causal, (total_q + 2 * block, total_k + 2 * block))
+    dense = create_block_mask(mask_mod, None, None, total_q, total_k, device="cpu", BLOCK_SIZE=block)
+    partial, full = document_blocks(cu_q, cu_k, causal, block)
+    assert partial.tolist() == [[j in row for j in range(partial.shape[1])]
+                                for row in _block_rows(dense.kv_num_blocks, dense.kv_indices)]
+    assert full.tolist() == [[j in row for j in range(full.shape[1])]
+                             for row in _block_rows(dense.full_kv_num_blocks, dense.full_kv_indices)]
+
+
+def test_flex_block_mask_scales_without_dense_evaluation():
+    """500k packed tokens: create_block_mask would evaluate 2.5e11 pairs; the builder works on blocks."""
+    lengths = [37, 400, 1, 0, 129] * 900  # 510,300 tokens
+    cu = offsets(lengths)
+    partial, full = document_blocks(cu, cu, "bottom_right")
+    assert partial.shape == (-(-int(cu[-1]) // 128),) * 2
+    assert full.any() and partial.any()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of flex")
+@pytest.mark.parametrize("case", ["queries_without_keys", "causal_more_queries_than_keys", "top_left_cross",
+                                  "gqa_ratio_3", "value_dim_differs", "broadcast_q_with_empty_kv"])
+def test_flex_on_cpu(case):
+    problem = EDGE_CASES[case].replace(dtype="float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flex warns that eager mode is unfused
+        run = run_backend(Flex(), problem, "cpu")
+    assert run.lse is not None
+    _assert_passes(problem, run, gradients=False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of flex")
+def test_flex_on_cpu_declares_no_backward():
+    backend = Flex()
+    assert backend.unavailable_reason("cpu") is None
+    assert not backend.capabilities.backward
+    with pytest.raises(Unsupported, match="declares no backward"):
+        run_backend(backend, Problem((2,), (2,)), "cpu", gradients=True)
