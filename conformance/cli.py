@@ -75,9 +75,12 @@ def cmd_list(ns) -> int:
     infos = []
     for name in names:
         try:
-            infos.append(registry.describe(name, device))
+            info = registry.describe(name, device)
         except ValueError as exc:
             raise UsageError(f"--backend: {exc}") from None
+        if name in registry.known_names():
+            info.name = name  # the name that selects it (an entry point's key), whatever the class calls itself
+        infos.append(info)
     if ns.json:
         print(json.dumps([info.__dict__ for info in infos], indent=1, default=list))
         return 0
@@ -208,9 +211,9 @@ def _pytest_command(ns, run_dir: Path, backend_specs: list[str], device: str) ->
     if ns.gpus:
         for index in _gpu_list(ns.gpus):
             args += ["--tx", f"popen//env:CUDA_VISIBLE_DEVICES={index}//env:JFA_CONFORMANCE_DEVICE_INDEX={index}"]
-        args += ["--dist", "load"]
+        args += ["--dist", "worksteal"]
     else:
-        args += ["-n", str(ns.workers or _default_workers(device)), "--dist", "load"]
+        args += ["-n", str(ns.workers or _default_workers(device)), "--dist", "worksteal"]
     args += ["--max-worker-restart", str(ns.max_worker_restart)]
     return args
 

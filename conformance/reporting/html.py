@@ -38,6 +38,10 @@ def esc(value) -> str:
     return html.escape("" if value is None else str(value))
 
 
+def _sci(value) -> str:
+    return "?" if value is None else f"{value:.3e}"
+
+
 def _budget_color(budget) -> str:
     """White (0) through yellow (0.5) to red (>= 1, over the allowance)."""
     if budget is None:
@@ -108,7 +112,8 @@ def _heatmap(report) -> list[str]:
                 row.append("<td></td>")
                 continue
             value, r = max(budgets, key=lambda x: x[0])
-            title = f"{r.get('quantity')}: observed {r.get('observed_error'):.3e}, allowed {r.get('allowed_error'):.3e}"
+            title = f"{r.get('dtype') or ''} {r.get('quantity') or ''}: observed {_sci(r.get('observed_error'))}, " \
+                    f"allowed {_sci(r.get('allowed_error'))}"
             row.append(f'<td style="background:{_budget_color(value)}" title="{esc(title)}">{fmt_budget(value)}</td>')
         out.append("<tr>" + "".join(row) + "</tr>")
     out.append("</table>")

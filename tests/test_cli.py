@@ -1,0 +1,246 @@
+"""`jfa-conformance`: list, run (report files, exit codes, --baseline, --bench, --gpus pinning), compare,
+merge, and the delegated selftest/replay commands. Runs are kept tiny (-k, --max-examples 1)."""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+
+from backends import registry
+from conformance import cli
+from conformance import report as rp
+
+TOY_BACKENDS = textwrap.dedent('''
+    import os
+    import torch
+    from backends.reference import Reference
+    from conformance.problem import Output
+
+    class BreakableReference(Reference):
+        """The oracle, or NaN everywhere when JFA_TEST_BREAK=1 (the child pytest inherits the variable)."""
+        name = "breakable"
+        def forward(self, args):
+            result = super().forward(args)
+            if os.environ.get("JFA_TEST_BREAK") == "1":
+                return Output(torch.full_like(result.out, float("nan")), result.lse)
+            return result
+
+    class SupportsNothing(Reference):
+        name = "supports-nothing"
+        def not_supported_reasons(self, problem):
+            return ["this toy backend supports no problem at all"]
+''')
+QUICK = ["--max-examples", "1", "-q", "-n", "1"]
+
+
+@pytest.fixture
+def toy(tmp_path):
+    path = tmp_path / "toy_backends.py"
+    path.write_text(TOY_BACKENDS)
+    return path
+
+
+def run(tmp_path, *args) -> tuple[int, dict | None]:
+    code = cli.main(["run", "--report-dir", str(tmp_path / "reports"), *QUICK, *args])
+    name = args[args.index("--name") + 1]
+    path = tmp_path / "reports" / name / "report.json"
+    return code, (json.loads(path.read_text()) if path.exists() else None)
+
+
+# -- list -----------------------------------------------------------------------------------------------
+def test_list_shows_every_known_backend_with_availability_capabilities_and_reasons(monkeypatch, capsys):
+    entry_point = importlib.metadata.EntryPoint(name="plugin-reference", value="backends.reference:Reference",
+                                                group=registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "_entry_points", lambda: {"plugin-reference": entry_point})
+    assert cli.main(["list", "--device", "cpu", "--json"]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert set(registry.BUILTIN) <= set(rows)
+    assert rows["plugin-reference"]["available"] and rows["plugin-reference"]["source"] == "backends.reference:Reference"
+    assert rows["reference"]["available"] and "float16" in rows["reference"]["capabilities"]["dtypes"]
+    unavailable = [row for row in rows.values() if not row["available"]]
+    assert unavailable and all(row["reason"] for row in unavailable)
+    assert cli.main(["list", "--device", "cpu"]) == 0
+    table = capsys.readouterr().out
+    assert "plugin-reference" in table and "runs on cuda, not on cpu" in table
+
+
+def test_python_dash_m_conformance_is_the_same_command():
+    result = subprocess.run([sys.executable, "-m", "conformance", "list", "--device", "cpu", "--json"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "reference" in {row["name"] for row in json.loads(result.stdout)}
+
+
+# -- usage errors ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args, field", [
+    (["run", "--backend", "no-such-backend"], "--backend"),
+    (["run", "--backend", "missing_file.py:attention"], "--backend"),
+    (["run", "--dtype", "float8"], "--dtype"),
+    (["run", "--profile", "no-such-profile"], "--profile"),
+    (["run", "--baseline", "no/such/report.json"], "--baseline"),
+    (["run", "--xfails-file", "no/such/file"], "--xfails-file"),
+    (["run", "--gpus", "first"], "--gpus"),
+    (["compare", "no/such/a.json", "no/such/b.json"], "no such report"),
+])
+def test_usage_errors_exit_2_and_name_the_option(args, field, capsys, tmp_path):
+    assert cli.main([*args, "--report-dir", str(tmp_path)] if args[0] == "run" else args) == 2
+    assert field in capsys.readouterr().err
+
+
+def test_argparse_errors_and_no_command_exit_2():
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run", "--max-examples", "zero"])
+    assert exc.value.code == 2
+    assert cli.main([]) == 2
+
+
+# -- run ------------------------------------------------------------------------------------------------
+def test_run_writes_the_report_files_and_exits_0_when_everything_passes(tmp_path):
+    code, report = run(tmp_path, "--backend", "reference", "-k", "test_forward or empty_batch", "--name", "ok")
+    assert code == 0
+    run_dir = tmp_path / "reports" / "ok"
+    assert {"report.json", "summary.md", "index.html", "junit.xml"} <= {p.name for p in run_dir.iterdir()}
+    assert report["schema"] == rp.SCHEMA and report["schema_version"] == rp.SCHEMA_VERSION
+    assert report["run"]["profile"] == "ci" and report["run"]["complete"]
+    env = report["run"]["environment"]
+    assert env["torch"] and env["device"] == "cpu" and "hostname" not in json.dumps(report["run"]).lower()
+    by_feature = {(r["feature"], r["dtype"]): r for r in report["records"]}
+    assert {r["outcome"] for r in report["records"]} == {"pass"}
+    forward = by_feature["forward", None]
+    assert forward["budget_used"] < 1 and forward["observed_error"] <= forward["allowed_error"]
+    for key in ("batch", "length_law", "Lq_max", "Lk_mean", "heads_q", "head_dim", "dtype", "causal", "broadcast_q"):
+        assert key in forward["problem"]
+    assert ("edge_case:empty_batch", "bfloat16") in by_feature
+    assert "<testsuite" in (run_dir / "junit.xml").read_text()
+
+
+def test_run_exits_1_on_a_failure_and_lists_it_with_its_counterexample(tmp_path, toy, capsys, monkeypatch):
+    monkeypatch.setenv("JFA_TEST_BREAK", "1")
+    code, report = run(tmp_path, "--backend", f"{toy}:BreakableReference", "-k", "test_forward", "--name", "nan",
+                       "--max-examples", "3")
+    # (run() passes --max-examples 1 first; the later value wins in argparse)
+    assert code == 1
+    (failure,) = rp.failures(report)
+    assert failure["backend"] == "breakable" and failure["outcome"] == "fail"
+    assert failure["counterexample"].startswith("Problem(") and failure["budget_used"] == float("inf")
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "counterexample: Problem(" in out
+    assert "❌ FAIL" in (tmp_path / "reports" / "nan" / "summary.md").read_text()
+
+
+@pytest.fixture(autouse=True)
+def _no_break(monkeypatch):
+    monkeypatch.delenv("JFA_TEST_BREAK", raising=False)
+
+
+def test_run_exits_1_for_a_backend_that_supports_nothing(tmp_path, toy):
+    code, report = run(tmp_path, "--backend", f"{toy}:SupportsNothing", "--backend", "reference",
+                       "-k", "test_forward or empty_batch", "--name", "nothing")
+    assert code == 1
+    summary = report["summary"]
+    assert summary["supports-nothing"]["verdict"] == "supports nothing"
+    assert summary["reference"]["verdict"] == "conformant"
+    reasons = {r["reason"] for r in report["records"] if r["backend"] == "supports-nothing"}
+    assert any("supports no problem at all" in reason for reason in reasons)
+
+
+def test_baseline_gating_lists_new_failures(tmp_path, toy, monkeypatch):
+    args = ["--backend", f"{toy}:BreakableReference", "-k", "test_lse or single_token"]
+    code, _ = run(tmp_path, *args, "--name", "before")
+    assert code == 0
+    monkeypatch.setenv("JFA_TEST_BREAK", "1")
+    baseline = str(tmp_path / "reports" / "before" / "report.json")
+    code, report = run(tmp_path, *args, "--name", "after", "--baseline", baseline)
+    assert code == 1
+    regressions = report["baseline"]["regressions"]
+    assert regressions and {r["kind"] for r in regressions} == {"new failure"}
+    assert any("single_token" in r["what"] for r in regressions)
+    assert "Regressions against the baseline" in (tmp_path / "reports" / "after" / "summary.md").read_text()
+
+
+def test_bench_times_forward_and_backward_and_gates_timing_regressions(tmp_path):
+    code, report = run(tmp_path, "--backend", "reference", "-k", "empty_batch and float32", "--bench", "--name", "b1")
+    assert code == 0
+    timings = report["timings"]
+    assert {t["direction"] for t in timings} == {"forward", "backward"}
+    assert all(t["median_s"] > 0 and t["tflops"] > 0 and 0 <= t["padding_waste"] < 1 for t in timings)
+    assert (tmp_path / "reports" / "b1" / "benchmark.json").exists()
+    # A baseline twice as fast as this run: every timing is a regression beyond the 10% threshold.
+    faster = dict(report, timings=[dict(t, median_s=t["median_s"] / 2) for t in timings])
+    rp.write_json(tmp_path / "fast.json", faster)
+    assert cli.main(["compare", str(tmp_path / "fast.json"), str(tmp_path / "reports" / "b1")]) == 1
+    assert cli.main(["compare", str(tmp_path / "reports" / "b1"), str(tmp_path / "reports" / "b1")]) == 0
+    regressions = rp.regressions_of(rp.compare(faster, report, threshold=0.10))
+    assert len(regressions) == len(timings) and all(r["kind"] == "timing regression" for r in regressions)
+
+
+def test_gpus_pins_one_worker_per_device_and_records_the_index(tmp_path):
+    # CPU stand-in for a 2-GPU host: the device stays cpu, the pinning (one xdist worker per listed index,
+    # kept across worker restarts) is what is tested.
+    code, report = run(tmp_path, "--backend", "reference", "--device", "cpu", "--gpus", "0,1",
+                       "-k", "empty_batch or single_token or test_forward", "--name", "pinned")
+    assert code == 0
+    assert report["run"]["workers"] == 2
+    assert {r["device_index"] for r in report["records"]} == {0, 1}
+
+
+# -- compare and merge ----------------------------------------------------------------------------------
+def _shard(tmp_path, name, backend, outcome):
+    rec = {"id": f"t::test_forward[{backend}]", "backend": backend, "feature": "forward", "dtype": None,
+           "outcome": outcome, "reason": None, "budget_used": 0.3, "verdicts": [], "problem": None,
+           "counterexample": None}
+    report = {"schema": rp.SCHEMA, "schema_version": rp.SCHEMA_VERSION,
+              "run": {"name": name, "profile": "ci", "complete": True, "environment": {}},
+              "backends": {backend: {"source": backend, "available": True, "reason": None, "capabilities": {}}},
+              "records": [rec], "timings": []}
+    path = tmp_path / f"{name}.json"
+    rp.write_json(path, report)
+    return path
+
+
+def test_merge_makes_one_report_from_shards(tmp_path, capsys):
+    a, b = _shard(tmp_path, "gpu0", "x", "pass"), _shard(tmp_path, "gpu1", "y", "pass")
+    assert cli.main(["merge", str(a), str(b), "-o", str(tmp_path / "merged"), "--name", "all"]) == 0
+    merged = rp.load(tmp_path / "merged")
+    assert {r["backend"] for r in merged["records"]} == {"x", "y"}
+    assert [s["name"] for s in merged["run"]["shards"]] == ["gpu0", "gpu1"]
+    assert (tmp_path / "merged" / "index.html").exists()
+    c = _shard(tmp_path, "gpu2", "z", "crash")
+    assert cli.main(["merge", str(a), str(c), "-o", str(tmp_path / "merged2")]) == 1
+    assert cli.main(["merge", str(a), str(tmp_path / "nothing.json")]) == 2
+
+
+def test_compare_prints_new_failures_and_exits_1(tmp_path, capsys):
+    old, new = _shard(tmp_path, "old", "x", "pass"), _shard(tmp_path, "new", "x", "timeout")
+    assert cli.main(["compare", str(old), str(new)]) == 1
+    out = capsys.readouterr().out
+    assert "New failures (1)" in out and "x forward" in out and "pass -> timeout" in out
+    assert cli.main(["compare", str(new), str(old), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fixed"][0]["after"] == "pass"
+
+
+# -- delegated commands ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("command", ["selftest", "replay"])
+def test_selftest_and_replay_delegate_to_their_modules(command, monkeypatch):
+    seen = []
+    fake = types.ModuleType(f"conformance.{command}")
+    fake.main = lambda argv: seen.append(argv) or 5
+    monkeypatch.setitem(sys.modules, f"conformance.{command}", fake)
+    assert cli.main([command, "x.pt", "--backend", "sdpa"]) == 5
+    assert seen == [["x.pt", "--backend", "sdpa"]]
+
+
+def test_a_missing_delegate_module_is_a_clear_usage_error(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "conformance.replay", None)  # makes the import fail as if absent
+    assert cli.main(["replay", "x.pt"]) == 2
+    assert "conformance.replay is missing" in capsys.readouterr().err
+
+
+def test_module_path_is_where_the_spec_lives():
+    assert (Path(cli.__file__).parent / "spec").is_dir()

@@ -1,0 +1,188 @@
+"""Report model, gating, compare, merge, rendering and atomic writes, on small hand-made reports."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+
+import pytest
+
+from conformance import benchmarks
+from conformance import report as rp
+from conformance.problem import Problem
+from conformance.recorder import check_identity, problem_from_repr, split_params
+from conformance.reporting import render_html, render_markdown
+
+
+def record(backend, feature, outcome, dtype="float32", budget=0.2, reason=None, **extra):
+    return {"id": f"spec::test_{feature}[{backend}-{dtype}]", "backend": backend, "test": f"test_{feature}",
+            "feature": feature, "dtype": dtype, "outcome": outcome, "reason": reason, "message": None,
+            "verdicts": [], "quantity": "out", "observed_error": None if budget is None else budget * 1e-3,
+            "allowed_error": 1e-3,
+            "budget_used": budget, "problem": Problem((3, 1), (4, 2), dtype=dtype).summary(),
+            "counterexample": None, **extra}
+
+
+def make_report(records, timings=(), name="r", complete=True):
+    backends = {r["backend"]: {"source": r["backend"], "available": True, "reason": None, "capabilities": {}}
+                for r in records}
+    return {"schema": rp.SCHEMA, "schema_version": rp.SCHEMA_VERSION,
+            "run": {"name": name, "profile": "ci", "seed": "derandomized", "complete": complete,
+                    "environment": {"torch": "x", "device": "cpu"}},
+            "backends": backends, "records": list(records), "timings": list(timings)}
+
+
+def timing(backend, shape, direction, median):
+    return {"backend": backend, "shape": shape, "direction": direction, "median_s": median, "tflops": 1e-3 / median,
+            "padding_waste": 0.5, "length_skew": 3.0, "useful_flops": 1e9, "problem": {}}
+
+
+# -- exit codes -----------------------------------------------------------------------------------------
+def test_exit_code_zero_when_every_check_passes_or_is_declared():
+    report = make_report([record("a", "forward", "pass"), record("a", "lse", "unsupported", reason="no LSE"),
+                          record("a", "gradients", "expected-fail", reason="known bug")])
+    assert rp.exit_code(report) == 0
+
+
+@pytest.mark.parametrize("outcome", ["fail", "crash", "timeout", "not-run"])
+def test_exit_code_one_on_any_failure(outcome):
+    report = make_report([record("a", "forward", "pass"), record("a", "lse", outcome)])
+    assert rp.exit_code(report) == 1
+
+
+def test_exit_code_one_for_a_backend_that_supports_nothing():
+    report = make_report([record("a", "forward", "pass"), record("b", "forward", "unsupported", reason="no")])
+    assert rp.summarize_backends(report)["b"]["verdict"] == "supports nothing"
+    assert rp.exit_code(report) == 1
+
+
+def test_exit_code_one_for_an_incomplete_run_or_regressions():
+    assert rp.exit_code(make_report([record("a", "forward", "pass")], complete=False)) == 1
+    assert rp.exit_code(make_report([record("a", "forward", "pass")]), [{"kind": "timing regression"}]) == 1
+
+
+# -- compare, baseline gating, merge --------------------------------------------------------------------
+def test_compare_lists_new_and_fixed_failures_budget_and_timing_changes():
+    old = make_report([record("a", "forward", "pass", budget=0.1), record("a", "lse", "fail")],
+                      [timing("a", "dense", "forward", 1.0), timing("a", "dense", "backward", 1.0)])
+    new = make_report([record("a", "forward", "crash", budget=0.1), record("a", "lse", "pass", budget=0.5)],
+                      [timing("a", "dense", "forward", 1.05), timing("a", "dense", "backward", 1.25)])
+    diff = rp.compare(old, new, threshold=0.10)
+    assert [(f["feature"], f["before"], f["after"]) for f in diff["new_failures"]] == [("forward", "pass", "crash")]
+    assert [(f["feature"], f["after"]) for f in diff["fixed"]] == [("lse", "pass")]
+    # 5% slower is inside the 10% threshold; 25% slower is a regression.
+    assert [(t["direction"], round(t["change"], 2)) for t in diff["timing_regressions"]] == [("backward", 0.25)]
+    assert len(diff["timing_changes"]) == 2
+    rows = rp.regressions_of(diff)
+    assert [r["kind"] for r in rows] == ["new failure", "timing regression"]
+    assert "+25%" in rows[1]["detail"] and "threshold 10%" in rows[1]["detail"]
+    assert rp.compare(old, new, threshold=0.30)["timing_regressions"] == []
+
+
+def test_merge_keeps_every_shard_and_the_worst_outcome_of_a_repeated_check():
+    shard_a = make_report([record("a", "forward", "pass"), record("a", "lse", "pass")], name="gpu0")
+    shard_b = make_report([record("b", "forward", "pass"), record("a", "lse", "timeout")],
+                          [timing("b", "dense", "forward", 0.1)], name="gpu1")
+    merged = rp.merge([shard_a, shard_b], name="all")
+    outcomes = {(r["backend"], r["feature"]): r["outcome"] for r in merged["records"]}
+    assert outcomes == {("a", "forward"): "pass", ("a", "lse"): "timeout", ("b", "forward"): "pass"}
+    assert [s["name"] for s in merged["run"]["shards"]] == ["gpu0", "gpu1"]
+    assert set(merged["backends"]) == {"a", "b"} and len(merged["timings"]) == 1
+    assert rp.exit_code(merged) == 1
+
+
+def test_load_rejects_files_that_are_not_reports(tmp_path):
+    (tmp_path / "x.json").write_text("{\"hello\": 1}")
+    with pytest.raises(rp.ReportError, match="schema"):
+        rp.load(tmp_path / "x.json")
+    (tmp_path / "y.json").write_text("{not json")
+    with pytest.raises(rp.ReportError, match="not valid JSON"):
+        rp.load(tmp_path / "y.json")
+    with pytest.raises(rp.ReportError, match="no such report"):
+        rp.load(tmp_path / "missing.json")
+
+
+# -- streams and timings --------------------------------------------------------------------------------
+def test_record_stream_ignores_a_torn_last_line_and_completes_missing_checks(tmp_path):
+    path = tmp_path / "records.jsonl"
+    collected = [{"id": "t::f[a]", "backend": "a", "feature": "forward"}, {"id": "t::g[a]", "backend": "a", "feature": "lse"}]
+    lines = [json.dumps({"kind": "collected", "checks": collected}),
+             json.dumps({"kind": "record", **record("a", "forward", "pass", id="t::f[a]")})]
+    path.write_text("\n".join(lines) + '\n{"kind": "record", "id": "t::g[a]", "outc')
+    checks, records, finished = rp.read_record_stream(path)
+    assert len(checks) == 2 and len(records) == 1 and not finished
+    completed = rp.complete_records(checks, records, "never ran: interrupted")
+    assert [r["outcome"] for r in completed] == ["pass", "not-run"]
+
+
+def test_timings_count_useful_flops_only():
+    causal = Problem((4, 2), (4, 2), heads_q=2, heads_kv=2, head_dim=8, causal="bottom_right")
+    # visible pairs: 4+3+2+1 = 10 and 2+1 = 3 -> 13; forward = 4 * 13 * D * Hq
+    assert benchmarks.useful_flops(causal, "forward") == 4 * 13 * 8 * 2
+    assert benchmarks.useful_flops(causal, "backward") == 2.5 * 4 * 13 * 8 * 2
+    # padded [2, 4] causal layout: 2 * 10 pairs, 13 of them useful
+    assert benchmarks.padding_waste(causal) == pytest.approx(1 - 13 / 20)
+    assert benchmarks.length_skew(Problem((1, 1, 1, 5), (1, 1, 1, 5))) == pytest.approx(2.5)
+    bench = {"benchmarks": [{"extra_info": {"backend": "a", "shape": "s", "direction": "forward", "useful_flops": 2e12,
+                                            "padding_waste": 0.1, "length_skew": 1.0, "problem": {}},
+                             "stats": {"median": 0.5, "min": 0.4, "rounds": 3}}]}
+    (row,) = rp.timings_from_benchmark(bench)
+    assert row["tflops"] == pytest.approx(4.0) and row["median_s"] == 0.5
+
+
+# -- parsing helpers of the recorder --------------------------------------------------------------------
+def test_counterexample_problem_round_trips_through_its_repr():
+    problem = Problem((3, 0), (5, 2), heads_q=4, heads_kv=2, head_dim=32, dtype="bfloat16", causal="bottom_right",
+                      scale=0.25, seed=11, length_law="pareto")
+    assert problem_from_repr(repr(problem)) == problem
+    printed = "Problem(seqlens_q=(1,),\n seqlens_k=(1,),\n head_dim=16,\n dtype='float32',\n causal='none')"
+    assert problem_from_repr(printed) == Problem((1,), (1,), head_dim=16)
+    assert problem_from_repr("os.system('x')") is None
+
+
+def test_node_ids_split_into_backend_and_feature_even_with_dashed_names():
+    assert split_params("reference-online-tile_edges-float16", {"reference", "reference-online"}) == \
+        ("reference-online", "tile_edges-float16")
+    ident = check_identity("conformance/spec/test_edge_cases.py::test_edge_case[reference-online-tile_edges-bfloat16]",
+                           {"reference", "reference-online"})
+    assert ident == {"backend": "reference-online", "test": "test_edge_case", "feature": "edge_case:tile_edges",
+                     "dtype": "bfloat16"}
+
+
+# -- rendering ------------------------------------------------------------------------------------------
+def test_html_is_self_contained_and_shows_matrix_reasons_failures_and_plots():
+    failing = record("b", "forward", "fail", budget=math.inf, reason="out: observed error inf",
+                     counterexample="Problem(seqlens_q=[1], seqlens_k=[1], dtype='float32', causal='none')",
+                     replay={"artifact": "f/1.pt", "command": "jfa-conformance replay f/1.pt --backend b"})
+    report = make_report([record("a", "forward", "pass"), record("a", "lse", "unsupported", budget=None, reason="no LSE here"),
+                          failing, record("b", "lse", "crash", reason="device error: CUDA error")],
+                         [timing("a", "dense", "forward", 0.01), timing("a", "skewed", "forward", 0.02)])
+    page = render_html(report)
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page), "the page must not load anything from the network"
+    assert page.count("data:image/png;base64,") == 2
+    assert 'title="float32 — unsupported — no LSE here"' in page
+    assert "FAILED" in page and "jfa-conformance replay f/1.pt --backend b" in page
+    assert "Problem(seqlens_q=[1]" in page and "class=\"o-crash\"" in page
+    md = render_markdown(report)
+    assert "❌ FAIL" in md and "replay: `jfa-conformance replay f/1.pt --backend b`" in md
+    assert "| b | failing |" in md
+
+
+# -- atomic writes --------------------------------------------------------------------------------------
+def test_a_write_interrupted_before_the_rename_leaves_the_old_report_intact(tmp_path, monkeypatch):
+    path = tmp_path / "report.json"
+    rp.write_json(path, {"version": "old"})
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # what a Ctrl-C or a kill between write and rename looks like to Python
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        rp.write_json(path, {"version": "new", "records": ["x"] * 10000})
+    monkeypatch.undo()
+    assert json.loads(path.read_text()) == {"version": "old"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"], "no temporary file is left behind"
+    rp.write_json(path, {"version": "new"})
+    assert json.loads(path.read_text()) == {"version": "new"}
+    assert oct(path.stat().st_mode & 0o777) != oct(0o600)
