@@ -328,6 +328,8 @@ def main(argv=None):
                     ref_out = out.float()
                 else:
                     rec["max_abs_diff_vs_first"] = float((out.float() - ref_out).abs().max())
+            except ImportError as e:
+                rec["error"] = f"skipped, not importable here: {str(e)[:200]}"
             except Exception as e:  # report and go on
                 rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             rows.append(rec)
