@@ -23,7 +23,10 @@ import torch
 from . import schedule as sched
 from . import triton_kernels as tk
 
-SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
+# Head dims whose kernels were compiled and checked on the H200 (64, 128 in every
+# GPU run; 16 and 32 in the first GPU test run) and under the interpreter.
+# 256 is not declared: it was never compiled for the GPU.
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DQ_DETERMINISTIC = True  # dQ never uses atomics, in any mode
 
@@ -42,7 +45,6 @@ _GPU_CFG = {
     32: dict(fwd=(64, 64, 4, 3), kv=(32, 64, 4, 3), kvf=(64, 128, 8, 2), q=(128, 64, 8, 3)),
     64: dict(fwd=(64, 64, 4, 3), kv=(32, 64, 4, 3), kvf=(64, 128, 8, 2), q=(128, 64, 8, 3)),
     128: dict(fwd=(128, 32, 4, 4), kv=(32, 64, 4, 3), kvf=(64, 128, 8, 3), q=(128, 64, 8, 3)),
-    256: dict(fwd=(64, 32, 4, 2), kv=(32, 64, 4, 2), kvf=(32, 64, 4, 2), q=(64, 32, 4, 2)),
 }
 _CPU_CFG = dict(fwd=(32, 16, 4, 1), kv=(16, 32, 4, 1), kvf=(16, 32, 4, 1), q=(32, 16, 4, 1))
 

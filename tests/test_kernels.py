@@ -287,6 +287,8 @@ def _call(**kw):
     dict(k=torch.randn(14, 3, 32)),
     dict(v=torch.randn(13, 2, 32)),
     dict(q=torch.randn(12, 2, 48), k=torch.randn(14, 2, 48), v=torch.randn(14, 2, 48)),
+    dict(q=torch.randn(12, 2, 256), k=torch.randn(14, 2, 256), v=torch.randn(14, 2, 256)),
+    dict(v=torch.randn(14, 2, 48)),
     dict(q=torch.randn(12, 2, 32, dtype=torch.float64)),
     dict(q=torch.randn(12, 2, 32).half()),
     dict(q=torch.randn(12, 32)),
