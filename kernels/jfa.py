@@ -46,6 +46,7 @@ _GPU_CFG = {
     64: dict(fwd=(64, 64, 4, 3), kv=(32, 64, 4, 3), kvf=(64, 128, 8, 2), q=(128, 64, 8, 3)),
     128: dict(fwd=(128, 32, 4, 4), kv=(32, 64, 4, 3), kvf=(64, 128, 8, 3), q=(128, 64, 8, 3)),
 }
+_GPU_CFG_FP32 = dict(fwd=(128, 32, 8, 2), kv=(32, 128, 8, 2), kvf=(32, 128, 8, 2), q=(128, 32, 8, 2))
 _CPU_CFG = dict(fwd=(32, 16, 4, 1), kv=(16, 32, 4, 1), kvf=(16, 32, 4, 1), q=(32, 16, 4, 1))
 
 # Tests / benchmarks may override: {"fwd": (...), "kv": (...), "kvf": (...), "q": (...)}
@@ -64,13 +65,9 @@ def _cfg(kind: str, head_dim: int, dtype: torch.dtype, on_cpu: bool):
         return CONFIG_OVERRIDE[kind]
     if on_cpu:
         return _CPU_CFG[kind]
-    bm, bn, w, s = _GPU_CFG[head_dim][kind]
-    if dtype == torch.float32:  # 2x the bytes per tile: halve the big block
-        if kind in ("kv", "kvf"):
-            bm, s = max(16, bm // 2), min(s, 2)
-        else:
-            bn, s = max(16, bn // 2), min(s, 2)
-    return bm, bn, w, s
+    if dtype == torch.float32:  # the slower fp32 path (ieee dots): the tiles of the first GPU run
+        return _GPU_CFG_FP32[kind]
+    return _GPU_CFG[head_dim][kind]
 
 
 def _num_sms(device) -> int:
