@@ -303,4 +303,4 @@ MUTANTS: dict[str, type[Unmutated]] = {
 
 def backend_spec(class_name: str) -> str:
     """The ``--backend`` value that selects a mutant (or the control, ``Unmutated``)."""
-    return f"{__name__}:{class_name}"
+    return f"conformance.mutants:{class_name}"

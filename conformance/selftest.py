@@ -93,7 +93,7 @@ def _read_junit(path: Path, result: MutantResult) -> None:
 def spec_command(class_name: str, profile: str, junit: Path, *, first_failure: bool, device: str | None) -> list[str]:
     command = [
         sys.executable, "-m", "pytest", str(SPEC_DIR), "-q", "-p", "no:cacheprovider",
-        "-p", "conformance.plugin", "-p", __name__,
+        "-p", "conformance.plugin", "-p", "conformance.selftest",
         "--backend", mutants.backend_spec(class_name),
         "--hypothesis-profile", profile + NO_SHRINK_SUFFIX,
         f"--junitxml={junit}", "-o", "junit_family=xunit1",
