@@ -358,6 +358,7 @@ def write_run_dir(run_dir: Path, report: dict, regressions: list[dict] | None = 
 
 
 def print_summary(console, report: dict, regressions: list[dict], run_dir: Path | None) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     from . import report as rp
@@ -377,7 +378,7 @@ def print_summary(console, report: dict, regressions: list[dict], run_dir: Path 
     bad = rp.failures(report)
     for r in bad[:30]:
         where = f"{r['backend']} {r['feature']}" + (f" [{r['dtype']}]" if r.get("dtype") else "")
-        console.print(f"[bold red]{r['outcome'].upper()}[/] {where}: {r.get('reason') or ''}", markup=True,
+        console.print(f"[bold red]{r['outcome'].upper()}[/] {escape(where)}: {escape(r.get('reason') or '')}",
                       highlight=False, soft_wrap=True)
         if r.get("counterexample"):
             console.print(f"    counterexample: {r['counterexample']}", markup=False, soft_wrap=True)
@@ -386,7 +387,7 @@ def print_summary(console, report: dict, regressions: list[dict], run_dir: Path 
     if len(bad) > 30:
         console.print(f"... and {len(bad) - 30} more failures (see summary.md)")
     for r in regressions:
-        console.print(f"[bold red]REGRESSION[/] {r['kind']}: {r['what']} — {r['detail']}", soft_wrap=True)
+        console.print(f"[bold red]REGRESSION[/] {r['kind']}: {escape(r['what'])} — {escape(r['detail'])}", soft_wrap=True)
     if run_dir is not None:
         console.print(f"report: {run_dir / 'index.html'}  (also report.json, summary.md, junit.xml)", markup=False)
 

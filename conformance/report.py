@@ -184,17 +184,28 @@ def exit_code(report: dict, regressions: list[dict] | None = None) -> int:
     return 1 if not report["records"] else 0
 
 
-def matrix(records) -> tuple[list[str], list[str], dict[tuple[str, str], list[dict]]]:
-    """backends, features (in first-seen order) and the records of each (backend, feature) cell."""
+FEATURE_ORDER = ("forward", "lse", "gradients")
+
+
+def _feature_sort_key(feature: str) -> tuple:
+    """Oracle checks first, then the other properties, then the named edge cases."""
+    if feature in FEATURE_ORDER:
+        return 0, FEATURE_ORDER.index(feature), feature
+    return (2 if feature.startswith("edge_case:") else 1), 0, feature
+
+
+def matrix(records, order=()) -> tuple[list[str], list[str], dict[tuple[str, str], list[dict]]]:
+    """backends (first-seen order), features (oracle checks, properties, edge cases) and the records of
+    each (backend, feature) cell."""
     cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    backends, features = [], []
+    backends, features = [b for b in order if any(r["backend"] == b for r in records)], []
     for r in records:
         if r["backend"] not in backends:
             backends.append(r["backend"])
         if r["feature"] not in features:
             features.append(r["feature"])
         cells[r["backend"], r["feature"]].append(r)
-    return backends, features, cells
+    return backends, sorted(features, key=_feature_sort_key), cells
 
 
 def cell_outcome(records) -> str:

@@ -66,7 +66,7 @@ def _record_line(r: dict) -> str:
 
 
 def _matrix(report) -> list[str]:
-    backends, features, cells = rp.matrix(report["records"])
+    backends, features, cells = rp.matrix(report["records"], report.get("backends", {}))
     if not backends:
         return ["<p>No checks ran.</p>"]
     out = ['<p class="legend">' + "".join(f'<span class="o-{o}">{LABEL[o]}</span>' for o in rp.OUTCOMES) +
@@ -98,7 +98,7 @@ def _matrix(report) -> list[str]:
 
 
 def _heatmap(report) -> list[str]:
-    backends, features, cells = rp.matrix(report["records"])
+    backends, features, cells = rp.matrix(report["records"], report.get("backends", {}))
     if not backends:
         return []
     out = ['<p class="note">Largest share of the allowed error used by any example of the check '

@@ -46,7 +46,7 @@ def render_markdown(report: dict, regressions: list[dict] | None = None) -> str:
         c = s["counts"]
         lines.append(f"| {name} | {s['verdict']} | {c['pass']} | {c['fail']} | {c['crash']} | {c['timeout']} | "
                      f"{c['not-run']} | {c['expected-fail']} | {c['unsupported']} | {fmt_budget(s['worst_budget'])} |")
-    backends, features, cells = rp.matrix(report["records"])
+    backends, features, cells = rp.matrix(report["records"], report.get("backends", {}))
     if backends:
         lines += ["", "## Conformance matrix", "", "| feature | " + " | ".join(backends) + " |",
                   "|---|" + "---|" * len(backends)]

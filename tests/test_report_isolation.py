@@ -1,0 +1,82 @@
+"""Nothing a backend does takes the run down: a segfault, a hang, a CUDA-style error and NaN output each
+leave a complete report, with that backend marked crash / timeout / crash / fail and the others intact."""
+from __future__ import annotations
+
+import json
+import textwrap
+
+from conformance import cli
+
+MISBEHAVING = textwrap.dedent('''
+    import ctypes
+    import os
+    import signal
+    import time
+
+    import torch
+    from backends.reference import Reference
+    from conformance.problem import Output
+
+    class Segfaults(Reference):
+        name = "segfaults"
+        def forward(self, args):
+            if sum(args.seqlens_k) > 0:
+                os.kill(os.getpid(), signal.SIGSEGV)
+            return super().forward(args)
+
+    class ReadsNull(Reference):
+        name = "reads-null"
+        def forward(self, args):
+            ctypes.string_at(0)
+            return super().forward(args)
+
+    class Hangs(Reference):
+        name = "hangs"
+        def forward(self, args):
+            time.sleep(3600)
+
+    class CudaError(Reference):
+        name = "cuda-error"
+        def forward(self, args):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    class ReturnsNan(Reference):
+        name = "returns-nan"
+        def forward(self, args):
+            result = super().forward(args)
+            return Output(torch.full_like(result.out, float("nan")), result.lse)
+''')
+
+
+def test_crashes_hangs_device_errors_and_nan_each_leave_a_complete_report(tmp_path, capsys):
+    module = tmp_path / "misbehaving.py"
+    module.write_text(MISBEHAVING)
+    backends = [f"{module}:{cls}" for cls in ("Segfaults", "ReadsNull", "Hangs", "CudaError", "ReturnsNan")]
+    argv = ["run", "--report-dir", str(tmp_path), "--name", "isolation", "-q", "-n", "2", "--max-examples", "2",
+            "--timeout", "10", "-k", "test_forward or tile_edges and float32"]
+    for backend in ["reference", *backends]:
+        argv += ["--backend", backend]
+    assert cli.main(argv) == 1
+
+    report = json.loads((tmp_path / "isolation" / "report.json").read_text())
+    assert report["run"]["complete"], "every check has a record and the run reached its end"
+    outcomes: dict[str, set] = {}
+    for r in report["records"]:
+        outcomes.setdefault(r["backend"], set()).add(r["outcome"])
+    assert outcomes == {"reference": {"pass"}, "segfaults": {"crash"}, "reads-null": {"crash"},
+                        "hangs": {"timeout"}, "cuda-error": {"crash"}, "returns-nan": {"fail"}}
+    assert len(report["records"]) == 6 * 2
+    by_backend = {(r["backend"], r["feature"]): r for r in report["records"]}
+    # The problem that triggered a crash or hang is recorded, read from the dead worker's flight file.
+    tile = by_backend["segfaults", "edge_case:tile_edges"]
+    assert tile["problem"]["seqlens_k"] == [15, 16, 17, 63, 64, 65, 127, 128, 129]
+    assert "crashed" in tile["reason"] or "died" in tile["reason"]
+    assert by_backend["hangs", "forward"]["problem"] is not None
+    assert "10 s" in by_backend["hangs", "forward"]["reason"]
+    assert "CUDA error" in by_backend["cuda-error", "forward"]["reason"]
+    nan = by_backend["returns-nan", "forward"]
+    assert nan["counterexample"].startswith("Problem(") and nan["budget_used"] == float("inf")
+    junit = (tmp_path / "isolation" / "junit.xml").read_text()
+    assert junit.count("<testcase") >= 12
+    out = capsys.readouterr().out
+    assert "CRASH" in out and "TIMEOUT" in out
