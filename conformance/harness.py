@@ -12,6 +12,7 @@ import torch
 
 from . import oracle
 from .backend import Backend
+from .poison import poison_free_memory
 from .problem import AttentionArgs, Output, Problem, make_grad_out, make_inputs
 from .tolerance import FORWARD_FACTOR, GRADIENT_FACTOR, Verdict, allowed_error, judge, magnitude, max_error
 from .validation import validate_packed_inputs
@@ -69,6 +70,7 @@ def call_backend(backend: Backend, args: AttentionArgs, grad_out: torch.Tensor |
     call = args.replace(q=leaves[0], k=leaves[1], v=leaves[2])
     if call.broadcast_q and backend.capabilities.broadcast_q == "emulated":
         call = call.with_broadcast_q_expanded()
+    poison_free_memory(call.q.device)  # CUDA: rows a kernel never writes read back as NaN
     try:
         output = _check_output(backend, call, backend.forward(call))
     except NotImplementedError as exc:
@@ -81,6 +83,7 @@ def call_backend(backend: Backend, args: AttentionArgs, grad_out: torch.Tensor |
             # A declared backward with no graph means a constant output: zero gradients, judged as such.
             run.dq, run.dk, run.dv = (torch.zeros_like(t) for t in leaves)
             return run
+        poison_free_memory(call.q.device)
         grads = torch.autograd.grad(output.out, leaves, grad_out, allow_unused=True)
         run.dq, run.dk, run.dv = (torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves))
     return run

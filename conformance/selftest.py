@@ -28,6 +28,8 @@ from . import mutants, profiles
 
 SPEC_DIR = Path(__file__).resolve().parent / "spec"
 NO_SHRINK_SUFFIX = "-noshrink"
+# Cheap checks first, so that --first-failure stops a mutant early; any other spec module runs after.
+CHEAP_FIRST = ("test_edge_cases.py", "test_oracle_checks.py", "test_metamorphic.py")
 CONTROL = "Unmutated"
 
 
@@ -90,9 +92,16 @@ def _read_junit(path: Path, result: MutantResult) -> None:
             result.passed.append(label)
 
 
+def spec_files() -> list[str]:
+    def rank(path: Path):
+        return (CHEAP_FIRST.index(path.name) if path.name in CHEAP_FIRST else len(CHEAP_FIRST), path.name)
+
+    return [str(p) for p in sorted(SPEC_DIR.glob("test_*.py"), key=rank)]
+
+
 def spec_command(class_name: str, profile: str, junit: Path, *, first_failure: bool, device: str | None) -> list[str]:
     command = [
-        sys.executable, "-m", "pytest", str(SPEC_DIR), "-q", "-p", "no:cacheprovider",
+        sys.executable, "-m", "pytest", *spec_files(), "-q", "-p", "no:cacheprovider",
         "-p", "conformance.plugin", "-p", "conformance.selftest",
         "--backend", mutants.backend_spec(class_name),
         "--hypothesis-profile", profile + NO_SHRINK_SUFFIX,
