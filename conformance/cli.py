@@ -381,7 +381,8 @@ def print_summary(console, report: dict, regressions: list[dict], run_dir: Path 
         console.print(f"[bold red]{r['outcome'].upper()}[/] {escape(where)}: {escape(r.get('reason') or '')}",
                       highlight=False, soft_wrap=True)
         if r.get("counterexample"):
-            console.print(f"    counterexample: {r['counterexample']}", markup=False, soft_wrap=True)
+            label = "problem it was running" if r.get("problem_source") == "running" else "counterexample"
+            console.print(f"    {label}: {r['counterexample']}", markup=False, soft_wrap=True)
         if (r.get("replay") or {}).get("command"):
             console.print(f"    replay: {r['replay']['command']}", markup=False, soft_wrap=True)
     if len(bad) > 30:

@@ -177,17 +177,18 @@ def build_record(item, report, call) -> dict:
         allowed_error=worst.allowed if worst else None,
         budget_used=worst.budget_used if worst else None,
     )
-    problem = None
+    problem, source = None, None
     if report.failed:
-        drawn = DRAWN_PROBLEM.findall(report.longreprtext)
-        problem = problem_from_repr(drawn[-1]) if drawn else None
+        drawn = DRAWN_PROBLEM.findall(message) or DRAWN_PROBLEM.findall(report.longreprtext)
+        problem, source = (problem_from_repr(drawn[-1]), "shrunk") if drawn else (None, None)
         if problem is None and log and log.last_verdicts and not all(v.ok for v in log.last_verdicts):
-            problem = log.last_problem
+            problem, source = log.last_problem, "failing example"
         if problem is None and _FLIGHT.get("problem"):
-            problem = Problem(**_FLIGHT["problem"])
+            problem, source = Problem(**_FLIGHT["problem"]), "running"
     elif log and log.last_problem is not None:
-        problem = log.last_problem
+        problem, source = log.last_problem, "last example"
     record["problem"] = problem.summary() if problem else None
+    record["problem_source"] = source
     record["counterexample"] = repr(problem) if report.failed and problem else None
     record.update(_device_fields(item.config))
     return record
@@ -434,7 +435,7 @@ def crash_record(config, report, backend_names) -> dict:
     worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
     flight = read_flight(config.getoption("jfa_flight_dir", default=None), worker, report.nodeid)
     identity = check_identity(report.nodeid, backend_names)
-    outcome, reason = "crash", f"the process running the check died ({str(report.longrepr).strip()})"
+    outcome, reason = "crash", "the process running the check died (segfault, abort or exit); a fresh one took over"
     if flight:
         identity = {k: flight.get(k, identity.get(k)) for k in ("backend", "test", "feature", "dtype", "params")}
         elapsed = time.time() - flight.get("started", time.time())
@@ -447,7 +448,7 @@ def crash_record(config, report, backend_names) -> dict:
         "duration_s": None, "examples": None, "unsupported_examples": {}, "verdicts": [], "quantity": None,
         "observed_error": None, "allowed_error": None, "budget_used": None,
         "problem": problem.summary() if problem else None, "counterexample": repr(problem) if problem else None,
-        "device": flight.get("device") if flight else None, "device_index": flight.get("device_index") if flight else None,
+        "problem_source": "running" if problem else None, "device": flight.get("device") if flight else None, "device_index": flight.get("device_index") if flight else None,
         "worker": worker,
     }
 

@@ -171,7 +171,11 @@ def summarize_backends(report: dict) -> dict[str, dict]:
 
 
 def failures(report: dict) -> list[dict]:
-    return [r for r in report["records"] if r["outcome"] in FAILING]
+    """Failing records, by backend (report order), feature (matrix order) and dtype."""
+    order = {name: i for i, name in enumerate(report.get("backends", {}))}
+    bad = [r for r in report["records"] if r["outcome"] in FAILING]
+    return sorted(bad, key=lambda r: (order.get(r["backend"], len(order)), r["backend"],
+                                      _feature_sort_key(r["feature"]), r.get("dtype") or ""))
 
 
 def exit_code(report: dict, regressions: list[dict] | None = None) -> int:
