@@ -11,12 +11,14 @@ The BlockMask is built from the offsets alone (:func:`document_block_mask`), at 
 On GPU flex_attention is compiled (the fused kernel, forward and backward). On CPU its compiled path
 returns no LSE and has no backward, so there the adapter runs flex's eager implementation, which
 evaluates ``mask_mod`` over the full score matrix (the BlockMask's sparsity is not used) and has no
-backward either: on CPU this checks the adapter's conventions, not the fused kernel.
+backward either: on CPU this checks the adapter's conventions, not the fused kernel, so it runs only
+when ``JFA_FLEX_CPU=1`` asks for it.
 """
 from __future__ import annotations
 
 import functools
 import inspect
+import os
 
 import torch
 
@@ -24,6 +26,7 @@ from conformance.backend import Backend, Capabilities
 from conformance.problem import CAUSAL_MODES, AttentionArgs, Output, key_visible
 
 BLOCK_SIZE = 128
+CPU_OPT_IN = "JFA_FLEX_CPU"  # the CPU path costs minutes per spec run and checks no flex kernel
 
 
 def _interval_matrix(rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, n_rows: int, n_cols: int) -> torch.Tensor:
@@ -142,6 +145,13 @@ class Flex(Backend):
             notes="document mask_mod + BlockMask built from offsets; compiled on GPU; on CPU flex's eager "
             "implementation, forward and LSE only (flex has no backward on CPU)",
         )
+
+    def unavailable_reason(self, device: str) -> str | None:
+        reason = super().unavailable_reason(device)
+        if reason is None and torch.device(device).type == "cpu" and os.environ.get(CPU_OPT_IN) != "1":
+            reason = (f"on CPU flex_attention has only its unfused eager implementation (forward and LSE, no "
+                      f"backward), which checks this adapter but no flex kernel; set {CPU_OPT_IN}=1 to run it")
+        return reason
 
     def forward(self, args: AttentionArgs) -> Output:
         from torch.nn.attention import flex_attention as flex_module

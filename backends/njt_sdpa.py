@@ -6,7 +6,8 @@ pinned to flash: of SDPA's NJT kernels it is the only one with a backward and a 
 for Lq != Lk (it calls FlashAttention's varlen forward, bottom-right per sequence; the efficient kernel
 would be top-left and has no NJT backward; math refuses ``is_causal`` for NJTs). So: fp16/bf16, equal
 q/k/v head dims, no zero-length sequences (the NJT flash path refuses them). NJT SDPA needs equal head
-counts (no GQA) and takes no mask; no LSE comes back.
+counts (no GQA) and takes no mask; no LSE comes back. An empty batch fails inside SDPA's NJT path
+(torch 2.11 on an H200: "min(): Expected reduction dim to be specified for input.numel() == 0").
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from conformance.backend import Backend, Capabilities
-from conformance.problem import AttentionArgs, Output
+from conformance.problem import AttentionArgs, Output, Problem
 
 from .sdpa_kernels import only_kernel
 
@@ -41,6 +42,12 @@ class NjtSdpa(Backend):
         notes="nested_tensor_from_jagged + SDPA pinned to the flash kernel (bottom-right causal, backward); "
         "no GQA, no zero-length sequences, no LSE",
     )
+
+    def not_supported_reasons(self, problem: Problem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        if problem.batch == 0:
+            reasons.append("an empty batch is not a nested tensor SDPA accepts (it fails reducing over zero sequences)")
+        return reasons
 
     def forward(self, args: AttentionArgs) -> Output:
         q = _nested(args.q, args.cu_seqlens_q, args.max_seqlen_q)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import warnings
 
 import torch
@@ -22,6 +23,17 @@ from conformance.backend import Backend, Capabilities
 from conformance.problem import CAUSAL_MODES, AttentionArgs, Output, Problem
 
 from .sdpa import sdpa_packed
+
+
+def _dispatcher_reasons(messages) -> str:
+    """The dispatcher's explanations, without its "(Triggered internally at file:line.)" suffixes and the
+    bare "X kernel not used because:" headers that precede them."""
+    reasons = []
+    for message in messages:
+        text = re.sub(r"\s*\(Triggered internally at [^)]*\)", "", message).strip()
+        if text and not text.endswith("because:") and text not in reasons:
+            reasons.append(text)
+    return "; ".join(reasons)
 
 
 @contextlib.contextmanager
@@ -36,7 +48,7 @@ def only_kernel(kernel_name: str):
         except RuntimeError as exc:
             if not any(refusal in str(exc) for refusal in ("No available kernel", "No viable backend")):
                 raise
-            why = "; ".join(str(w.message).strip() for w in caught if "not used because" in str(w.message).lower())
+            why = _dispatcher_reasons(str(w.message) for w in caught)
             raise NotImplementedError(
                 f"SDPA's {kernel_name} kernel refused this call" + (f": {why}" if why else f" ({exc})")
             ) from exc

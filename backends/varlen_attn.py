@@ -6,7 +6,9 @@ conventions: packed layout, int32 ``cu_seq_*``, bottom-right causal per sequence
 the LSE of a row without a visible key, mapped to the spec's -inf.
 
 The signature changed between releases, so it is read at run time: causal is ``is_causal=True`` in the
-first release and ``window_size=(-1, 0)`` later; GQA exists only where ``enable_gqa`` does.
+first release and ``window_size=(-1, 0)`` later; GQA exists only where ``enable_gqa`` does (torch 2.11
+has ``scale`` and ``window_size`` but no ``enable_gqa``). An empty batch is refused ("batch size must be
+positive").
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import inspect
 import torch
 
 from conformance.backend import Backend, Capabilities
-from conformance.problem import AttentionArgs, Output
+from conformance.problem import AttentionArgs, Output, Problem
 
 from .flash_attn2 import empty_rows_to_minus_inf
 
@@ -50,6 +52,12 @@ class VarlenAttn(Backend):
             notes=f"torch {torch.__version__.split('+')[0]}: varlen_attn over the vendored FlashAttention; "
             f"LSE +inf for rows without keys mapped to -inf; GQA {'via enable_gqa' if gqa else 'absent in this signature'}",
         )
+
+    def not_supported_reasons(self, problem: Problem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        if problem.batch == 0:
+            reasons.append("an empty batch is refused by varlen_attn ('batch size must be positive')")
+        return reasons
 
     def forward(self, args: AttentionArgs) -> Output:
         from torch.nn.attention.varlen import AuxRequest, varlen_attn

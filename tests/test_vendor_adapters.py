@@ -28,7 +28,7 @@ from conformance.strategies import problems
 
 VENDOR_ADAPTERS = ("fa4", "flash-attn", "tlx-jfa", "flex", "varlen-attn", "njt-sdpa",
                    "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math")
-GPU_ONLY = tuple(name for name in VENDOR_ADAPTERS if name != "flex")
+GPU_ONLY = VENDOR_ADAPTERS  # flex runs on CPU only when asked (JFA_FLEX_CPU=1)
 
 
 def _assert_passes(problem: Problem, run, gradients: bool) -> None:
@@ -48,12 +48,13 @@ def test_adapter_loads_and_declares(name):
 
 
 @pytest.mark.parametrize("name", GPU_ONLY)
-def test_gpu_adapters_say_why_not_on_cpu(name):
+def test_gpu_adapters_say_why_not_on_cpu(name, monkeypatch):
+    monkeypatch.delenv("JFA_FLEX_CPU", raising=False)
     info = registry.describe(name, "cpu")
     assert not info.available
     assert info.reason and info.reason[0].islower() and len(info.reason) > 20
     # a missing vendor package is named; otherwise the device is
-    assert "is not installed" in info.reason or "cuda" in info.reason or "GPU" in info.reason
+    assert any(word in info.reason for word in ("is not installed", "cuda", "GPU", "CPU"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the wording on a machine without a GPU")
@@ -104,6 +105,25 @@ def test_sdpa_kernel_declarations():
     assert not efficient.not_supported_reasons(cross)
     square = cross.replace(seqlens_q=(6, 5))
     assert not flash.not_supported_reasons(square)
+
+
+def test_empty_batch_declared_where_the_vendor_refuses_it():
+    from backends.njt_sdpa import NjtSdpa
+    from backends.varlen_attn import VarlenAttn
+
+    empty = Problem((), (), dtype="bfloat16")
+    assert NjtSdpa().not_supported_reasons(empty) and VarlenAttn().not_supported_reasons(empty)
+    assert not NjtSdpa().not_supported_reasons(Problem((2,), (3,), dtype="bfloat16"))
+
+
+def test_dispatcher_reasons_drop_source_locations():
+    from backends.sdpa_kernels import _dispatcher_reasons
+
+    messages = ["Flash attention kernel not used because: (Triggered internally at sdp_utils.cpp:988.)",
+                "Flash attention does not support the is_causal flag when seq_len_q != seq_len_k "
+                "(Triggered internally at sdp_utils.cpp:123.)"]
+    assert _dispatcher_reasons(messages) == \
+        "Flash attention does not support the is_causal flag when seq_len_q != seq_len_k"
 
 
 def test_pinned_kernel_refusal_is_unsupported_with_the_dispatchers_reason():
@@ -283,8 +303,11 @@ def test_flex_on_cpu(case):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of flex")
-def test_flex_on_cpu_declares_no_backward():
+def test_flex_on_cpu_is_opt_in_and_declares_no_backward(monkeypatch):
     backend = Flex()
+    monkeypatch.delenv("JFA_FLEX_CPU", raising=False)
+    assert "JFA_FLEX_CPU=1" in backend.unavailable_reason("cpu")
+    monkeypatch.setenv("JFA_FLEX_CPU", "1")
     assert backend.unavailable_reason("cpu") is None
     assert not backend.capabilities.backward
     with pytest.raises(Unsupported, match="declares no backward"):
