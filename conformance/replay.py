@@ -233,6 +233,33 @@ def write_artifact(report_dir, record: dict) -> Path | None:
     return path
 
 
+def record_for_item(item) -> dict:
+    """The record of a spec test item, as :func:`write_artifact` takes it: backend spec string, check,
+    parameters, the last problem the check ran (after a failure, the shrunk counterexample), device."""
+    from .plugin import CHECK_LOG, default_device
+
+    callspec = getattr(item, "callspec", None)
+    params = dict(callspec.params) if callspec else {}
+    backend = params.pop("backend", None)
+    spec = getattr(backend, "name", "")
+    # ``--backend`` values and the selected backends line up, so the spec string the user gave (a
+    # ``module:attr`` reference, say) is recovered, not only the backend's display name.
+    chosen = getattr(item.config, "_jfa_backends", [])
+    for given, (selected, _) in zip(item.config.getoption("backend") or [], chosen):
+        if selected is backend:
+            spec = given
+    log = item.stash.get(CHECK_LOG, None)
+    problem = log.last_problem if log is not None else None
+    return {
+        "backend": spec,
+        "check": getattr(item, "originalname", item.name),
+        "params": params,
+        "problem": None if problem is None else dataclasses.asdict(problem),
+        "device": item.config.getoption("device") or default_device(),
+        "nodeid": item.nodeid,
+    }
+
+
 def replay_command(path, backend: str) -> str:
     """The one line that reproduces the failure stored at ``path``."""
     return f"jfa-conformance replay {shlex.quote(str(path))} --backend {shlex.quote(backend)}"
