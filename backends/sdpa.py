@@ -71,7 +71,7 @@ class Sdpa(Backend):
         causal_modes=CAUSAL_MODES,
         broadcast_q="emulated",
         lse=False,
-        deterministic=True,
+        deterministic=False,  # on CUDA its backward accumulates in a varying order (dQ differs by ~1e-8 run to run)
         notes="padded batch + explicit boolean mask through F.scaled_dot_product_attention (returns no LSE)",
     )
 
