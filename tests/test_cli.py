@@ -244,3 +244,11 @@ def test_a_missing_delegate_module_is_a_clear_usage_error(monkeypatch, capsys):
 
 def test_module_path_is_where_the_spec_lives():
     assert (Path(cli.__file__).parent / "spec").is_dir()
+
+
+def test_dtype_option_restricts_what_is_drawn_and_which_edge_cases_run(tmp_path):
+    code, report = run(tmp_path, "--backend", "reference", "--dtype", "bfloat16", "-k", "test_forward or single_token",
+                       "--max-examples", "3", "--name", "bf16")
+    assert code == 0
+    dtypes = {(r["feature"], r["dtype"] or r["problem"]["dtype"]) for r in report["records"]}
+    assert dtypes == {("forward", "bfloat16"), ("edge_case:single_token", "bfloat16")}
