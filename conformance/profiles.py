@@ -1,12 +1,15 @@
 """Hypothesis settings profiles of the spec: ``ci`` (default, fast and reproducible), ``dev``, ``thorough``."""
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 DEFAULT = "ci"
 _COMMON = dict(
     deadline=None,  # kernels compile on first use; timing belongs to benchmarks, not to checks
     print_blob=True,
+    # The explain phase prints the source lines only failing examples ran: noise in a conformance
+    # report (it lists our own harness lines) and extra time after every failure.
+    phases=[phase for phase in Phase if phase != Phase.explain],
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
                            HealthCheck.differing_executors, HealthCheck.function_scoped_fixture],
 )
