@@ -147,20 +147,22 @@ def run_selftest(class_names: list[str] | None = None, profile: str = profiles.D
         return [f.result() for f in futures]
 
 
-def _summarise(labels: list[str], limit: int = 6) -> str:
-    """Check names grouped by test function: ``test_edge_case (5): queries_without_keys-float32, ...``."""
+def _summarise(labels: list[str], limit: int = 4) -> str:
+    """One line per test function, with its distinct parameters (an edge case's dtypes folded together):
+    ``test_edge_case: queries_without_keys, gqa_ratio_3``."""
     groups: dict[str, list[str]] = {}
     for label in labels:
         head, _, params = label.partition("[")
-        groups.setdefault(head, []).append(params.rstrip("]"))
+        params = params.rstrip("]")
+        if head == "test_edge_case":
+            params = params.rsplit("-", 1)[0]  # the dtype
+        values = groups.setdefault(head, [])
+        if params and params not in values:
+            values.append(params)
     lines = []
-    for head, params in groups.items():
-        params = [p for p in params if p]
-        if not params:
-            lines.append(head)
-            continue
-        shown = ", ".join(params[:limit]) + (f", ... (+{len(params) - limit})" if len(params) > limit else "")
-        lines.append(f"{head} ({len(params)}): {shown}")
+    for head, values in groups.items():
+        shown = ", ".join(values[:limit]) + (f" (+{len(values) - limit} more)" if len(values) > limit else "")
+        lines.append(f"{head}: {shown}" if values else head)
     return "\n".join(lines)
 
 
@@ -171,20 +173,19 @@ def print_table(results: list[MutantResult], first_failure: bool, console=None) 
     console = console or Console()
     title = "Mutants and the checks that catch them" + (" (each stopped at its first failure)" if first_failure else "")
     table = Table(title=title, show_lines=True)
-    table.add_column("mutant", style="bold")
-    table.add_column("bug")
-    table.add_column("caught by")
-    table.add_column("verdict")
+    table.add_column("mutant: its bug", ratio=2)
+    table.add_column("caught by", ratio=3)
+    table.add_column("verdict", no_wrap=True)
     for r in results:
         if r.is_control:
-            verdict = "[green]passes[/]" if r.ok else "[red]FAILS: the spec rejects a correct backend[/]"
-            detail = _summarise(r.caught_by) or f"{len(r.passed)} checks passed, {len(r.skipped)} skipped"
+            verdict = "[green]passes[/]" if r.ok else "[red]FAILS[/]"
+            detail = _summarise(r.caught_by) or f"nothing: {len(r.passed)} checks passed, {len(r.skipped)} skipped"
         else:
             verdict = "[green]caught[/]" if r.ok else "[red]SURVIVED[/]" if not r.errors else "[red]ERROR[/]"
             detail = _summarise(r.caught_by) or "nothing"
         if r.errors:
             detail += "\nerrors: " + _summarise(r.errors)
-        table.add_row(r.name, r.bug, detail, verdict)
+        table.add_row(f"[bold]{r.name}[/]\n[dim]{r.bug}[/]", detail, verdict)
     console.print(table)
 
 

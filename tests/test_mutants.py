@@ -1,0 +1,77 @@
+"""The self-test: every built-in mutant is caught by the spec under the ``ci`` profile, the control
+(the mutants' computation without a bug) passes it, and ``selftest`` fails when either goes wrong."""
+from __future__ import annotations
+
+import pytest
+
+from backends.reference import Reference
+from conformance import mutants, selftest
+
+
+def test_mutants_declare_themselves_like_the_reference():
+    classes = [mutants.Unmutated, *mutants.MUTANTS.values()]
+    assert len({cls.name for cls in classes}) == len(classes)
+    for cls in classes:
+        assert cls().capabilities == Reference.capabilities, cls.__name__
+        assert cls.bug and cls.name.startswith("mutant-")
+        assert mutants.MUTANTS.get(cls.__name__, mutants.Unmutated) is cls
+
+
+def test_the_documented_bug_classes_are_all_there():
+    assert len(mutants.MUTANTS) >= 12
+    wanted = {"ZeroLengthCompacted", "CausalTopLeft", "NanForMaskedRows", "KeyPastEnd", "LseBase2", "GqaHeadModulo",
+              "BroadcastQDqFirstSequence", "CrossSequenceLeak", "NondeterministicDq", "ScaleFromValueDim",
+              "GqaDvNotReduced", "UnwrittenTail", "MaxSeqlenOffByOne"}
+    assert wanted <= set(mutants.MUTANTS)
+
+
+def test_every_mutant_is_caught_and_the_control_passes():
+    """The whole self-test, each mutant stopped at its first failed check (what CI needs)."""
+    results = selftest.run_selftest(first_failure=True, jobs=2, timeout=600)
+    assert [r.class_name for r in results] == [selftest.CONTROL, *mutants.MUTANTS]
+    bad = [r for r in results if not r.ok]
+    report = "\n\n".join(f"{r.name}: caught by {r.caught_by}, errors {r.errors}\n{r.output[-2000:]}" for r in bad)
+    assert not bad, report
+    control = results[0]
+    assert control.passed and not control.caught_by
+
+
+def _result(class_name: str, caught=(), errors=(), returncode=1) -> selftest.MutantResult:
+    return selftest.MutantResult(class_name, f"name-{class_name}", "bug", caught_by=list(caught), passed=["test_x"],
+                                 errors=list(errors), returncode=returncode)
+
+
+@pytest.mark.parametrize(
+    "results, status",
+    [
+        ([_result("Unmutated", returncode=0), _result("LseBase2", ["test_lse"])], 0),
+        ([_result("Unmutated", returncode=0), _result("LseBase2")], 1),  # a survivor
+        ([_result("Unmutated", ["test_forward"]), _result("LseBase2", ["test_lse"])], 1),  # the control fails
+        ([_result("Unmutated", returncode=0), _result("LseBase2", errors=["pytest exited with status 3"], returncode=3)], 1),
+    ],
+    ids=["all-caught", "survivor", "control-fails", "run-error"],
+)
+def test_selftest_status(monkeypatch, capsys, results, status):
+    monkeypatch.setattr(selftest, "run_selftest", lambda *a, **k: results)
+    assert selftest.main([]) == status
+    out = capsys.readouterr().out
+    assert "name-LseBase2" in out
+    if status:
+        assert "SURVIVED" in out or "FAILS" in out or "ERROR" in out
+
+
+def test_junit_outcomes_become_caught_passed_skipped(tmp_path):
+    junit = tmp_path / "junit.xml"
+    junit.write_text(
+        """<testsuites><testsuite>
+        <testcase classname="spec.test_edge_cases" name="test_edge_case[mutant-x-single_token-float32]"><failure message="m"/></testcase>
+        <testcase classname="spec.test_oracle_checks" name="test_forward[mutant-x]"/>
+        <testcase classname="spec.test_oracle_checks" name="test_lse[mutant-x]"><skipped message="s"/></testcase>
+        <testcase classname="spec.test_oracle_checks" name="test_gradients[mutant-x]"><error message="e"/></testcase>
+        </testsuite></testsuites>"""
+    )
+    result = selftest.MutantResult("X", "mutant-x", "bug")
+    selftest._read_junit(junit, result)
+    assert result.caught_by == ["test_edge_case[single_token-float32]"]
+    assert result.passed == ["test_forward"] and result.skipped == ["test_lse"] and result.errors == ["test_gradients"]
+    assert not result.ok  # an error is not a catch
