@@ -76,7 +76,7 @@ def cmd_list(ns) -> int:
     for name in names:
         try:
             info = registry.describe(name, device)
-        except ValueError as exc:
+        except (ValueError, ImportError) as exc:
             raise UsageError(f"--backend: {exc}") from None
         if name in registry.known_names():
             info.name = name  # the name that selects it (an entry point's key), whatever the class calls itself
@@ -183,7 +183,7 @@ def _resolve_backends(specs: list[str], device: str):
             ref = f"{Path(path).resolve()}:{attr}"  # the child pytest may run from elsewhere
         try:
             chosen.append((ref, registry.describe(ref, device)))
-        except ValueError as exc:
+        except (ValueError, ImportError) as exc:
             raise UsageError(f"--backend: {exc}") from None
     return chosen
 

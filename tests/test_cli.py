@@ -81,6 +81,7 @@ def test_python_dash_m_conformance_is_the_same_command():
 @pytest.mark.parametrize("args, field", [
     (["run", "--backend", "no-such-backend"], "--backend"),
     (["run", "--backend", "missing_file.py:attention"], "--backend"),
+    (["run", "--backend", "no_such_package.module:attention"], "--backend"),
     (["run", "--dtype", "float8"], "--dtype"),
     (["run", "--profile", "no-such-profile"], "--profile"),
     (["run", "--baseline", "no/such/report.json"], "--baseline"),

@@ -189,7 +189,7 @@ def render_html(report: dict, regressions: list[dict] | None = None) -> str:
             p = t.get("problem") or {}
             parts.append(
                 f"<tr><td>{esc(t['backend'])}</td><td>{esc(t['shape'])}</td><td>{esc(t['direction'])}</td>"
-                f"<td class='num'>{t['median_s'] * 1e3:.3f}</td><td class='num'>{t['tflops']:.4f}</td>"
+                f"<td class='num'>{t['median_s'] * 1e3:.3f}</td><td class='num'>{t['tflops']:.3g}</td>"
                 f"<td class='num'>{t['padding_waste']:.0%}</td><td class='num'>{t['length_skew']:.1f}</td>"
                 f"<td class='num'>{esc(p.get('batch'))}</td><td class='num'>{esc(p.get('heads_q'))}</td>"
                 f"<td class='num'>{esc(p.get('head_dim'))}</td><td>{esc(p.get('dtype'))}</td><td>{esc(p.get('causal'))}</td></tr>")

@@ -71,7 +71,7 @@ def render_markdown(report: dict, regressions: list[dict] | None = None) -> str:
                   "|---|---|---|---:|---:|---:|---:|"]
         for t in report["timings"]:
             lines.append(f"| {t['backend']} | {t['shape']} | {t['direction']} | {t['median_s'] * 1e3:.3f} | "
-                         f"{t['tflops']:.4f} | {t['padding_waste']:.0%} | {t['length_skew']:.1f} |")
+                         f"{t['tflops']:.3g} | {t['padding_waste']:.0%} | {t['length_skew']:.1f} |")
     unsupported = sorted({(r["backend"], r.get("reason") or "") for r in report["records"] if r["outcome"] == "unsupported"})
     if unsupported:
         lines += ["", "<details><summary>Unsupported checks and why</summary>", ""]

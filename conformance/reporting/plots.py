@@ -60,20 +60,33 @@ def budget_by_backend_and_dtype(records) -> bytes | None:
 
 
 def tflops_vs_skew(timings) -> bytes | None:
-    """TFLOP/s on useful FLOPs against length skew (longest / mean sequence), one line per backend."""
+    """TFLOP/s on useful FLOPs against length skew (longest / mean sequence), one line per backend; each
+    shape is labelled at its skew."""
     if not timings:
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=False)
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.0), layout="constrained")
     for ax, direction in zip(axes, ("forward", "backward")):
         rows = [t for t in timings if t["direction"] == direction]
         for backend in sorted({t["backend"] for t in rows}):
-            points = sorted((t["length_skew"], t["tflops"], t["shape"]) for t in rows if t["backend"] == backend)
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=backend)
+            points = sorted((t["length_skew"], t["tflops"]) for t in rows if t["backend"] == backend)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", linewidth=1, label=backend)
+        for shape in sorted({t["shape"] for t in rows}):
+            at = [t for t in rows if t["shape"] == shape]
+            ax.annotate(shape, (at[0]["length_skew"], max(t["tflops"] for t in at)), textcoords="offset points",
+                        xytext=(0, 6), ha="center", fontsize=7, color="#555")
         ax.set_xscale("log")
-        ax.set_xlabel("length skew (longest / mean key length, log scale)")
-        ax.set_ylabel("TFLOP/s (useful FLOPs)")
+        skews = [t["length_skew"] for t in rows] or [1.0]
+        ax.set_xticks([x for x in (1, 2, 3, 5, 10, 20, 50, 100, 200, 500) if min(skews) / 1.5 <= x <= max(skews) * 1.5])
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("length skew: longest / mean key length (log scale)")
+        ax.set_ylabel("TFLOP/s on useful FLOPs")
         ax.set_title(f"{direction.capitalize()}: throughput vs length skew")
         ax.grid(True, alpha=0.3)
+        ax.margins(x=0.08, y=0.15)
+        ax.set_ylim(bottom=0)
         if rows:
             ax.legend(fontsize=8)
         else:
