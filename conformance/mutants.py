@@ -165,6 +165,19 @@ class KeyPastEnd(Unmutated):
         return self._rows(args.k, start, end + 1), self._rows(args.v, start, end + 1), 0
 
 
+class KeyOffsetsFromQuery(Unmutated):
+    name = "mutant-key-offsets-from-query"
+    bug = ("keys are located with cu_seqlens_q (a self-attention assumption): wherever Lq != Lk a sequence "
+           "attends to the wrong keys")
+
+    def sequence_keys(self, args, b):
+        if args.broadcast_q:  # the broadcast path has no per-sequence query offsets to confuse
+            return super().sequence_keys(args, b)
+        rows = args.k.shape[0]
+        start, end = (min(int(args.cu_seqlens_q[i]), rows) for i in (b, b + 1))
+        return args.k[start:end], args.v[start:end], 0
+
+
 class LseBase2(Unmutated):
     name = "mutant-lse-base2"
     bug = "the LSE is returned in base 2 (log2 of the sum of exp2), not the natural log the convention uses"
@@ -287,6 +300,7 @@ MUTANTS: dict[str, type[Unmutated]] = {
         CausalTopLeft,
         NanForMaskedRows,
         KeyPastEnd,
+        KeyOffsetsFromQuery,
         LseBase2,
         GqaHeadModulo,
         BroadcastQDqFirstSequence,
