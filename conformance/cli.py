@@ -28,6 +28,7 @@ from pathlib import Path
 USAGE_ERROR = 2
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_MAX_WORKER_RESTART = 100
+SNAPSHOT_EVERY_S = 30.0  # report.json is rewritten this often during a run, so a killed run keeps its results
 VENDOR_PACKAGES = ("torch", "triton", "flash-attn", "flash-attn-cute", "nvidia-cutlass-dsl", "fbtriton", "tlx-jfa",
                    "hypothesis", "pytest", "pytest-xdist", "pytest-benchmark", "pytest-timeout")
 
@@ -287,26 +288,53 @@ def _counts_markup(counts: dict) -> str:
     return " ".join(f"[{style.get(o, '')}]{n} {o}[/]" for o, n in sorted(counts.items()))
 
 
-def _run_pytest(command, env, log_path: Path, records_path: Path, view: LiveView | None) -> tuple[int, bool]:
-    """Run pytest, feeding the live view; ``(return code, interrupted)``."""
+class RunStopped(Exception):
+    """The run was stopped from outside (SIGTERM, Ctrl-C) or by ``--time-limit``; the message says which."""
+
+
+def _stop_on_sigterm(signum, frame):
+    raise RunStopped("the run was terminated (SIGTERM)")
+
+
+def _run_pytest(command, env, log_path: Path, records_path: Path, view: LiveView | None,
+                deadline: float | None = None, snapshot=None) -> tuple[int, str | None]:
+    """Run pytest, feeding the live view and writing a report snapshot now and then; returns
+    ``(return code, why it was stopped or None)``. pytest runs in its own process group so that a stop
+    reaches its xdist workers too."""
+    last_snapshot = time.monotonic()
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             while proc.poll() is None:
                 if view:
                     view.feed(records_path)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise RunStopped("the run reached its --time-limit")
+                if snapshot is not None and time.monotonic() - last_snapshot > SNAPSHOT_EVERY_S:
+                    snapshot()
+                    last_snapshot = time.monotonic()
                 time.sleep(0.25)
-        except KeyboardInterrupt:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            return proc.returncode, True
+        except (KeyboardInterrupt, RunStopped) as exc:
+            reason = str(exc) if isinstance(exc, RunStopped) else "the run was interrupted (Ctrl-C)"
+            _stop_group(proc)
+            return proc.returncode, reason
         if view:
             view.feed(records_path)
-    return proc.returncode, False
+    return proc.returncode, None
+
+
+def _stop_group(proc) -> None:
+    import signal
+    for sig, wait in ((signal.SIGINT, 10), (signal.SIGTERM, 10), (signal.SIGKILL, 30)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _run_benchmarks(ns, run_dir: Path, backend_specs, device, env, console) -> tuple[list[dict], str]:
@@ -336,16 +364,27 @@ def _replay(run_dir: Path, record: dict, spec_of: dict) -> dict | None:
         return None
     if not hasattr(replay, "write_artifact"):
         return None
+    backend = spec_of.get(record["backend"], record["backend"])
+    params = dict(record.get("params") or {})
+    if record.get("dtype"):
+        params["dtype"] = record["dtype"]
+    # The replay module's record: the backend as the user named it, the check, all its parameters.
+    artifact_record = {**record, "backend": backend, "check": record.get("test"), "nodeid": record["id"],
+                       "params": params}
     try:
-        result = replay.write_artifact(run_dir, record)
+        result = replay.write_artifact(run_dir, artifact_record)
     except Exception as exc:  # noqa: BLE001 - a replay bug must not lose the report
         return {"artifact": None, "command": None, "error": f"{type(exc).__name__}: {exc}"}
     if result is None:
         return None
     if isinstance(result, str) and result.startswith("jfa-conformance"):
         return {"artifact": None, "command": result}
-    backend = spec_of.get(record["backend"], record["backend"])
-    return {"artifact": str(result), "command": f"jfa-conformance replay {result} --backend {backend}"}
+    path = os.path.relpath(result) if Path(result).is_absolute() else str(result)
+    if hasattr(replay, "replay_command"):
+        command = replay.replay_command(path, backend)
+    else:
+        command = f"jfa-conformance replay {path} --backend {backend}"
+    return {"artifact": str(result), "command": command}
 
 
 def write_run_dir(run_dir: Path, report: dict, regressions: list[dict] | None = None) -> None:
@@ -438,46 +477,72 @@ def cmd_run(ns) -> int:
     command = _pytest_command(ns, run_dir, specs, device)
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.perf_counter()
+    spec_of = {info.name: spec for spec, info in chosen}
+    env_info = environment(device)
+
+    def assemble(records, *, complete, rc, bench_status, timings, stop_reason=None) -> dict:
+        return {
+            "schema": rp.SCHEMA, "schema_version": rp.SCHEMA_VERSION,
+            "run": {"name": name, "started": started.isoformat(timespec="seconds"),
+                    "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                    "duration_s": round(time.perf_counter() - t0, 1), "profile": ns.profile,
+                    "max_examples": ns.max_examples,
+                    "seed": ns.seed if ns.seed is not None else ("derandomized" if ns.profile == "ci" else None),
+                    "dtypes": ns.dtype or None, "xfails_file": ns.xfails_file, "timeout_s": ns.timeout,
+                    "time_limit_s": ns.time_limit, "workers": workers, "gpus": ns.gpus, "pytest_exit_code": rc,
+                    "benchmarks": bench_status, "complete": complete, "stopped": stop_reason,
+                    "environment": env_info},
+            "backends": {info.name: {"source": info.source, "available": info.available, "reason": info.reason,
+                                     "capabilities": info.capabilities} for _, info in chosen},
+            "records": records,
+            "timings": timings,
+        }
+
+    def snapshot() -> None:
+        """report.json of what has run so far (``complete: false``), in case this process is killed."""
+        collected, records, _ = rp.read_record_stream(records_path)
+        records = rp.complete_records(collected, records, "not reached yet: the run was still going")
+        partial = assemble(records, complete=False, rc=None, bench_status="not run yet", timings=[],
+                           stop_reason="snapshot taken while the run was going; the process never finished")
+        partial["summary"] = rp.summarize_backends(partial)
+        rp.write_json(run_dir / "report.json", partial)
+
     console.print(f"jfa-conformance run [bold]{name}[/]: {', '.join(info.name for _, info in chosen)} on {device}, "
                   f"profile {ns.profile}, {workers} worker{'s' if workers > 1 else ''}", highlight=False)
-    with LiveView(console, enabled=not ns.quiet) as view:
-        rc, interrupted = _run_pytest(command, env, run_dir / "pytest.log", records_path, view)
-    collected, records, finished = rp.read_record_stream(records_path)
-    if rc in (3, 4) and not records:
-        log_tail = (run_dir / "pytest.log").read_text(errors="replace")[-3000:]
-        console.print(log_tail, markup=False)
-        console.print(f"[bold red]pytest could not run the spec (exit code {rc}); see {run_dir / 'pytest.log'}[/]")
-        return USAGE_ERROR if rc == 4 else 1
-    stop_reason = "never ran: the run was interrupted" if interrupted else \
-        "never ran: the run stopped before reaching it (see pytest.log)"
-    records = rp.complete_records(collected, records, stop_reason)
-    timings, bench_status = [], "not run (use --bench)"
-    bench = ns.bench if ns.bench is not None else device.startswith("cuda")
-    if bench and not interrupted:
-        timings, bench_status = _run_benchmarks(ns, run_dir, specs, device, env, console)
-    spec_of = {info.name: spec for spec, info in chosen}
+    import signal
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    records, timings, rc, finished, bench_status = [], [], None, False, "not run"
+    try:
+        deadline = time.monotonic() + ns.time_limit if ns.time_limit else None
+        with LiveView(console, enabled=not ns.quiet) as view:
+            rc, stop_reason = _run_pytest(command, env, run_dir / "pytest.log", records_path, view, deadline, snapshot)
+        collected, records, finished = rp.read_record_stream(records_path)
+        if rc in (3, 4) and not records and stop_reason is None:
+            log_tail = (run_dir / "pytest.log").read_text(errors="replace")[-3000:]
+            console.print(log_tail, markup=False)
+            console.print(f"[bold red]pytest could not run the spec (exit code {rc}); see {run_dir / 'pytest.log'}[/]")
+            (run_dir / "report.json").unlink(missing_ok=True)
+            return USAGE_ERROR if rc == 4 else 1
+        records = rp.complete_records(
+            collected, records, f"never ran: {stop_reason}" if stop_reason else
+            "never ran: the run stopped before reaching it (see pytest.log)")
+        timings, bench_status = [], "not run (use --bench)"
+        bench = ns.bench if ns.bench is not None else device.startswith("cuda")
+        if bench and stop_reason is None:
+            timings, bench_status = _run_benchmarks(ns, run_dir, specs, device, env, console)
+    except RunStopped as exc:  # SIGTERM while the benchmarks ran
+        stop_reason, bench_status = str(exc), f"stopped: {exc}"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     for r in records:
         if r["outcome"] in rp.FAILING and r["outcome"] != "not-run":
             r["replay"] = _replay(run_dir, r, spec_of)
     partial_junit = run_dir / ".junit.xml.partial"
     if partial_junit.exists():
         os.replace(partial_junit, run_dir / "junit.xml")
-    report = {
-        "schema": rp.SCHEMA, "schema_version": rp.SCHEMA_VERSION,
-        "run": {"name": name, "started": started.isoformat(timespec="seconds"),
-                "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                "duration_s": round(time.perf_counter() - t0, 1), "profile": ns.profile,
-                "max_examples": ns.max_examples,
-                "seed": ns.seed if ns.seed is not None else ("derandomized" if ns.profile == "ci" else None),
-                "dtypes": ns.dtype or None, "xfails_file": ns.xfails_file, "timeout_s": ns.timeout,
-                "workers": workers, "gpus": ns.gpus, "pytest_exit_code": rc, "benchmarks": bench_status,
-                "complete": finished and not interrupted and all(r["outcome"] != "not-run" for r in records),
-                "environment": environment(device)},
-        "backends": {info.name: {"source": info.source, "available": info.available, "reason": info.reason,
-                                 "capabilities": info.capabilities} for _, info in chosen},
-        "records": records,
-        "timings": timings,
-    }
+    complete = finished and stop_reason is None and all(r["outcome"] != "not-run" for r in records)
+    report = assemble(records, complete=complete, rc=rc, bench_status=bench_status, timings=timings,
+                      stop_reason=stop_reason)
     regressions = []
     if baseline is not None:
         comparison = rp.compare(baseline, report, ns.timing_threshold)
@@ -487,6 +552,8 @@ def cmd_run(ns) -> int:
     report["run"]["exit_code"] = rp.exit_code(report, regressions)
     write_run_dir(run_dir, report, regressions)
     shutil.rmtree(run_dir / ".flight", ignore_errors=True)
+    if stop_reason:
+        console.print(f"[bold yellow]{stop_reason}[/]: the checks that never ran are marked not-run")
     print_summary(console, report, regressions, run_dir)
     return report["run"]["exit_code"]
 
@@ -585,6 +652,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"seconds one check may run before it is stopped and reported as a timeout (default {DEFAULT_TIMEOUT_S:g})")
     p.add_argument("--max-worker-restart", type=int, default=DEFAULT_MAX_WORKER_RESTART,
                    help=f"crashed workers replaced before the run stops (default {DEFAULT_MAX_WORKER_RESTART})")
+    p.add_argument("--time-limit", type=float, metavar="SECONDS",
+                   help="stop after this many seconds and report what ran (the rest is not-run)")
     p.add_argument("--seed", type=int, help="hypothesis seed (profiles other than ci draw randomly otherwise)")
     p.add_argument("-k", help="only checks matching this pytest -k expression")
     p.add_argument("-q", "--quiet", action="store_true", help="no live progress view")

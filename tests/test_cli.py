@@ -253,3 +253,30 @@ def test_dtype_option_restricts_what_is_drawn_and_which_edge_cases_run(tmp_path)
     assert code == 0
     dtypes = {(r["feature"], r["dtype"] or r["problem"]["dtype"]) for r in report["records"]}
     assert dtypes == {("forward", "bfloat16"), ("edge_case:single_token", "bfloat16")}
+
+
+def test_a_run_stopped_by_its_time_limit_still_writes_a_complete_report(tmp_path):
+    code, report = run(tmp_path, "--backend", "reference", "--time-limit", "0.5", "--name", "stopped")
+    assert code == 1
+    assert report["run"]["complete"] is False and "--time-limit" in report["run"]["stopped"]
+    assert {r["outcome"] for r in report["records"]} <= {"pass", "not-run", "unsupported"}
+    assert (tmp_path / "reports" / "stopped" / "index.html").exists()
+
+
+def test_sigterm_stops_the_run_and_leaves_a_report(tmp_path):
+    import signal
+    import time
+    command = [sys.executable, "-m", "conformance", "run", "--backend", "reference", "-q", "-n", "1",
+               "--report-dir", str(tmp_path), "--name", "terminated"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    records = tmp_path / "terminated" / ".records.jsonl"
+    for _ in range(240):  # until the checks are collected and the first ones have reported
+        if records.exists() and records.read_text().count("\n") >= 3:
+            break
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out
+    report = rp.load(tmp_path / "terminated")
+    assert report["run"]["complete"] is False and "SIGTERM" in report["run"]["stopped"]
+    assert any(r["outcome"] == "not-run" for r in report["records"])

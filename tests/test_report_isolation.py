@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 
 from conformance import cli
 
@@ -76,6 +77,9 @@ def test_crashes_hangs_device_errors_and_nan_each_leave_a_complete_report(tmp_pa
     assert "CUDA error" in by_backend["cuda-error", "forward"]["reason"]
     nan = by_backend["returns-nan", "forward"]
     assert nan["counterexample"].startswith("Problem(") and nan["budget_used"] == float("inf")
+    # Each failure leaves a replay artifact and the one line that reruns exactly that check.
+    assert nan["replay"]["command"].startswith("jfa-conformance replay ")
+    assert (tmp_path / "isolation" / "failures").is_dir() and Path(nan["replay"]["artifact"]).exists()
     junit = (tmp_path / "isolation" / "junit.xml").read_text()
     assert junit.count("<testcase") >= 12
     out = capsys.readouterr().out
