@@ -21,7 +21,7 @@ def test_the_documented_bug_classes_are_all_there():
     assert len(mutants.MUTANTS) >= 12
     wanted = {"ZeroLengthCompacted", "CausalTopLeft", "NanForMaskedRows", "KeyPastEnd", "LseBase2", "GqaHeadModulo",
               "BroadcastQDqFirstSequence", "CrossSequenceLeak", "NondeterministicDq", "ScaleFromValueDim",
-              "GqaDvNotReduced", "UnwrittenTail", "MaxSeqlenOffByOne"}
+              "GqaDvNotReduced", "UnwrittenTail", "MaxSeqlenOffByOne", "KeyOffsetsFromQuery", "Float32AsBfloat16"}
     assert wanted <= set(mutants.MUTANTS)
 
 
