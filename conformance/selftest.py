@@ -190,7 +190,7 @@ def print_table(results: list[MutantResult], first_failure: bool, console=None) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="jfa-conformance selftest", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="jfa-conformance selftest", description="Run the spec against every built-in mutant backend and show which checks catch it.")
     parser.add_argument("--profile", default=profiles.DEFAULT, choices=sorted(profiles.PROFILES),
                         help="hypothesis profile whose examples are drawn (default: %(default)s)")
     parser.add_argument("--mutant", action="append", choices=sorted(mutants.MUTANTS), metavar="CLASS",
