@@ -54,7 +54,7 @@ def test_crashes_hangs_device_errors_and_nan_each_leave_a_complete_report(tmp_pa
     module.write_text(MISBEHAVING)
     backends = [f"{module}:{cls}" for cls in ("Segfaults", "ReadsNull", "Hangs", "CudaError", "ReturnsNan")]
     argv = ["run", "--report-dir", str(tmp_path), "--name", "isolation", "-q", "-n", "2", "--max-examples", "2",
-            "--timeout", "10", "-k", "test_forward or tile_edges and float32"]
+            "--timeout", "8", "-k", "test_forward or single_token and float32"]
     for backend in ["reference", *backends]:
         argv += ["--backend", backend]
     assert cli.main(argv) == 1
@@ -69,11 +69,11 @@ def test_crashes_hangs_device_errors_and_nan_each_leave_a_complete_report(tmp_pa
     assert len(report["records"]) == 6 * 2
     by_backend = {(r["backend"], r["feature"]): r for r in report["records"]}
     # The problem that triggered a crash or hang is recorded, read from the dead worker's flight file.
-    tile = by_backend["segfaults", "edge_case:tile_edges"]
-    assert tile["problem"]["seqlens_k"] == [15, 16, 17, 63, 64, 65, 127, 128, 129]
-    assert "died" in tile["reason"]
+    edge = by_backend["segfaults", "edge_case:single_token"]
+    assert edge["problem"]["seqlens_k"] == [1] and edge["problem"]["causal"] == "bottom_right"
+    assert "died" in edge["reason"] and edge["problem_source"] == "running"
     assert by_backend["hangs", "forward"]["problem"] is not None
-    assert "10 s" in by_backend["hangs", "forward"]["reason"]
+    assert "8 s" in by_backend["hangs", "forward"]["reason"]
     assert "CUDA error" in by_backend["cuda-error", "forward"]["reason"]
     nan = by_backend["returns-nan", "forward"]
     assert nan["counterexample"].startswith("Problem(") and nan["budget_used"] == float("inf")
