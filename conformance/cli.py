@@ -420,8 +420,7 @@ def print_summary(console, report: dict, regressions: list[dict], run_dir: Path 
         console.print(f"[bold red]{r['outcome'].upper()}[/] {escape(where)}: {escape(r.get('reason') or '')}",
                       highlight=False, soft_wrap=True)
         if r.get("counterexample"):
-            label = "problem it was running" if r.get("problem_source") == "running" else "counterexample"
-            console.print(f"    {label}: {r['counterexample']}", markup=False, soft_wrap=True)
+            console.print(f"    {rp.problem_label(r)}: {r['counterexample']}", markup=False, soft_wrap=True)
         if (r.get("replay") or {}).get("command"):
             console.print(f"    replay: {r['replay']['command']}", markup=False, soft_wrap=True)
     if len(bad) > 30:

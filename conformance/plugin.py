@@ -15,6 +15,9 @@ from hypothesis.errors import Unsatisfiable
 from . import profiles
 from .checklog import CheckLog
 
+# Report records, --dtype, crash/timeout diagnosis under xdist (inactive unless its options are given).
+pytest_plugins = ["conformance.recorder"]
+
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"

@@ -178,6 +178,13 @@ def failures(report: dict) -> list[dict]:
                                       _feature_sort_key(r["feature"]), r.get("dtype") or ""))
 
 
+def problem_label(record: dict) -> str:
+    """How to introduce a failure's problem: hypothesis's shrunk example, the call a dead process was
+    running, or the (fixed) problem of the check."""
+    return {"shrunk": "minimal counterexample", "running": "problem it was running"}.get(
+        record.get("problem_source"), "failing problem")
+
+
 def exit_code(report: dict, regressions: list[dict] | None = None) -> int:
     """0 when every check passed or was unsupported / an expected failure; 1 on any failure, crash,
     timeout, check that never ran, backend that supports nothing, or baseline regression."""

@@ -159,8 +159,7 @@ def render_html(report: dict, regressions: list[dict] | None = None) -> str:
                          f"<b>{esc(r['backend'])}</b> · {esc(r['feature'])} {esc(r.get('dtype') or '')} — "
                          f"{esc(r.get('reason'))}</summary>")
             if r.get("counterexample"):
-                label = "Problem it was running" if r.get("problem_source") == "running" else "Minimal counterexample"
-                parts.append(f"<p>{label}: <code>{esc(r['counterexample'])}</code></p>")
+                parts.append(f"<p>{rp.problem_label(r).capitalize()}: <code>{esc(r['counterexample'])}</code></p>")
             if (r.get("replay") or {}).get("command"):
                 parts.append(f"<p>Replay: <code>{esc(r['replay']['command'])}</code></p>")
             if r.get("verdicts"):

@@ -62,8 +62,7 @@ def render_markdown(report: dict, regressions: list[dict] | None = None) -> str:
         for r in bad:
             lines.append(f"- **{describe_check(r)}**: {r['outcome']} — {r.get('reason') or ''}")
             if r.get("counterexample"):
-                label = "problem it was running" if r.get("problem_source") == "running" else "minimal counterexample"
-                lines.append(f"  - {label}: `{r['counterexample']}`")
+                lines.append(f"  - {rp.problem_label(r)}: `{r['counterexample']}`")
             if (r.get("replay") or {}).get("command"):
                 lines.append(f"  - replay: `{r['replay']['command']}`")
     if report.get("timings"):
