@@ -223,6 +223,15 @@ def cell_outcome(records) -> str:
     return min((r["outcome"] for r in records), key=lambda o: SEVERITY.get(o, 0))
 
 
+def cell_label(records, labels: dict[str, str]) -> str:
+    """A matrix cell's text: the worst outcome, with how many of the cell's checks (dtypes) have it when
+    that is not all of them (``FAIL 1/3``; ``pass 2/3`` when the rest is unsupported)."""
+    outcome = cell_outcome(records)
+    count = sum(r["outcome"] == outcome for r in records)
+    return labels[outcome] + (f" {count}/{len(records)}" if count < len(records) or
+                              (len(records) > 1 and outcome in FAILING) else "")
+
+
 # -- baseline gating and compare ------------------------------------------------------------------------
 def compare(old: dict, new: dict, threshold: float = DEFAULT_TIMING_THRESHOLD) -> dict:
     """Differences from ``old`` to ``new``: checks that newly fail or were fixed, error-budget changes,

@@ -80,8 +80,7 @@ def _matrix(report) -> list[str]:
                 row.append("<td></td>")
                 continue
             outcome = rp.cell_outcome(records)
-            worst = sum(r["outcome"] == outcome for r in records)
-            text = LABEL[outcome] + (f" {worst}/{len(records)}" if len(records) > 1 and outcome != "pass" else "")
+            text = rp.cell_label(records, LABEL)
             title = "\n".join(_record_line(r) for r in records)
             row.append(f'<td class="o-{outcome}" title="{esc(title)}">{esc(text)}</td>')
         out.append("<tr>" + "".join(row) + "</tr>")

@@ -18,9 +18,7 @@ def describe_check(record: dict) -> str:
 
 
 def cell_text(records) -> str:
-    outcome = rp.cell_outcome(records)
-    bad = sum(r["outcome"] == outcome for r in records)
-    return SYMBOL[outcome] + (f" {bad}/{len(records)}" if len(records) > 1 and outcome != "pass" else "")
+    return rp.cell_label(records, SYMBOL)
 
 
 def run_line(run: dict) -> str:
