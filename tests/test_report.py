@@ -186,3 +186,14 @@ def test_a_write_interrupted_before_the_rename_leaves_the_old_report_intact(tmp_
     rp.write_json(path, {"version": "new"})
     assert json.loads(path.read_text()) == {"version": "new"}
     assert oct(path.stat().st_mode & 0o777) != oct(0o600)
+
+
+def test_matrix_cells_show_the_worst_outcome_and_partial_support():
+    labels = {o: o for o in rp.OUTCOMES}
+    mixed = [record("a", "edge", "pass", dtype="float32"), record("a", "edge", "unsupported", dtype="bfloat16")]
+    assert rp.cell_label(mixed, labels) == "pass 1/2"
+    failing = [record("a", "edge", "pass"), record("a", "edge", "crash"), record("a", "edge", "crash")]
+    assert rp.cell_label(failing, labels) == "crash 2/3"
+    assert rp.cell_label([record("a", "edge", "fail")] * 3, labels) == "fail 3/3"
+    assert rp.cell_label([record("a", "edge", "unsupported")] * 3, labels) == "unsupported"
+    assert rp.cell_label([record("a", "edge", "pass")] * 3, labels) == "pass"
