@@ -392,8 +392,11 @@ def write_run_dir(run_dir: Path, report: dict, regressions: list[dict] | None = 
     from .reporting import render_html, render_markdown
     report["summary"] = rp.summarize_backends(report)
     rp.write_json(run_dir / "report.json", report)
-    rp.atomic_write_text(run_dir / "summary.md", render_markdown(report, regressions))
-    rp.atomic_write_text(run_dir / "index.html", render_html(report, regressions))
+    for filename, render in (("summary.md", render_markdown), ("index.html", render_html)):
+        try:
+            rp.atomic_write_text(run_dir / filename, render(report, regressions))
+        except Exception as exc:  # noqa: BLE001 - report.json and the exit code matter more than a page
+            print(f"jfa-conformance: could not render {filename}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def print_summary(console, report: dict, regressions: list[dict], run_dir: Path | None) -> None:
