@@ -19,6 +19,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -485,7 +486,8 @@ def cmd_run(ns) -> int:
     def assemble(records, *, complete, rc, bench_status, timings, stop_reason=None) -> dict:
         return {
             "schema": rp.SCHEMA, "schema_version": rp.SCHEMA_VERSION,
-            "run": {"name": name, "started": started.isoformat(timespec="seconds"),
+            "run": {"name": name, "command": "jfa-conformance " + shlex.join(ns.argv),
+                    "started": started.isoformat(timespec="seconds"),
                     "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                     "duration_s": round(time.perf_counter() - t0, 1), "profile": ns.profile,
                     "max_examples": ns.max_examples,
@@ -687,6 +689,7 @@ def main(argv: list[str] | None = None) -> int:
         return _delegate(argv[0], argv[1:])
     parser = build_parser()
     ns = parser.parse_args(argv)  # exits 2 on bad usage
+    ns.argv = argv
     if ns.command is None:
         parser.print_help()
         return USAGE_ERROR

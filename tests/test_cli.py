@@ -109,6 +109,7 @@ def test_run_writes_the_report_files_and_exits_0_when_everything_passes(tmp_path
     assert {"report.json", "summary.md", "index.html", "junit.xml"} <= {p.name for p in run_dir.iterdir()}
     assert report["schema"] == rp.SCHEMA and report["schema_version"] == rp.SCHEMA_VERSION
     assert report["run"]["profile"] == "ci" and report["run"]["complete"]
+    assert report["run"]["command"].startswith("jfa-conformance run ")
     env = report["run"]["environment"]
     assert env["torch"] and env["device"] == "cpu" and "hostname" not in json.dumps(report["run"]).lower()
     by_feature = {(r["feature"], r["dtype"]): r for r in report["records"]}
