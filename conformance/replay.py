@@ -23,20 +23,14 @@ from typing import Callable
 
 import torch
 
+from . import checks
 from .harness import (
     ContractError,
-    Run,
     Unsupported,
-    call_backend,
-    compare_runs,
     ensure_supported,
-    judge_forward,
-    judge_gradients,
-    oracle_call,
-    run_backend,
 )
-from .problem import Problem, make_grad_out, make_inputs
-from .relations import RELATIONS, check_relation
+from .problem import Problem
+from .relations import RELATIONS
 from .tolerance import Verdict
 
 FORMAT = "jfa-conformance-failure/1"
@@ -60,69 +54,12 @@ CheckFn = Callable[[object, Problem, str, dict], Outcome]
 
 
 # -- the checks, as the spec runs them on one problem --------------------------------------------------
-def _forward(backend, problem, device, params):
-    return Outcome.from_verdicts(judge_forward(problem, run_backend(backend, problem, device))[:1])
-
-
-def _lse(backend, problem, device, params):
-    from .spec.support import require_lse
-
-    if not backend.capabilities.lse:
-        raise Unsupported(f"{backend.name} declares no LSE")
-    run = run_backend(backend, problem, device)
-    require_lse(backend, run)
-    return Outcome.from_verdicts(judge_forward(problem, run)[1:])
-
-
-def _gradients(backend, problem, device, params):
-    return Outcome.from_verdicts(judge_gradients(problem, run_backend(backend, problem, device, gradients=True)))
-
-
-def _edge_case(backend, problem, device, params):
-    ensure_supported(backend, problem)
-    gradients = backend.capabilities.backward
-    run = run_backend(backend, problem, device, gradients=gradients)
-    verdicts = judge_forward(problem, run)
-    if gradients:
-        verdicts += judge_gradients(problem, run)
-    return Outcome.from_verdicts(verdicts)
-
-
-def _on(device, run: Run) -> Run:
-    return Run(*(None if t is None else t.to(device) for t in (run.out, run.lse, run.dq, run.dk, run.dv)))
+def _verdicts(fn) -> CheckFn:
+    return lambda backend, problem, device, params: Outcome.from_verdicts(fn(backend, problem, device))
 
 
 def _metamorphic(backend, problem, device, params):
-    relation = params.get("relation")
-    if relation not in RELATIONS:
-        raise ValueError(f"unknown relation {relation!r}; known: {', '.join(RELATIONS)}")
-    ensure_supported(backend, problem)
-    verdicts = check_relation(
-        RELATIONS[relation],
-        lambda args: call_backend(backend, args),
-        lambda args: _on(device, oracle_call(args, problem.torch_dtype)),
-        make_inputs(problem, device),
-        problem.seed,
-    )
-    return Outcome.from_verdicts(verdicts)
-
-
-def _broadcast_native(backend, problem, device, params):
-    if backend.capabilities.broadcast_q != "native":
-        raise Unsupported(f"{backend.name} has no native broadcast-Q path")
-    ensure_supported(backend, problem)
-    args = make_inputs(problem, device)
-    grad_out = make_grad_out(problem, device) if backend.capabilities.backward else None
-    native = call_backend(backend, args, grad_out)
-    replicated = call_backend(backend, args.with_broadcast_q_expanded(), grad_out)
-    verdicts = [compare_runs(problem, "out", native.out, replicated.out)]
-    if native.lse is not None:
-        verdicts.append(compare_runs(problem, "lse", native.lse, replicated.lse))
-    if grad_out is not None:
-        summed_dq = replicated.dq.float().view(problem.batch, *native.dq.shape).sum(0)
-        verdicts.append(compare_runs(problem, "dq", native.dq, summed_dq))
-        verdicts += [compare_runs(problem, n, getattr(native, n), getattr(replicated, n)) for n in ("dk", "dv")]
-    return Outcome.from_verdicts(verdicts)
+    return Outcome.from_verdicts(checks.relation(backend, problem, device, params.get("relation")))
 
 
 def _determinism(backend, problem, device, params):
@@ -148,12 +85,12 @@ def _guarded_inputs(backend, problem, device, params):
 
 
 CHECKS: dict[str, CheckFn] = {
-    "test_forward": _forward,
-    "test_lse": _lse,
-    "test_gradients": _gradients,
-    "test_edge_case": _edge_case,
+    "test_forward": _verdicts(checks.forward),
+    "test_lse": _verdicts(checks.lse),
+    "test_gradients": _verdicts(checks.gradients),
+    "test_edge_case": _verdicts(checks.everything),
     "test_metamorphic": _metamorphic,
-    "test_broadcast_q_native_matches_replicated": _broadcast_native,
+    "test_broadcast_q_native_matches_replicated": _verdicts(checks.broadcast_native),
     "test_determinism": _determinism,
     "test_guarded_inputs": _guarded_inputs,
 }

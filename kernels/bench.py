@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import sys
 import time
 
 import numpy as np

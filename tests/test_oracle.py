@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from backends.reference_online import ReferenceOnline
 from conformance import oracle

@@ -23,11 +23,3 @@ def require(condition: bool, reason: str) -> None:
     """Skip a whole check the backend declares it does not support."""
     if not condition:
         pytest.skip(f"unsupported: {reason}")
-
-
-def require_lse(backend, run) -> None:
-    """LSE checks need an LSE: declared-absent is unsupported; promised-but-missing is a contract failure."""
-    if run.lse is None:
-        if getattr(backend, "infers_capabilities", False) or not backend.capabilities.lse:
-            raise Unsupported(f"{backend.name} returns no LSE")
-        raise AssertionError(f"{backend.name} declares LSE support but returned none")

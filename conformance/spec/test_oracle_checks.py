@@ -5,10 +5,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.harness import judge_forward, judge_gradients, run_backend
+from conformance import checks
 from conformance.strategies import problems
 
-from .support import require, require_lse, supported
+from .support import require, supported
 
 pytestmark = pytest.mark.spec
 
@@ -17,8 +17,8 @@ pytestmark = pytest.mark.spec
 def test_forward(backend, device, check, data):
     problem = data.draw(problems(backend.capabilities), label="problem")
     with supported(check):
-        run = run_backend(backend, problem, device)
-    check.verify(problem, judge_forward(problem, run)[:1])
+        verdicts = checks.forward(backend, problem, device)
+    check.verify(problem, verdicts)
 
 
 @given(data=st.data())
@@ -26,9 +26,8 @@ def test_lse(backend, device, check, data):
     require(backend.capabilities.lse, f"{backend.name} declares no LSE")
     problem = data.draw(problems(backend.capabilities), label="problem")
     with supported(check):
-        run = run_backend(backend, problem, device)
-        require_lse(backend, run)
-    check.verify(problem, judge_forward(problem, run)[1:])
+        verdicts = checks.lse(backend, problem, device)
+    check.verify(problem, verdicts)
 
 
 @given(data=st.data())
@@ -36,5 +35,5 @@ def test_gradients(backend, device, check, data):
     require(backend.capabilities.backward, f"{backend.name} declares no backward")
     problem = data.draw(problems(backend.capabilities), label="problem")
     with supported(check):
-        run = run_backend(backend, problem, device, gradients=True)
-    check.verify(problem, judge_gradients(problem, run))
+        verdicts = checks.gradients(backend, problem, device)
+    check.verify(problem, verdicts)

@@ -1,0 +1,89 @@
+"""Each spec check on one problem, as a function returning verdicts (raising ``Unsupported`` when the
+backend cannot run it). The spec tests draw problems and call these; ``replay`` calls the same ones."""
+from __future__ import annotations
+
+from .backend import Backend
+from .harness import (
+    Run,
+    Unsupported,
+    call_backend,
+    compare_runs,
+    ensure_supported,
+    judge_forward,
+    judge_gradients,
+    oracle_call,
+    run_backend,
+)
+from .problem import Problem, make_grad_out, make_inputs
+from .relations import RELATIONS, check_relation
+from .tolerance import Verdict
+
+
+def require_lse(backend: Backend, run: Run) -> None:
+    """LSE checks need an LSE: declared-absent is unsupported; promised-but-missing is a contract failure."""
+    if run.lse is None:
+        if getattr(backend, "infers_capabilities", False) or not backend.capabilities.lse:
+            raise Unsupported(f"{backend.name} returns no LSE")
+        raise AssertionError(f"{backend.name} declares LSE support but returned none")
+
+
+def forward(backend: Backend, problem: Problem, device) -> list[Verdict]:
+    return judge_forward(problem, run_backend(backend, problem, device))[:1]
+
+
+def lse(backend: Backend, problem: Problem, device) -> list[Verdict]:
+    if not backend.capabilities.lse:
+        raise Unsupported(f"{backend.name} declares no LSE")
+    run = run_backend(backend, problem, device)
+    require_lse(backend, run)
+    return judge_forward(problem, run)[1:]
+
+
+def gradients(backend: Backend, problem: Problem, device) -> list[Verdict]:
+    return judge_gradients(problem, run_backend(backend, problem, device, gradients=True))
+
+
+def everything(backend: Backend, problem: Problem, device) -> list[Verdict]:
+    """Forward, LSE (when returned) and gradients (when declared) of one run: the edge-case check."""
+    ensure_supported(backend, problem)
+    with_gradients = backend.capabilities.backward
+    run = run_backend(backend, problem, device, gradients=with_gradients)
+    verdicts = judge_forward(problem, run)
+    return verdicts + (judge_gradients(problem, run) if with_gradients else [])
+
+
+def _on(device, run: Run) -> Run:
+    return Run(*(None if t is None else t.to(device) for t in (run.out, run.lse, run.dq, run.dk, run.dv)))
+
+
+def relation(backend: Backend, problem: Problem, device, name: str) -> list[Verdict]:
+    """Metamorphic relation ``name`` on the backend, calibrated by the low-precision reference."""
+    if name not in RELATIONS:
+        raise ValueError(f"unknown relation {name!r}; known: {', '.join(RELATIONS)}")
+    ensure_supported(backend, problem)
+    return check_relation(
+        RELATIONS[name],
+        lambda args: call_backend(backend, args),
+        lambda args: _on(device, oracle_call(args, problem.torch_dtype)),
+        make_inputs(problem, device),
+        problem.seed,
+    )
+
+
+def broadcast_native(backend: Backend, problem: Problem, device) -> list[Verdict]:
+    """A native broadcast-Q path must equal the same call with q replicated per sequence, dQ summed."""
+    if backend.capabilities.broadcast_q != "native":
+        raise Unsupported(f"{backend.name} has no native broadcast-Q path")
+    ensure_supported(backend, problem)
+    args = make_inputs(problem, device)
+    grad_out = make_grad_out(problem, device) if backend.capabilities.backward else None
+    native = call_backend(backend, args, grad_out)
+    replicated = call_backend(backend, args.with_broadcast_q_expanded(), grad_out)
+    verdicts = [compare_runs(problem, "out", native.out, replicated.out)]
+    if native.lse is not None:
+        verdicts.append(compare_runs(problem, "lse", native.lse, replicated.lse))
+    if grad_out is not None:
+        summed_dq = replicated.dq.float().view(problem.batch, *native.dq.shape).sum(0)
+        verdicts.append(compare_runs(problem, "dq", native.dq, summed_dq))
+        verdicts += [compare_runs(problem, n, getattr(native, n), getattr(replicated, n)) for n in ("dk", "dv")]
+    return verdicts
