@@ -38,7 +38,7 @@ def main(records_path: str, out_dir: str) -> None:
     # tracebacks name files under the device's checkout; keep them repository-relative
     records = json.loads(CHECKOUT.sub("", json.dumps(records)))
     records = rp.complete_records(
-        collected, records, "never ran: the run was stopped by its wall-clock limit (device-time budget)")
+        collected, records, "never ran: the run was stopped by its wall-clock limit")
     backends = {}
     for name in sorted({c["backend"] for c in collected}, key=registry.known_names().index):
         info = registry.describe(name, "cuda")
