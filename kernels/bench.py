@@ -134,83 +134,21 @@ def impl_fa4(shape, q, k, v, cu_q, cu_k):
     return fwd
 
 
-def _doc_block_mask(lq, lk, causal, BLOCK=128, device="cuda"):
-    """BlockMask for packed documents built from per-q-block kv block lists
-    (no dense evaluation over all pairs)."""
-    from torch.nn.attention.flex_attention import BlockMask
-    cq = np.concatenate([[0], np.cumsum(lq)]).astype(np.int64)
-    ck = np.concatenate([[0], np.cumsum(lk)]).astype(np.int64)
-    TQ, TK = int(cq[-1]), int(ck[-1])
-    nqb, nkb = -(-TQ // BLOCK), -(-TK // BLOCK)
-    parts, fulls = [], []
-    doc_of_q = np.searchsorted(cq, np.arange(0, TQ, BLOCK), side="right") - 1
-    for qb in range(nqb):
-        qs, qe = qb * BLOCK, min(TQ, qb * BLOCK + BLOCK)
-        d0 = int(np.searchsorted(cq, qs, side="right") - 1)
-        d1 = int(np.searchsorted(cq, qe - 1, side="right") - 1)
-        part, full = set(), set()
-        for d in range(d0, d1 + 1):
-            if cq[d + 1] == cq[d] or ck[d + 1] == ck[d]:
-                continue
-            rs, re_ = max(qs, cq[d]), min(qe, cq[d + 1])  # q rows of doc d in this block
-            Lq_, Lk_ = cq[d + 1] - cq[d], ck[d + 1] - ck[d]
-            ks, ke = ck[d], ck[d + 1]
-            if causal:  # rows i see keys j <= i + Lk - Lq (local indices)
-                ke = min(ke, ck[d] + (re_ - 1 - cq[d]) + Lk_ - Lq_ + 1)
-                if ke <= ks:
-                    continue
-            q_whole = (rs == qs and re_ == qe)
-            for kb in range(ks // BLOCK, -(-ke // BLOCK)):
-                kbs, kbe = kb * BLOCK, min(TK, kb * BLOCK + BLOCK)
-                is_full = q_whole and kbs >= ck[d] and kbe <= ck[d + 1]
-                if causal and is_full:
-                    # every (row, key) pair visible: key kbe-1 <= first row + diag
-                    is_full = (kbe - 1 - ck[d]) <= (rs - cq[d]) + Lk_ - Lq_
-                (full if is_full else part).add(kb)
-        part -= full
-        parts.append(sorted(part))
-        fulls.append(sorted(full))
-
-    def pack(lists):
-        n = nkb  # BlockMask wants the kv-block dimension in full
-        idx = np.zeros((nqb, n), dtype=np.int32)
-        num = np.zeros(nqb, dtype=np.int32)
-        for i, x in enumerate(lists):
-            num[i] = len(x)
-            idx[i, :len(x)] = x
-        return (torch.tensor(num, device=device)[None, None],
-                torch.tensor(idx, device=device)[None, None])
-
-    doc_q = torch.tensor(np.repeat(np.arange(len(lq)), lq), device=device, dtype=torch.int32)
-    doc_k = torch.tensor(np.repeat(np.arange(len(lk)), lk), device=device, dtype=torch.int32)
-    cq_t = torch.tensor(cq, device=device, dtype=torch.int32)
-    ck_t = torch.tensor(ck, device=device, dtype=torch.int32)
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        dq_, dk_ = doc_q[q_idx], doc_k[kv_idx]
-        ok = dq_ == dk_
-        if causal:
-            lqd = cq_t[dq_ + 1] - cq_t[dq_]
-            lkd = ck_t[dq_ + 1] - ck_t[dq_]
-            ok = ok & ((kv_idx - ck_t[dq_]) <= (q_idx - cq_t[dq_]) + lkd - lqd)
-        return ok
-
-    kn, ki = pack(parts)
-    fn, fi = pack(fulls)
-    return BlockMask.from_kv_blocks(kn, ki, fn, fi, BLOCK_SIZE=BLOCK, mask_mod=mask_mod,
-                                    seq_lengths=(TQ, TK))
-
-
 _FLEX = None
 
 
 def impl_flex(shape, q, k, v, cu_q, cu_k):
     global _FLEX
     from torch.nn.attention.flex_attention import flex_attention
+
+    from backends.flex import document_block_mask
     if _FLEX is None:
         _FLEX = torch.compile(flex_attention, dynamic=False)
     lq = np.full(len(shape["lk"]), int(shape["lq"][0])) if shape["bq"] else shape["lq"]
-    bm = _doc_block_mask(lq, shape["lk"], shape["causal"], device=q.device)
+    # the flex adapter's builder: block lists from the offsets, never a dense (q, k) evaluation
+    cu_doc_q = torch.tensor(np.concatenate([[0], np.cumsum(lq)]), dtype=torch.int32, device=q.device)
+    cu_doc_k = torch.tensor(np.concatenate([[0], np.cumsum(shape["lk"])]), dtype=torch.int32, device=q.device)
+    bm = document_block_mask(cu_doc_q, cu_doc_k, "bottom_right" if shape["causal"] else "none")
     B = len(shape["lk"])
 
     def fwd():
