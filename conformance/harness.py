@@ -5,7 +5,9 @@ replays.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import re
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +26,34 @@ class Unsupported(Exception):
 
 class ContractError(AssertionError):
     """The backend returned something outside the adapter contract (shape, dtype, device, grad)."""
+
+
+# Errors after which a GPU context is unusable: reported as a crash, and the worker is replaced.
+DEVICE_ERROR = re.compile(
+    r"CUDA error|CUDA driver error|illegal memory access|device-side assert|CUBLAS_STATUS_|CUDNN_STATUS_"
+    r"|unspecified launch failure|misaligned address|HIP error|hipError",
+    re.IGNORECASE,
+)
+
+
+class DeviceFault(BaseException):
+    """A device error inside a backend call. Every later call on that device fails too, so this is a
+    BaseException: hypothesis stops at once instead of "shrinking" on a dead context (which would name
+    an innocent problem), and the problem being run when it was raised is the one that faulted."""
+
+
+@contextlib.contextmanager
+def _faults_attributed(backend: Backend, phase: str, device: torch.device):
+    """Wait for the device at the end of ``phase``, so an asynchronous fault surfaces here, in this
+    problem's call, and raise it as :class:`DeviceFault`."""
+    try:
+        yield
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as exc:
+        if DEVICE_ERROR.search(str(exc)):
+            raise DeviceFault(f"{backend.name} {phase}: {type(exc).__name__}: {exc}") from exc
+        raise
 
 
 @dataclass
@@ -72,7 +102,8 @@ def call_backend(backend: Backend, args: AttentionArgs, grad_out: torch.Tensor |
         call = call.with_broadcast_q_expanded()
     poison_free_memory(call.q.device)  # CUDA: rows a kernel never writes read back as NaN
     try:
-        output = _check_output(backend, call, backend.forward(call))
+        with _faults_attributed(backend, "forward", call.q.device):
+            output = _check_output(backend, call, backend.forward(call))
     except NotImplementedError as exc:
         raise Unsupported(str(exc) or f"{backend.name} raised NotImplementedError") from exc
     run = Run(output.out.detach(), None if output.lse is None else output.lse.detach())
@@ -84,7 +115,8 @@ def call_backend(backend: Backend, args: AttentionArgs, grad_out: torch.Tensor |
             run.dq, run.dk, run.dv = (torch.zeros_like(t) for t in leaves)
             return run
         poison_free_memory(call.q.device)
-        grads = torch.autograd.grad(output.out, leaves, grad_out, allow_unused=True)
+        with _faults_attributed(backend, "backward", call.q.device):
+            grads = torch.autograd.grad(output.out, leaves, grad_out, allow_unused=True)
         run.dq, run.dk, run.dv = (torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves))
     return run
 

@@ -31,18 +31,13 @@ from pathlib import Path
 import pytest
 
 from .checklog import CheckLog
+from .harness import DEVICE_ERROR
 from .problem import Problem
 
 RECORD_ATTR = "jfa_record"
 DEVICE_INDEX_ENV = "JFA_CONFORMANCE_DEVICE_INDEX"
 OUTCOMES = ("pass", "fail", "unsupported", "expected-fail", "crash", "timeout", "not-run")
 FAILING_OUTCOMES = ("fail", "crash", "timeout", "not-run")
-# Errors after which a GPU context is unusable: reported as a crash, and the worker is replaced.
-DEVICE_ERROR = re.compile(
-    r"CUDA error|CUDA driver error|illegal memory access|device-side assert|CUBLAS_STATUS_|CUDNN_STATUS_"
-    r"|unspecified launch failure|misaligned address|HIP error|hipError",
-    re.IGNORECASE,
-)
 TIMEOUT_MESSAGE = re.compile(r"Timeout \(>[\d.]+s\) from pytest-timeout")
 # hypothesis prints each labelled draw, possibly over several lines: "Draw 1 (problem): Problem(...)"
 DRAWN_PROBLEM = re.compile(r"Draw \d+ \(problem\): (Problem\((?:[^()]|\([^()]*\))*\))")

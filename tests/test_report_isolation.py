@@ -41,6 +41,16 @@ MISBEHAVING = textwrap.dedent('''
         def forward(self, args):
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
+    class KillsContext(Reference):
+        """Like a real device fault: the first problem with keys faults, and every later call fails too."""
+        name = "kills-context"
+        dead = False
+        def forward(self, args):
+            if KillsContext.dead or sum(args.seqlens_k) > 0:
+                KillsContext.dead = True
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return super().forward(args)
+
     class ReturnsNan(Reference):
         name = "returns-nan"
         def forward(self, args):
@@ -52,7 +62,7 @@ MISBEHAVING = textwrap.dedent('''
 def test_crashes_hangs_device_errors_and_nan_each_leave_a_complete_report(tmp_path, capsys):
     module = tmp_path / "misbehaving.py"
     module.write_text(MISBEHAVING)
-    backends = [f"{module}:{cls}" for cls in ("Segfaults", "ReadsNull", "Hangs", "CudaError", "ReturnsNan")]
+    backends = [f"{module}:{cls}" for cls in ("Segfaults", "ReadsNull", "Hangs", "CudaError", "KillsContext", "ReturnsNan")]
     argv = ["run", "--report-dir", str(tmp_path), "--name", "isolation", "-q", "-n", "2", "--max-examples", "2",
             "--timeout", "8", "-k", "test_forward or single_token and float32"]
     for backend in ["reference", *backends]:
@@ -65,8 +75,9 @@ def test_crashes_hangs_device_errors_and_nan_each_leave_a_complete_report(tmp_pa
     for r in report["records"]:
         outcomes.setdefault(r["backend"], set()).add(r["outcome"])
     assert outcomes == {"reference": {"pass"}, "segfaults": {"crash"}, "reads-null": {"crash"},
-                        "hangs": {"timeout"}, "cuda-error": {"crash"}, "returns-nan": {"fail"}}
-    assert len(report["records"]) == 6 * 2
+                        "hangs": {"timeout"}, "cuda-error": {"crash"}, "kills-context": {"crash"},
+                        "returns-nan": {"fail"}}
+    assert len(report["records"]) == 7 * 2
     by_backend = {(r["backend"], r["feature"]): r for r in report["records"]}
     # The problem that triggered a crash or hang is recorded, read from the dead worker's flight file.
     edge = by_backend["segfaults", "edge_case:single_token"]
@@ -75,6 +86,11 @@ def test_crashes_hangs_device_errors_and_nan_each_leave_a_complete_report(tmp_pa
     assert by_backend["hangs", "forward"]["problem"] is not None
     assert "8 s" in by_backend["hangs", "forward"]["reason"]
     assert "CUDA error" in by_backend["cuda-error", "forward"]["reason"]
+    # A device fault stops hypothesis at once: the problem named is the one that faulted, not a "shrunk"
+    # one drawn after the context died (which would fail on any input, the empty batch included).
+    fault = by_backend["kills-context", "forward"]
+    assert sum(fault["problem"]["seqlens_k"]) > 0, fault
+    assert fault["problem_source"] == "running" and "DeviceFault" in fault["message"]
     nan = by_backend["returns-nan", "forward"]
     assert nan["counterexample"].startswith("Problem(") and nan["budget_used"] == float("inf")
     # Each failure leaves a replay artifact and the one line that reruns exactly that check.
