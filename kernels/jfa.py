@@ -59,6 +59,19 @@ CONFIG_OVERRIDE: dict = {}
 # deterministic=True and broadcast-Q always use "separate".
 BWD_DQ_MODE = "separate"
 
+# Forward K/V loads (runtime switches, for benchmarks; defaults = shipped path):
+#   FWD_TMA: load K/V tiles through TMA tensor descriptors (Hopper or newer, and
+#     the interpreter).  Used only where the tensors meet TMA's rules (see
+#     _fwd_descs); otherwise the pointer path runs, so the switch never changes
+#     an answer, only the instructions.
+#   FWD_PTR_ADVANCE: pointer path only; advance the K/V address tiles by a
+#     scalar step instead of rebuilding them each iteration.
+# LAST_FWD_PATH names the path the latest forward launch took ("ptr",
+# "ptr-adv" or "tma") and, for "ptr" under FWD_TMA, why TMA was not used.
+FWD_TMA = False
+FWD_PTR_ADVANCE = False
+LAST_FWD_PATH = ""
+
 
 def _cfg(kind: str, head_dim: int, dtype: torch.dtype, on_cpu: bool):
     if kind in CONFIG_OVERRIDE:
@@ -254,6 +267,51 @@ def _dot_prec(dtype):
 # ---------------------------------------------------------------------------
 # forward / backward drivers
 # ---------------------------------------------------------------------------
+def _tma_refusal(t, block_rows):
+    """Why TMA cannot load tiles of t [rows, heads, dim] as [block_rows, dim]
+    blocks of its 2-D [rows, heads * dim] view ("" if it can)."""
+    if t.shape[0] == 0:
+        return "empty tensor"
+    if t.shape[0] >= 2 ** 31 or t.shape[1] * t.shape[2] >= 2 ** 31:
+        return "more than 2**31 rows or columns (TMA coordinates are int32)"
+    if block_rows > 256 or t.shape[2] > 256:
+        return "block larger than a TMA box (256 per dim)"
+    if t.shape[2] * t.element_size() < 16:
+        return "block rows shorter than 16 bytes"
+    try:
+        t2 = t.view(t.shape[0], t.shape[1] * t.shape[2])
+    except RuntimeError:
+        return "heads and head dim do not merge into one row (strided heads)"
+    if t2.stride(1) != 1:
+        return "last dim not contiguous"
+    if t2.data_ptr() % 16 != 0:
+        return "base not 16-byte aligned"
+    if (t2.stride(0) * t.element_size()) % 16 != 0:
+        return "row stride not a multiple of 16 bytes"
+    return ""
+
+
+def _fwd_descs(k, v, block_n):
+    """(k_desc, v_desc, "") for the TMA forward, or (None, None, reason)."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:
+        return None, None, "triton without host tensor descriptors"
+    if k.device.type == "cuda":
+        if torch.cuda.get_device_capability(k.device) < (9, 0):
+            return None, None, "TMA needs sm_90 or newer"
+    elif not tk.INTERPRET:
+        return None, None, f"no TMA on {k.device.type}"
+    for name, t in (("k", k), ("v", v)):
+        why = _tma_refusal(t, block_n)
+        if why:
+            return None, None, f"{name}: {why}"
+    d, dv = k.shape[2], v.shape[2]
+    kd = TensorDescriptor.from_tensor(k.view(k.shape[0], -1), [block_n, d])
+    vd = TensorDescriptor.from_tensor(v.view(v.shape[0], -1), [block_n, dv])
+    return kd, vd, ""
+
+
 def _forward(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, n_out_rows):
     hq, d = q.shape[1], q.shape[2]
     hkv, dv = k.shape[1], v.shape[2]
@@ -263,13 +321,22 @@ def _forward(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, n_out_rows)
     if n_tiles == 0 or hq == 0:
         return out, lse
     bm, bn, w, st = cfgs[0]
+    global LAST_FWD_PATH
+    k_arg, v_arg, use_tma, why = k, v, False, ""
+    if FWD_TMA:
+        kd, vd, why = _fwd_descs(k, v, bn)
+        if kd is not None:
+            k_arg, v_arg, use_tma = kd, vd, True
+    ptr_adv = FWD_PTR_ADVANCE and not use_tma
+    LAST_FWD_PATH = "tma" if use_tma else ("ptr-adv" if ptr_adv else "ptr") + (f" ({why})" if why else "")
     tk._fwd_kernel[(n_tiles * hq,)](
-        q, k, v, out, lse, cu_q, cu_k, seq_t, blk_t,
+        q, k_arg, v_arg, out, lse, cu_q, cu_k, seq_t, blk_t,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), lse.stride(0),
         scale * tk.LOG2E,
         H=hq, GROUP=hq // hkv, BROADCAST=broadcast, CAUSAL=causal,
         BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dv, DOT_PREC=_dot_prec(q.dtype),
+        USE_TMA=use_tma, PTR_ADV=ptr_adv,
         num_warps=w, num_stages=st)
     return out, lse
 

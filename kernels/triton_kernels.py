@@ -41,22 +41,37 @@ def _seq_info(CU_Q, CU_K, b, BROADCAST: tl.constexpr):
 # forward
 # ----------------------------------------------------------------------------
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
-               offs_m, lo, hi, lk, diag, qk_scale,
+def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kt, stride_vt,
+               offs_m, lo, hi, lk, diag, qk_scale, k_row, k_col, v_col,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
-               DOT_PREC: tl.constexpr):
+               DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr, PTR_ADV: tl.constexpr):
+    # k_src / v_src: tensor descriptors over the 2-D [rows, heads * dim] views
+    # (USE_TMA; the tile sits at row k_row + n, column k_col / v_col), else
+    # pointers to row 0 of this sequence and kv head.
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_D)
     offs_dv = tl.arange(0, HEAD_DV)
+    if PTR_ADV:
+        # address tile built once, then advanced by a scalar int64 step
+        k_ptrs = k_src + (lo + offs_n)[:, None].to(tl.int64) * stride_kt + offs_d[None, :]
+        v_ptrs = v_src + (lo + offs_n)[:, None].to(tl.int64) * stride_vt + offs_dv[None, :]
+        k_step = tl.full([], BLOCK_N, tl.int64) * stride_kt
+        v_step = tl.full([], BLOCK_N, tl.int64) * stride_vt
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        k_ptrs = k_base + cols[:, None].to(tl.int64) * stride_kt + offs_d[None, :]
-        v_ptrs = v_base + cols[:, None].to(tl.int64) * stride_vt + offs_dv[None, :]
-        if MASKED:
-            k = tl.load(k_ptrs, mask=cols[:, None] < lk, other=0.0)
+        if USE_TMA:
+            # rows past lk are the next sequence's (finite or not) or past the
+            # tensor end (zero fill): their scores are masked below
+            k = k_src.load([k_row + start_n, k_col])
         else:
-            k = tl.load(k_ptrs)
+            if not PTR_ADV:
+                k_ptrs = k_src + cols[:, None].to(tl.int64) * stride_kt + offs_d[None, :]
+                v_ptrs = v_src + cols[:, None].to(tl.int64) * stride_vt + offs_dv[None, :]
+            if MASKED:
+                k = tl.load(k_ptrs, mask=cols[:, None] < lk, other=0.0)
+            else:
+                k = tl.load(k_ptrs)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
         if MASKED:
             mask = cols[None, :] < lk
@@ -72,12 +87,21 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
         p = tl.math.exp2(qk - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        if MASKED:
+        if USE_TMA:
+            v = v_src.load([k_row + start_n, v_col])
+            if MASKED:
+                # p is 0 past lk, but 0 * inf is NaN: zero those V rows so a
+                # neighbour sequence's values can never reach this output
+                v = tl.where(cols[:, None] < lk, v, 0.0)
+        elif MASKED:
             v = tl.load(v_ptrs, mask=cols[:, None] < lk, other=0.0)
         else:
             v = tl.load(v_ptrs)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
         m_i = m_new
+        if PTR_ADV:
+            k_ptrs += k_step
+            v_ptrs += v_step
     return acc, l_i, m_i
 
 
@@ -90,7 +114,12 @@ def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK,
                 BROADCAST: tl.constexpr, CAUSAL: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
-                DOT_PREC: tl.constexpr):
+                DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr = False,
+                PTR_ADV: tl.constexpr = False):
+    # USE_TMA: K and V are host-built tensor descriptors (see jfa._fwd_descs);
+    # PTR_ADV (pointer path only): advance the K/V address tiles instead of
+    # recomputing them each iteration.  Q loads and O/LSE stores stay masked
+    # pointer ops: a full-tile TMA store would write into the next sequence.
     pid = tl.program_id(0)
     tile = pid // H
     h = pid % H
@@ -119,14 +148,22 @@ def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DV], tl.float32)
-    k_base = K + k_start * stride_kt + hk * stride_kh
-    v_base = V + k_start * stride_vt + hk * stride_vh
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
-                               offs_m, 0, full_hi, lk, diag, qk_scale,
-                               False, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
-                               offs_m, full_hi, hi, lk, diag, qk_scale,
-                               True, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC)
+    if USE_TMA:
+        k_src = K
+        v_src = V
+    else:
+        k_src = K + k_start * stride_kt + hk * stride_kh
+        v_src = V + k_start * stride_vt + hk * stride_vh
+    # TMA coordinates are int32 (the host checks total_k < 2**31)
+    k_row = k_start.to(tl.int32)
+    k_col = hk * HEAD_D
+    v_col = hk * HEAD_DV
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kt, stride_vt,
+                               offs_m, 0, full_hi, lk, diag, qk_scale, k_row, k_col, v_col,
+                               False, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC, USE_TMA, PTR_ADV)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kt, stride_vt,
+                               offs_m, full_hi, hi, lk, diag, qk_scale, k_row, k_col, v_col,
+                               True, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC, USE_TMA, PTR_ADV)
     has = l_i > 0.0
     l_safe = tl.where(has, l_i, 1.0)
     out = acc / l_safe[:, None]
