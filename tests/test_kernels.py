@@ -418,3 +418,157 @@ def test_strided_heads_view():
                                       cu.to(DEVICE), 29, 29, causal=True)
     ref, ref_l = reference(q.double(), k.double(), v.double(), cu, cu, True, 1 / math.sqrt(D), False)
     assert rel(out.cpu(), ref) < TOL[torch.float32]
+
+
+# ---------------------------------------------------------------------------
+# forward K/V load paths: TMA descriptors and advanced pointers (off by
+# default) must give the pointer path's answers
+# ---------------------------------------------------------------------------
+def _tma_probe():
+    """'' if this process can run the TMA forward (GPU sm_90+ or the
+    interpreter), else the reason."""
+    if not (_HAS_CUDA or INTERPRET):
+        return "needs CUDA or TRITON_INTERPRET=1"
+    from kernels import jfa
+    k = torch.zeros(8, 2, 16, device=DEVICE)
+    _, _, why = jfa._fwd_descs(k, k, 16)
+    return why
+
+
+_TMA_WHY = _tma_probe()
+needs_tma = pytest.mark.skipif(bool(_TMA_WHY), reason=f"TMA forward cannot run here: {_TMA_WHY}")
+FWD_PATHS = [pytest.param("tma", marks=needs_tma), "ptr-adv"]
+
+
+@pytest.fixture
+def fwd_path(request, monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_TMA", request.param == "tma")
+    monkeypatch.setattr(jfa, "FWD_PTR_ADVANCE", request.param == "ptr-adv")
+    return request.param
+
+
+def _ran(path):
+    from kernels import jfa
+    assert jfa.LAST_FWD_PATH == path, jfa.LAST_FWD_PATH
+
+
+@needs_kernels
+@pytest.mark.parametrize("fwd_path", FWD_PATHS, indirect=True)
+@pytest.mark.parametrize("dtype", FP)
+def test_fwd_path_jagged_causal_gqa(fwd_path, dtype):
+    # empty sequences, lengths off the block grid, Lq > Lk and Lq < Lk, GQA
+    run_case([40, 12, 0, 7, 33, 5], [9, 50, 6, 0, 33, 1], dtype=dtype, d=32, causal=True, hq=4, hkv=2)
+    _ran(fwd_path)
+    run_case([5, 0, 37, 3, 0, 20], [9, 4, 30, 0, 0, 41], dtype=dtype, d=32, hq=4, hkv=2)
+    _ran(fwd_path)
+
+
+@needs_kernels
+@pytest.mark.parametrize("fwd_path", FWD_PATHS, indirect=True)
+@pytest.mark.parametrize("dtype", FP)
+def test_fwd_path_broadcast_and_dv(fwd_path, dtype):
+    run_case([40], [50, 0, 13, 64, 1], broadcast=True, causal=True, dtype=dtype, hq=2, hkv=1)
+    _ran(fwd_path)
+    run_case([9, 21], [14, 30], d=16, dv=32, causal=True, dtype=dtype)
+    _ran(fwd_path)
+    run_case([5, 18], [19, 3], d=64, dv=16, hq=4, hkv=2, dtype=dtype)
+    _ran(fwd_path)
+
+
+@needs_kernels
+@pytest.mark.parametrize("fwd_path", FWD_PATHS, indirect=True)
+def test_fwd_path_gpu_block_shapes(fwd_path, monkeypatch):
+    # the H200 D=128 forward tile (BLOCK_M 128, BLOCK_N 32) on multi-block lengths
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "CONFIG_OVERRIDE", {"fwd": jfa._GPU_CFG[128]["fwd"]})
+    run_case([300, 0, 129, 64], [257, 5, 400, 0], hq=2, hkv=1, d=16, causal=True, dtype=torch.float16)
+    _ran(fwd_path)
+
+
+def _fwd_only(q, k, v, cu_q, cu_k, causal, broadcast=False):
+    lq = [int(x) for x in torch.diff(cu_q)]
+    lk = [int(x) for x in torch.diff(cu_k)]
+    out, lse = jagged_flash_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), cu_q.to(DEVICE),
+                                      cu_k.to(DEVICE), max(lq), max(lk), causal=causal,
+                                      broadcast_q=broadcast)
+    return out.cpu(), lse.cpu()
+
+
+@needs_kernels
+@pytest.mark.parametrize("fwd_path", FWD_PATHS + ["ptr"], indirect=True)
+@pytest.mark.parametrize("poison", ["huge", "inf", "nan"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fwd_rows_past_lk_never_leak(fwd_path, poison, causal):
+    """The key rows just past a sequence's end are the next sequence's: TMA
+    reads them (only the tensor end is zero-filled).  Whatever they hold, the
+    first sequence's output and LSE must be those of that sequence alone."""
+    dtype = torch.float16
+    la, lb = 21, 40  # 21: ragged against every block size used here
+    q, k, v, cu_q, cu_k = make_inputs([la, lb], [la, lb], 2, 2, 32, 32, dtype, seed=4)
+    bad = {"huge": 6.0e4, "inf": float("inf"), "nan": float("nan")}[poison]
+    k[la:] = bad
+    v[la:] = bad
+    out, lse = _fwd_only(q, k, v, cu_q, cu_k, causal)
+    cu_a = torch.tensor([0, la], dtype=torch.int32)
+    ref_o, ref_l = reference(q[:la].double(), k[:la].double(), v[:la].double(), cu_a, cu_a, causal,
+                             1 / math.sqrt(32), False)
+    assert torch.isfinite(out[:la]).all() and torch.isfinite(lse[:, :la]).all()
+    assert rel(out[:la], ref_o) < TOL[dtype]
+    assert (lse[:, :la].double() - ref_l).abs().max().item() < LSE_TOL[dtype]
+    if fwd_path != "ptr":
+        _ran(fwd_path)
+
+
+@needs_kernels
+@needs_tma
+@pytest.mark.parametrize("dtype", FP)
+def test_tma_fallback_on_unaligned_layouts(dtype, monkeypatch):
+    """Layouts TMA cannot describe fall back to the pointer path (and say why);
+    a strided-row view that TMA can describe uses TMA.  All match the reference."""
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_TMA", True)
+    lens = [13, 0, 29]
+    T, H, D = sum(lens), 2, 16
+    cu = torch.tensor([0] + list(np.cumsum(lens)), dtype=torch.int32)
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(T, H, D, generator=gen).to(dtype)
+    esz = q.element_size()
+    flat = torch.randn(T * H * D + 16, generator=gen).to(dtype)
+    wide = torch.randn(T, H, 2 * D, generator=gen).to(dtype)
+    odd = torch.randn(T, 1, D + 2, generator=gen).to(dtype)   # row stride (D + 2) * esz
+    qkv = torch.randn(T, 3, H, D, generator=gen).to(dtype)
+    cases = [
+        # (k, v, q heads, expected path)
+        (flat[1:1 + T * H * D].view(T, H, D), None, H, "ptr (k: base not 16-byte aligned)"),
+        (wide[..., :D], None, H, "ptr (k: heads and head dim do not merge into one row (strided heads))"),
+        (qkv[:, 1], qkv[:, 2], H, "tma"),
+    ]
+    if ((D + 2) * esz) % 16:
+        cases.append((odd[..., :D], None, 1, "ptr (k: row stride not a multiple of 16 bytes)"))
+    for k, v, hq, expect in cases:
+        v = k if v is None else v
+        qh = q[:, :hq]
+        out, lse = _fwd_only(qh, k, v, cu, cu, causal=True)
+        assert jfa.LAST_FWD_PATH == expect, (jfa.LAST_FWD_PATH, expect)
+        ref, _ = reference(qh.double(), k.double(), v.double(), cu, cu, True, 1 / math.sqrt(D), False)
+        assert rel(out, ref) < TOL[dtype], expect
+
+
+@needs_cuda
+@pytest.mark.skipif(bool(_TMA_WHY), reason=f"TMA forward cannot run here: {_TMA_WHY}")
+@pytest.mark.parametrize("cfg", [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2),
+                                 (64, 64, 4, 3), (128, 32, 4, 4)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_tma_multiblock(cfg, dtype, causal, monkeypatch):
+    # the tiles kernels/sweep.py times with TMA, on multi-block jagged lengths
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_TMA", True)
+    monkeypatch.setattr(jfa, "CONFIG_OVERRIDE", {"fwd": cfg})
+    run_case([300, 0, 513, 129, 64, 700], [257, 5, 513, 400, 0, 200], hq=4, hkv=2, d=128,
+             causal=causal, dtype=dtype)
+    _ran("tma")
+    run_case([256], [300, 0, 1, 513, 64, 200], hq=4, hkv=4, d=128, causal=causal, dtype=dtype,
+             broadcast=True)
+    _ran("tma")
