@@ -1,6 +1,13 @@
 """Config sweep for the Triton JFA kernels on the GPU (prints a table, writes json).
 
-    python -m kernels.sweep [--out DIR] [--shapes S1,S1c,S2]
+    python -m kernels.sweep [--out DIR] [--shapes S1,S1c,S2] [--kinds fwd,kv,q]
+                            [--fwd "BM,BN,W,S;..."] [--fwd-tma off|on|both] [--fwd-adv off|on|both]
+
+--fwd-tma / --fwd-adv time the forward with K/V loaded through TMA
+descriptors (jfa.FWD_TMA) / with advanced pointer tiles (jfa.FWD_PTR_ADVANCE);
+the "path" column is the path that actually ran (jfa.LAST_FWD_PATH: a layout
+TMA cannot describe falls back to "ptr").  With TMA on, the default forward
+list adds the larger tiles worth trying with TMA on Hopper.
 """
 import argparse
 import json
@@ -13,6 +20,8 @@ from kernels import jfa
 from kernels.bench import build, make_shapes, visible_pairs
 
 FWD = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 4), (64, 128, 4, 2)]
+# TMA frees the registers the address tiles held: larger tiles may now pay
+FWD_TMA = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 4, 4)]
 KV = [(64, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 8, 3), (32, 64, 4, 3)]
 KVF = [(64, 128, 8, 2), (64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 8, 3), (128, 64, 8, 2)]
 Q = [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3), (128, 128, 8, 2), (64, 128, 4, 2)]
@@ -24,7 +33,20 @@ def main():
     ap.add_argument("--shapes", default="S1,S1c,S2")
     ap.add_argument("--kinds", default="fwd,kv,q")
     ap.add_argument("--fwd", default="", help="fwd configs, e.g. 64,64,4,3;128,64,8,3")
+    ap.add_argument("--fwd-tma", default="off", choices=("off", "on", "both"),
+                    help="forward K/V loads through TMA descriptors")
+    ap.add_argument("--fwd-adv", default="off", choices=("off", "on", "both"),
+                    help="pointer-path forward with advanced address tiles")
     a = ap.parse_args()
+    onoff = {"off": (False,), "on": (True,), "both": (False, True)}
+    # (FWD_TMA, FWD_PTR_ADVANCE) pairs to time; the advance applies to the pointer path only
+    fwd_modes = list(dict.fromkeys((t, ad and not t) for t in onoff[a.fwd_tma] for ad in onoff[a.fwd_adv]))
+    if a.fwd:
+        fwd_default = [tuple(int(x) for x in c.split(",")) for c in a.fwd.split(";")]
+    elif a.fwd_tma != "off":
+        fwd_default = FWD + [c for c in FWD_TMA if c not in FWD]
+    else:
+        fwd_default = FWD
     os.makedirs(a.out, exist_ok=True)
     shapes = make_shapes()
     res = []
@@ -38,30 +60,37 @@ def main():
         def f():
             return jfa.jagged_flash_attention(q, k, v, cu_q, cu_k, mq, mk, causal=sh["causal"],
                                               broadcast_q=sh["bq"])[0]
-        fwd_list = [tuple(int(x) for x in c.split(",")) for c in a.fwd.split(";")] if a.fwd else FWD
-        for kind, lst in (("fwd", fwd_list), ("kv", KV), ("kvf", KVF), ("q", Q)):
+        for kind, lst in (("fwd", fwd_default), ("kv", KV), ("kvf", KVF), ("q", Q)):
             if kind not in a.kinds.split(","):
                 continue
+            modes = fwd_modes if kind == "fwd" else [(False, False)]
             for cfg in lst:
-                jfa.CONFIG_OVERRIDE.clear()
-                jfa.CONFIG_OVERRIDE[kind] = cfg
-                jfa.BWD_DQ_MODE = "atomic" if kind == "kvf" else "separate"
-                try:
-                    if kind == "fwd":
-                        with torch.no_grad():
-                            t = do_bench(f, warmup=20, rep=60, return_mode="median")
-                        tf = flops / t * 1e-9
-                    else:
-                        out = f()
-                        do = torch.randn_like(out)
-                        t = do_bench(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True),
-                                     warmup=20, rep=60, return_mode="median")
-                        tf = 2.5 * flops / t * 1e-9
-                    r = dict(shape=sn, kind=kind, cfg=cfg, ms=t, tflops=tf)
-                except Exception as e:
-                    r = dict(shape=sn, kind=kind, cfg=cfg, error=f"{type(e).__name__}: {str(e)[:200]}")
-                res.append(r)
-                print(json.dumps(r), flush=True)
+                for use_tma, adv in modes:
+                    jfa.CONFIG_OVERRIDE.clear()
+                    jfa.CONFIG_OVERRIDE[kind] = cfg
+                    jfa.BWD_DQ_MODE = "atomic" if kind == "kvf" else "separate"
+                    jfa.FWD_TMA, jfa.FWD_PTR_ADVANCE = use_tma, adv
+                    jfa.LAST_FWD_PATH = ""
+                    try:
+                        if kind == "fwd":
+                            with torch.no_grad():
+                                t = do_bench(f, warmup=20, rep=60, return_mode="median")
+                            tf = flops / t * 1e-9
+                        else:
+                            out = f()
+                            do = torch.randn_like(out)
+                            t = do_bench(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True),
+                                         warmup=20, rep=60, return_mode="median")
+                            tf = 2.5 * flops / t * 1e-9
+                        r = dict(shape=sn, kind=kind, cfg=cfg, ms=t, tflops=tf)
+                    except Exception as e:
+                        r = dict(shape=sn, kind=kind, cfg=cfg, error=f"{type(e).__name__}: {str(e)[:200]}")
+                    # requested path, and the one that ran (it differs on a TMA fallback)
+                    r["req"] = "tma" if use_tma else "ptr-adv" if adv else "ptr"
+                    r["path"] = jfa.LAST_FWD_PATH or r["req"] + "?"
+                    res.append(r)
+                    print(json.dumps(r), flush=True)
+        jfa.FWD_TMA, jfa.FWD_PTR_ADVANCE = False, False
         jfa.CONFIG_OVERRIDE.clear()
         jfa.BWD_DQ_MODE = "separate"
         del q, k, v
@@ -71,26 +100,30 @@ def main():
     # best config per kernel kind: lowest geometric-mean time over the swept shapes
     import math
     best = {}
-    for kind in {r["kind"] for r in res}:
+    # key: kernel kind, plus the requested forward path when it is not the default
+    def bkey(r):
+        return r["kind"] if r["kind"] != "fwd" or r["req"] == "ptr" else f"fwd[{r['req']}]"
+    for key in {bkey(r) for r in res}:
         cands = {}
         for r in res:
-            if r["kind"] == kind:
+            if bkey(r) == key:
                 cands.setdefault(tuple(r["cfg"]), []).append(r.get("ms", float("inf")))
         n = max(len(v) for v in cands.values())
         ok = {c: math.exp(sum(math.log(t) for t in v) / len(v)) for c, v in cands.items()
               if len(v) == n and all(math.isfinite(t) for t in v)}
         if ok:
-            best[kind] = list(min(ok, key=ok.get))
+            best[key] = list(min(ok, key=ok.get))
     with open(os.path.join(a.out, "best.json"), "w") as fh:
         json.dump(best, fh)
     print("best:", best)
-    print("| shape | kernel | BM,BN,warps,stages | ms | TFLOP/s |")
-    print("|---|---|---|---|---|")
+    print("| shape | kernel | path | BM,BN,warps,stages | ms | TFLOP/s |")
+    print("|---|---|---|---|---|---|")
     for r in res:
+        path = r["path"] if r["kind"] == "fwd" else "-"
         if "error" in r:
-            print(f"| {r['shape']} | {r['kind']} | {r['cfg']} | err | {r['error'][:60]} |")
+            print(f"| {r['shape']} | {r['kind']} | {path} | {r['cfg']} | err | {r['error'][:60]} |")
         else:
-            print(f"| {r['shape']} | {r['kind']} | {r['cfg']} | {r['ms']:.3f} | {r['tflops']:.0f} |")
+            print(f"| {r['shape']} | {r['kind']} | {path} | {r['cfg']} | {r['ms']:.3f} | {r['tflops']:.0f} |")
 
 
 if __name__ == "__main__":
