@@ -233,8 +233,13 @@ def main(argv=None):
     ap.add_argument("--shapes", default="S1,S1c,S2,S3,S4a,S4b")
     ap.add_argument("--tag", default="")
     ap.add_argument("--cfg", default="", help="json {kind: [BM,BN,warps,stages]} config override for triton")
+    ap.add_argument("--fwd-tma", action="store_true",
+                    help="triton forward loads K/V through TMA descriptors (jfa.FWD_TMA)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.fwd_tma:
+        from kernels import jfa
+        jfa.FWD_TMA = True
     if args.cfg and os.path.exists(args.cfg):
         from kernels import jfa
         with open(args.cfg) as fh:
