@@ -529,7 +529,7 @@ def cmd_run(ns) -> int:
             return USAGE_ERROR if rc == 4 else 1
         records = rp.complete_records(
             collected, records, f"never ran: {stop_reason}" if stop_reason else
-            "never ran: the run stopped before reaching it (see pytest.log)")
+            "never ran: the run stopped before reaching it (see pytest.log)", stopped=stop_reason is not None)
         timings, bench_status = [], "not run (use --bench)"
         bench = ns.bench if ns.bench is not None else device.startswith("cuda")
         if bench and stop_reason is None:

@@ -89,6 +89,16 @@ def _check_output(backend: Backend, args: AttentionArgs, output) -> Output:
     return output
 
 
+def checked_forward(backend: Backend, args: AttentionArgs) -> Output:
+    """``backend.forward(args)``: a refusal (NotImplementedError) becomes :class:`Unsupported`, a device
+    fault :class:`DeviceFault`, and the output must meet the adapter contract."""
+    try:
+        with _faults_attributed(backend, "forward", args.q.device):
+            return _check_output(backend, args, backend.forward(args))
+    except NotImplementedError as exc:
+        raise Unsupported(str(exc) or f"{backend.name} raised NotImplementedError") from exc
+
+
 def call_backend(backend: Backend, args: AttentionArgs, grad_out: torch.Tensor | None = None) -> Run:
     """Run ``backend`` on ``args`` (emulating broadcast-Q when the backend only supports it that way);
     with ``grad_out``, also backpropagate it through ``out`` and return dq, dk, dv."""
@@ -101,11 +111,7 @@ def call_backend(backend: Backend, args: AttentionArgs, grad_out: torch.Tensor |
     if call.broadcast_q and backend.capabilities.broadcast_q == "emulated":
         call = call.with_broadcast_q_expanded()
     poison_free_memory(call.q.device)  # CUDA: rows a kernel never writes read back as NaN
-    try:
-        with _faults_attributed(backend, "forward", call.q.device):
-            output = _check_output(backend, call, backend.forward(call))
-    except NotImplementedError as exc:
-        raise Unsupported(str(exc) or f"{backend.name} raised NotImplementedError") from exc
+    output = checked_forward(backend, call)
     run = Run(output.out.detach(), None if output.lse is None else output.lse.detach())
     if grad_out is not None:
         if not output.out.requires_grad:

@@ -235,3 +235,14 @@ def make_grad_out(problem: Problem, device: str | torch.device = "cpu") -> torch
     gen = torch.Generator().manual_seed(problem.seed + 7919)
     g = torch.randn(problem.out_rows, problem.heads_q, problem.value_dim, generator=gen)
     return g.to(problem.torch_dtype).to(device)
+
+def problem_of_args(args) -> Problem:
+    """The problem a backend call runs, as far as its arguments tell."""
+    return Problem(
+        seqlens_q=tuple(args.seqlens_q), seqlens_k=tuple(args.seqlens_k),
+        heads_q=args.q.shape[1], heads_kv=args.k.shape[1], head_dim=args.q.shape[2],
+        head_dim_v=args.v.shape[2] if args.v.shape[2] != args.q.shape[2] else None,
+        dtype=str(args.q.dtype).removeprefix("torch."), causal=args.causal, broadcast_q=args.broadcast_q,
+        # The seed is unknown (the inputs may have been transformed); 0 keeps the problem replayable.
+        scale=args.softmax_scale, seed=0, length_law="observed",
+    )

@@ -32,7 +32,7 @@ import pytest
 
 from .checklog import CheckLog
 from .harness import DEVICE_ERROR
-from .problem import Problem
+from .problem import Problem, problem_of_args
 
 RECORD_ATTR = "jfa_record"
 DEVICE_INDEX_ENV = "JFA_CONFORMANCE_DEVICE_INDEX"
@@ -69,16 +69,6 @@ def problem_from_repr(text: str) -> Problem | None:
         return None
 
 
-def problem_of_args(args) -> Problem:
-    """The problem a backend call runs, as far as its arguments tell."""
-    return Problem(
-        seqlens_q=tuple(args.seqlens_q), seqlens_k=tuple(args.seqlens_k),
-        heads_q=args.q.shape[1], heads_kv=args.k.shape[1], head_dim=args.q.shape[2],
-        head_dim_v=args.v.shape[2] if args.v.shape[2] != args.q.shape[2] else None,
-        dtype=str(args.q.dtype).removeprefix("torch."), causal=args.causal, broadcast_q=args.broadcast_q,
-        # The seed is unknown (the inputs may have been transformed); 0 keeps the problem replayable.
-        scale=args.softmax_scale, seed=0, length_law="observed",
-    )
 
 
 def split_params(param_id: str, backend_names) -> tuple[str, str]:

@@ -103,8 +103,12 @@ def read_record_stream(path: str | Path) -> tuple[list[dict], list[dict], bool]:
     return collected, records, finished
 
 
-def complete_records(collected: list[dict], records: list[dict], reason: str) -> list[dict]:
-    """Every collected check gets a record: the ones that never reported are ``not-run`` with ``reason``."""
+def complete_records(collected: list[dict], records: list[dict], reason: str, *, stopped: bool = False) -> list[dict]:
+    """Every collected check gets a record: the ones that never reported are ``not-run`` with ``reason``.
+    ``stopped``: the caller stopped the run and knows why, so ``reason`` also replaces the generic one the
+    plugin gives the checks it saw go unrun."""
+    if stopped:
+        records = [{**r, "reason": reason} if r["outcome"] == "not-run" else r for r in records]
     seen = {r["id"] for r in records}
     missing = [
         {"id": c["id"], "backend": c["backend"], "test": c.get("test"), "feature": c["feature"],
@@ -284,9 +288,15 @@ def regressions_of(comparison: dict) -> list[dict]:
 
 
 # -- merge ----------------------------------------------------------------------------------------------
+def _merge_rank(record: dict) -> tuple[int, int]:
+    return record["outcome"] == "not-run", SEVERITY.get(record["outcome"], 0)
+
+
 def merge(reports: list[dict], name: str = "merged") -> dict:
     """One report from shards (runs of parts of the matrix on other GPUs or machines). A check present in
-    several shards keeps its worst outcome; every shard's run metadata is kept under ``run.shards``."""
+    several shards keeps its worst outcome among the shards that ran it (``not-run`` says nothing about
+    the backend, so a shard that ran the check outranks it); every shard's run metadata is kept under
+    ``run.shards``."""
     if not reports:
         raise ReportError("merge needs at least one report")
     by_id: dict[str, dict] = {}
@@ -294,7 +304,7 @@ def merge(reports: list[dict], name: str = "merged") -> dict:
         for r in rep["records"]:
             r = {**r, "shard": shard_index}
             kept = by_id.get(r["id"])
-            if kept is None or SEVERITY.get(r["outcome"], 0) < SEVERITY.get(kept["outcome"], 0):
+            if kept is None or _merge_rank(r) < _merge_rank(kept):
                 by_id[r["id"]] = r
     backends: dict[str, dict] = {}
     for rep in reports:
@@ -311,7 +321,8 @@ def merge(reports: list[dict], name: str = "merged") -> dict:
         "started": min((rep["run"].get("started") or "") for rep in reports) or None,
         "finished": max((rep["run"].get("finished") or "") for rep in reports) or None,
         "duration_s": sum(rep["run"].get("duration_s") or 0 for rep in reports),
-        "complete": all(rep["run"].get("complete", True) for rep in reports),
+        # complete: every check ran in some shard (a shard cut short can be completed by a rerun)
+        "complete": all(r["outcome"] != "not-run" for r in by_id.values()),
         "environment": first.get("environment", {}),
         "shards": [{"name": rep["run"].get("name"), "environment": rep["run"].get("environment", {}),
                     "profile": rep["run"].get("profile"), "seed": rep["run"].get("seed"),

@@ -261,6 +261,8 @@ def test_a_run_stopped_by_its_time_limit_still_writes_a_complete_report(tmp_path
     assert code == 1
     assert report["run"]["complete"] is False and "--time-limit" in report["run"]["stopped"]
     assert {r["outcome"] for r in report["records"]} <= {"pass", "not-run", "unsupported"}
+    # every unrun check says the time limit stopped it, not a generic "interrupted or crashed"
+    assert all("--time-limit" in r["reason"] for r in report["records"] if r["outcome"] == "not-run")
     assert (tmp_path / "reports" / "stopped" / "index.html").exists()
 
 

@@ -92,6 +92,20 @@ def test_merge_keeps_every_shard_and_the_worst_outcome_of_a_repeated_check():
     assert rp.exit_code(merged) == 1
 
 
+def test_merge_completes_a_cut_short_shard_with_a_rerun():
+    cut_short = make_report([record("a", "forward", "pass"), record("a", "lse", "not-run"),
+                             record("a", "gradients", "not-run")], name="first")
+    rerun = make_report([record("a", "forward", "fail"), record("a", "lse", "pass"),
+                         record("a", "gradients", "not-run")], name="rerun")
+    merged = rp.merge([cut_short, rerun])
+    outcomes = {r["feature"]: r["outcome"] for r in merged["records"]}
+    # a check that ran outranks not-run; among shards that ran it, the worst outcome stays
+    assert outcomes == {"forward": "fail", "lse": "pass", "gradients": "not-run"}
+    assert not merged["run"]["complete"]
+    finished = make_report([record("a", "gradients", "pass")], name="last")
+    assert rp.merge([cut_short, rerun, finished])["run"]["complete"]
+
+
 def test_load_rejects_files_that_are_not_reports(tmp_path):
     (tmp_path / "x.json").write_text("{\"hello\": 1}")
     with pytest.raises(rp.ReportError, match="schema"):

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.harness import Run, _check_output, ensure_supported, judge_forward
+from conformance.harness import Run, checked_forward, ensure_supported, judge_forward
 from conformance.poison import bitwise_equal, guarded, poison_free_memory
 from conformance.problem import Problem, make_inputs
 from conformance.strategies import problems
@@ -43,7 +43,7 @@ def guarded_forward_verdicts(backend, problem: Problem, device) -> list[Verdict]
     buffers, views = zip(*(guarded(t) for t in (args.q, args.k, args.v)))
     before = [b.clone() for b in buffers]
     poison_free_memory(device)
-    output = _check_output(backend, args, backend.forward(args.replace(q=views[0], k=views[1], v=views[2])))
+    output = checked_forward(backend, args.replace(q=views[0], k=views[1], v=views[2]))
     changed = [name for name, b, original in zip("qkv", buffers, before) if not bitwise_equal(b, original)]
     if changed:
         raise StrayWrite(

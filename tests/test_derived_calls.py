@@ -1,0 +1,49 @@
+"""Checks that call a backend on inputs of their own making (a relation's split batch, guarded buffers)
+hold those calls to what the backend declares: a declared refusal is unsupported, never a failure."""
+from __future__ import annotations
+
+import pytest
+
+from backends.reference import Reference
+from conformance import checks
+from conformance.harness import Unsupported
+from conformance.problem import Problem
+from conformance.spec.test_unwritten_memory import guarded_forward_verdicts
+
+
+class NoEmptyBatch(Reference):
+    """Declares, like varlen_attn, that a batch of zero sequences is not supported, and fails on one."""
+    name = "no-empty-batch"
+
+    def not_supported_reasons(self, problem):
+        return super().not_supported_reasons(problem) + (["an empty batch is not supported"] if problem.batch == 0 else [])
+
+    def forward(self, args):
+        if len(args.seqlens_q) == 0:
+            raise RuntimeError("batch size must be positive")
+        return super().forward(args)
+
+
+class RefusesBroadcast(Reference):
+    """Refuses at call time (as SDPA's kernel dispatcher does), with NotImplementedError."""
+    name = "refuses-broadcast"
+
+    def forward(self, args):
+        if args.broadcast_q:
+            raise NotImplementedError("this kernel refused the call")
+        return super().forward(args)
+
+
+def test_a_relation_whose_derived_call_is_declared_unsupported_is_unsupported():
+    # one sequence: splitting it in two always leaves one half with no sequence at all
+    problem = Problem((5,), (7,), dtype="float16")
+    with pytest.raises(Unsupported, match="empty batch"):
+        checks.relation(NoEmptyBatch(), problem, "cpu", "batch_split")
+    assert all(v.ok for v in checks.relation(Reference(), problem, "cpu", "batch_split"))
+
+
+def test_a_call_time_refusal_in_the_guarded_check_is_unsupported():
+    problem = Problem((4,), (1,), dtype="float16", broadcast_q=True)
+    with pytest.raises(Unsupported, match="refused"):
+        guarded_forward_verdicts(RefusesBroadcast(), problem, "cpu")
+    assert all(v.ok for v in guarded_forward_verdicts(RefusesBroadcast(), Problem((4,), (1,), dtype="float16"), "cpu"))
