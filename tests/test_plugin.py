@@ -32,3 +32,13 @@ def test_unavailable_explicit_backend_is_skipped_with_its_reason():
            "-k", "test_forward", "--backend", "fa4", "--device", "cpu"]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert "fa4 unavailable" in result.stdout, result.stdout[-2000:]
+
+
+def test_the_oracle_checks_are_collected_first_so_a_cut_short_run_has_them():
+    cmd = [sys.executable, "-m", "pytest", "conformance/spec", "--backend", "reference", "--collect-only", "-q"]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    ids = [line for line in result.stdout.splitlines() if "::" in line]
+    modules = [i.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py") for i in ids]
+    first_seen = list(dict.fromkeys(modules))
+    assert first_seen[:3] == ["test_oracle_checks", "test_edge_cases", "test_metamorphic"], first_seen
+    assert modules == sorted(modules, key=first_seen.index), "each module's checks stay together"
