@@ -68,6 +68,12 @@ class FA4(Backend):
     def forward(self, args: AttentionArgs) -> Output:
         from flash_attn.cute import flash_attn_varlen_func
 
+        grouped = args.q.shape[1] != args.k.shape[1]
+        wants_grad = any(t.requires_grad for t in (args.q, args.k, args.v))
+        if wants_grad and grouped and args.q.shape[2] != args.v.shape[2] and _arch_major() == 9:
+            # FA4 states this in its sm_90 backward (`assert self.same_hdim_kv`); refuse before the forward.
+            raise NotImplementedError("FA4's sm_90 backward requires head_dim == head_dim_v under GQA")
+
         common = dict(
             cu_seqlens_k=args.cu_seqlens_k.to(torch.int32),
             max_seqlen_k=args.max_seqlen_k,

@@ -91,6 +91,30 @@ def test_fa4_head_dims_follow_the_architecture(monkeypatch):
     assert backend.not_supported_reasons(Problem((4,), (4,), head_dim=256, head_dim_v=64, dtype="bfloat16"))
 
 
+def test_fa4_refuses_gqa_gradients_with_unequal_head_dims_on_sm90(monkeypatch):
+    """FA4's sm_90 backward asserts head_dim == head_dim_v under GQA: the adapter says so up front, so the
+    check reports a declared limitation instead of an AssertionError from inside the vendor's backward."""
+    import types
+
+    from backends import fa4
+    from conformance.harness import Unsupported, call_backend
+    from conformance.problem import make_grad_out, make_inputs
+
+    calls = []
+    fake = types.ModuleType("flash_attn.cute")
+    fake.flash_attn_varlen_func = lambda *a, **kw: calls.append(kw) or (_ for _ in ()).throw(RuntimeError("ran"))
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", fake)
+    monkeypatch.setattr(fa4, "_arch_major", lambda: 9)
+    problem = Problem((5,), (6,), heads_q=4, heads_kv=2, head_dim=64, head_dim_v=32, dtype="float16")
+    args = make_inputs(problem, "cpu")
+    with pytest.raises(Unsupported, match="head_dim == head_dim_v under GQA"):
+        call_backend(fa4.FA4(), args, make_grad_out(problem, "cpu"))
+    assert not calls
+    with pytest.raises(RuntimeError, match="ran"):  # forward alone, or equal head dims, go to FA4
+        call_backend(fa4.FA4(), args)
+
+
 # -- SDPA kernel variants ------------------------------------------------------------------------------
 
 def test_sdpa_kernel_declarations():
