@@ -6,7 +6,7 @@ finished are in its ``.records.jsonl``; the ones it never reached are ``not-run`
 marked incomplete. The environment is what that run printed (see FINDINGS.md), not this machine's;
 file names in tracebacks are made relative to the repository.
 
-    PYTHONPATH=. python reports/examples/h200/assemble.py RECORDS.jsonl reports/examples/h200
+    PYTHONPATH=. python reports/examples/h200/first-run/assemble.py RECORDS.jsonl reports/examples/h200/first-run
 """
 from __future__ import annotations
 
