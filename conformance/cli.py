@@ -435,12 +435,37 @@ def print_summary(console, report: dict, regressions: list[dict], run_dir: Path 
         console.print(f"report: {run_dir / 'index.html'}  (also report.json, summary.md, junit.xml)", markup=False)
 
 
+def _unfinished_checks(ns) -> list[str]:
+    """Ids (``check_key``) of the checks ``--resume``'s report has no verdict for; fills in its backends and
+    profile where the command line gives none."""
+    from . import report as rp
+    from .plugin import check_key
+    try:
+        earlier = rp.load(ns.resume)
+    except rp.ReportError as exc:
+        raise UsageError(f"--resume: {exc}") from None
+    unfinished = [r for r in earlier["records"] if r["outcome"] == "not-run"]
+    if not ns.backend:
+        from backends import registry
+        known = set(registry.known_names())
+        names = sorted({r["backend"] for r in unfinished})
+        # a name the registry knows, else where the earlier run loaded the backend from (module:attr, file.py:attr)
+        ns.backend = [n if n in known else earlier.get("backends", {}).get(n, {}).get("source") or n for n in names]
+    ns.profile = ns.profile or earlier["run"].get("profile") or "ci"
+    return [check_key(r["id"]) for r in unfinished]
+
+
 def cmd_run(ns) -> int:
     from . import report as rp
     from .plugin import default_device
     from .problem import DTYPES
 
     console = _console()
+    unfinished = _unfinished_checks(ns) if ns.resume else None
+    if unfinished is not None and not unfinished:
+        console.print(f"{ns.resume}: every check has a verdict; nothing to resume")
+        return 0
+    ns.profile = ns.profile or "ci"
     device = ns.device or default_device()
     baseline = None
     if ns.baseline:
@@ -478,6 +503,10 @@ def cmd_run(ns) -> int:
     workers = len(_gpu_list(ns.gpus)) if ns.gpus else (ns.workers or _default_workers(device))
     env = _child_env(device, workers)
     command = _pytest_command(ns, run_dir, specs, device)
+    if unfinished:
+        only = run_dir / ".resume-ids"
+        only.write_text("\n".join(unfinished) + "\n")
+        command += ["--jfa-only", str(only)]
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.perf_counter()
     spec_of = {info.name: spec for spec, info in chosen}
@@ -495,6 +524,7 @@ def cmd_run(ns) -> int:
                     "dtypes": ns.dtype or None, "xfails_file": ns.xfails_file, "timeout_s": ns.timeout,
                     "time_limit_s": ns.time_limit, "workers": workers, "gpus": ns.gpus, "pytest_exit_code": rc,
                     "benchmarks": bench_status, "complete": complete, "stopped": stop_reason,
+                    "resumed_from": ns.resume,
                     "environment": env_info},
             "backends": {info.name: {"source": info.source, "available": info.available, "reason": info.reason,
                                      "capabilities": info.capabilities} for _, info in chosen},
@@ -638,7 +668,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", action="append", default=[], metavar="NAME",
                    help="backend to test (repeatable): a name from `list`, an entry point, module:attr or file.py:attr")
     p.add_argument("--device", help="device to run on (default: cuda if available, else cpu)")
-    p.add_argument("--profile", default="ci", help="hypothesis profile: ci (default), dev, thorough")
+    p.add_argument("--profile", help="hypothesis profile: ci (default), dev, thorough; with --resume, that run's")
     p.add_argument("--dtype", action="append", default=[], help="only these dtypes (repeatable)")
     p.add_argument("--max-examples", type=_positive_int, help="hypothesis examples per check (overrides the profile)")
     p.add_argument("--xfails-file", help="expected failures: node-id substrings, one per line ('# reason' allowed)")
@@ -660,6 +690,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after this many seconds and report what ran (the rest is not-run)")
     p.add_argument("--seed", type=int, help="hypothesis seed (profiles other than ci draw randomly otherwise)")
     p.add_argument("-k", help="only checks matching this pytest -k expression")
+    p.add_argument("--resume", metavar="REPORT",
+                   help="run only the checks an earlier report has no verdict for (not-run: cut off by a time limit "
+                   "or a stop), with its backends and profile unless given; then `merge` the two reports")
     p.add_argument("-q", "--quiet", action="store_true", help="no live progress view")
 
     for command, text in (("compare", "differences between two reports: new and fixed failures, budget and timing changes"),):

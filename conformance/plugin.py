@@ -36,6 +36,8 @@ def pytest_addoption(parser):
         help="file of node-id substrings, one per line ('# reason' allowed): matching checks are expected failures",
     )
     group.addoption("--max-examples", type=int, default=None, help="override the profile's hypothesis max_examples")
+    group.addoption("--jfa-only", default=None, metavar="PATH",
+                    help="run only the spec checks whose ids are listed in PATH, one per line (see check_key)")
 
 
 @pytest.hookimpl(trylast=True)  # after hypothesis's own plugin has loaded --hypothesis-profile
@@ -92,8 +94,22 @@ def _spec_rank(item) -> int:
     return SPEC_ORDER.index(module) if module in SPEC_ORDER else len(SPEC_ORDER)
 
 
+def check_key(nodeid: str) -> str:
+    """A spec check's id without the folder the spec was collected from (it depends on the install):
+    ``test_oracle_checks.py::test_forward[fa4]``."""
+    path, sep, rest = nodeid.partition("::")
+    return path.replace("\\", "/").rsplit("/", 1)[-1] + sep + rest
+
+
 def pytest_collection_modifyitems(config, items):
     items.sort(key=_spec_rank)  # stable: the order within a module is kept
+    only = config.getoption("jfa_only")
+    if only:
+        wanted = {line.strip() for line in Path(only).read_text().splitlines() if line.strip()}
+        deselected = [item for item in items if check_key(item.nodeid) not in wanted]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if check_key(item.nodeid) in wanted]
     path = config.getoption("xfails_file")
     if not path:
         return

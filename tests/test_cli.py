@@ -266,6 +266,29 @@ def test_a_run_stopped_by_its_time_limit_still_writes_a_complete_report(tmp_path
     assert (tmp_path / "reports" / "stopped" / "index.html").exists()
 
 
+def test_resume_runs_only_the_unrun_checks_and_merge_completes_the_report(tmp_path, capsys):
+    code, first = run(tmp_path, "--backend", "reference", "-k", "test_forward or test_lse or single_token and float32",
+                      "--name", "cut")
+    assert code == 0 and len(first["records"]) == 3
+    # as if a time limit had cut the run after its first check
+    for r in first["records"][1:]:
+        r.update(outcome="not-run", reason="never ran: the run reached its --time-limit", verdicts=[])
+    first["run"]["complete"] = False
+    (tmp_path / "reports" / "cut" / "report.json").write_text(json.dumps(first))
+    unrun = {r["id"] for r in first["records"][1:]}
+    code, second = run(tmp_path, "--resume", str(tmp_path / "reports" / "cut"), "--name", "rest")
+    assert {r["id"] for r in second["records"]} == unrun, "exactly the checks without a verdict, nothing else"
+    assert second["run"]["resumed_from"] and second["run"]["profile"] == first["run"]["profile"]
+    assert code == 0 and second["run"]["complete"]
+    assert cli.main(["merge", str(tmp_path / "reports" / "cut"), str(tmp_path / "reports" / "rest"),
+                     "-o", str(tmp_path / "merged")]) == 0
+    merged = json.loads((tmp_path / "merged" / "report.json").read_text())
+    assert merged["run"]["complete"] and len(merged["records"]) == len(first["records"])
+    # a report with a verdict for every check leaves nothing to resume
+    assert cli.main(["run", "--resume", str(tmp_path / "merged")]) == 0
+    assert "nothing to resume" in capsys.readouterr().out
+
+
 def test_sigterm_stops_the_run_and_leaves_a_report(tmp_path):
     import signal
     import time
