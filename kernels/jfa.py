@@ -68,8 +68,11 @@ BWD_DQ_MODE = "separate"
 #     scalar step instead of rebuilding them each iteration.
 # LAST_FWD_PATH names the path the latest forward launch took ("ptr",
 # "ptr-adv" or "tma") and, for "ptr" under FWD_TMA, why TMA was not used.
+#   FWD_WARP_SPECIALIZE: the forward's unmasked key loop asks Triton for
+#     automatic warp specialization (tl.range(warp_specialize=True)); GPU only.
 FWD_TMA = False
 FWD_PTR_ADVANCE = False
+FWD_WARP_SPECIALIZE = False
 LAST_FWD_PATH = ""
 
 
@@ -336,7 +339,7 @@ def _forward(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, n_out_rows)
         scale * tk.LOG2E,
         H=hq, GROUP=hq // hkv, BROADCAST=broadcast, CAUSAL=causal,
         BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dv, DOT_PREC=_dot_prec(q.dtype),
-        USE_TMA=use_tma, PTR_ADV=ptr_adv,
+        USE_TMA=use_tma, PTR_ADV=ptr_adv, WARP_SPEC=FWD_WARP_SPECIALIZE and not _INTERPRET,
         num_warps=w, num_stages=st)
     return out, lse
 

@@ -2,12 +2,17 @@
 
     python -m kernels.sweep [--out DIR] [--shapes S1,S1c,S2] [--kinds fwd,kv,q]
                             [--fwd "BM,BN,W,S;..."] [--fwd-tma off|on|both] [--fwd-adv off|on|both]
+                            [--fwd-ws off|on|both]
 
 --fwd-tma / --fwd-adv time the forward with K/V loaded through TMA
 descriptors (jfa.FWD_TMA) / with advanced pointer tiles (jfa.FWD_PTR_ADVANCE);
 the "path" column is the path that actually ran (jfa.LAST_FWD_PATH: a layout
 TMA cannot describe falls back to "ptr").  With TMA on, the default forward
-list adds the larger tiles worth trying with TMA on Hopper.
+list adds the larger tiles worth trying with TMA on Hopper.  --fwd-ws asks for
+Triton's automatic warp specialization of the forward's key loop
+(jfa.FWD_WARP_SPECIALIZE; "+ws" in the path column).  Every forward row also
+records "maxdiff", the largest difference from the shipped forward's output on
+the same inputs, so a variant that is fast but wrong shows.
 """
 import argparse
 import json
@@ -37,10 +42,13 @@ def main():
                     help="forward K/V loads through TMA descriptors")
     ap.add_argument("--fwd-adv", default="off", choices=("off", "on", "both"),
                     help="pointer-path forward with advanced address tiles")
+    ap.add_argument("--fwd-ws", default="off", choices=("off", "on", "both"),
+                    help="forward key loop with Triton's automatic warp specialization")
     a = ap.parse_args()
     onoff = {"off": (False,), "on": (True,), "both": (False, True)}
-    # (FWD_TMA, FWD_PTR_ADVANCE) pairs to time; the advance applies to the pointer path only
-    fwd_modes = list(dict.fromkeys((t, ad and not t) for t in onoff[a.fwd_tma] for ad in onoff[a.fwd_adv]))
+    # (FWD_TMA, FWD_PTR_ADVANCE, FWD_WARP_SPECIALIZE) to time; the advance applies to the pointer path only
+    fwd_modes = list(dict.fromkeys((t, ad and not t, ws) for t in onoff[a.fwd_tma] for ad in onoff[a.fwd_adv]
+                                   for ws in onoff[a.fwd_ws]))
     if a.fwd:
         fwd_default = [tuple(int(x) for x in c.split(",")) for c in a.fwd.split(";")]
     elif a.fwd_tma != "off":
@@ -60,22 +68,26 @@ def main():
         def f():
             return jfa.jagged_flash_attention(q, k, v, cu_q, cu_k, mq, mk, causal=sh["causal"],
                                               broadcast_q=sh["bq"])[0]
+        with torch.no_grad():
+            shipped_out = f().float()
         for kind, lst in (("fwd", fwd_default), ("kv", KV), ("kvf", KVF), ("q", Q)):
             if kind not in a.kinds.split(","):
                 continue
-            modes = fwd_modes if kind == "fwd" else [(False, False)]
+            modes = fwd_modes if kind == "fwd" else [(False, False, False)]
             for cfg in lst:
-                for use_tma, adv in modes:
+                for use_tma, adv, ws in modes:
                     jfa.CONFIG_OVERRIDE.clear()
                     jfa.CONFIG_OVERRIDE[kind] = cfg
                     jfa.BWD_DQ_MODE = "atomic" if kind == "kvf" else "separate"
-                    jfa.FWD_TMA, jfa.FWD_PTR_ADVANCE = use_tma, adv
+                    jfa.FWD_TMA, jfa.FWD_PTR_ADVANCE, jfa.FWD_WARP_SPECIALIZE = use_tma, adv, ws
                     jfa.LAST_FWD_PATH = ""
                     try:
                         if kind == "fwd":
                             with torch.no_grad():
                                 t = do_bench(f, warmup=20, rep=60, return_mode="median")
                             tf = flops / t * 1e-9
+                            with torch.no_grad():
+                                maxdiff = (f().float() - shipped_out).abs().max().item()
                         else:
                             out = f()
                             do = torch.randn_like(out)
@@ -83,14 +95,16 @@ def main():
                                          warmup=20, rep=60, return_mode="median")
                             tf = 2.5 * flops / t * 1e-9
                         r = dict(shape=sn, kind=kind, cfg=cfg, ms=t, tflops=tf)
+                        if kind == "fwd":
+                            r["maxdiff"] = maxdiff
                     except Exception as e:
                         r = dict(shape=sn, kind=kind, cfg=cfg, error=f"{type(e).__name__}: {str(e)[:200]}")
                     # requested path, and the one that ran (it differs on a TMA fallback)
-                    r["req"] = "tma" if use_tma else "ptr-adv" if adv else "ptr"
-                    r["path"] = jfa.LAST_FWD_PATH or r["req"] + "?"
+                    r["req"] = ("tma" if use_tma else "ptr-adv" if adv else "ptr") + ("+ws" if ws else "")
+                    r["path"] = (jfa.LAST_FWD_PATH or r["req"] + "?") + ("+ws" if ws and jfa.LAST_FWD_PATH else "")
                     res.append(r)
                     print(json.dumps(r), flush=True)
-        jfa.FWD_TMA, jfa.FWD_PTR_ADVANCE = False, False
+        jfa.FWD_TMA, jfa.FWD_PTR_ADVANCE, jfa.FWD_WARP_SPECIALIZE = False, False, False
         jfa.CONFIG_OVERRIDE.clear()
         jfa.BWD_DQ_MODE = "separate"
         del q, k, v
@@ -116,14 +130,15 @@ def main():
     with open(os.path.join(a.out, "best.json"), "w") as fh:
         json.dump(best, fh)
     print("best:", best)
-    print("| shape | kernel | path | BM,BN,warps,stages | ms | TFLOP/s |")
-    print("|---|---|---|---|---|---|")
+    print("| shape | kernel | path | BM,BN,warps,stages | ms | TFLOP/s | max diff vs shipped |")
+    print("|---|---|---|---|---|---|---|")
     for r in res:
         path = r["path"] if r["kind"] == "fwd" else "-"
+        diff = f"{r['maxdiff']:.2e}" if "maxdiff" in r else "-"
         if "error" in r:
-            print(f"| {r['shape']} | {r['kind']} | {path} | {r['cfg']} | err | {r['error'][:60]} |")
+            print(f"| {r['shape']} | {r['kind']} | {path} | {r['cfg']} | err | {r['error'][:60]} | - |")
         else:
-            print(f"| {r['shape']} | {r['kind']} | {path} | {r['cfg']} | {r['ms']:.3f} | {r['tflops']:.0f} |")
+            print(f"| {r['shape']} | {r['kind']} | {path} | {r['cfg']} | {r['ms']:.3f} | {r['tflops']:.0f} | {diff} |")
 
 
 if __name__ == "__main__":

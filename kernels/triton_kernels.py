@@ -45,7 +45,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kt, stride_vt,
                offs_m, lo, hi, lk, diag, qk_scale, k_row, k_col, v_col,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
-               DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr, PTR_ADV: tl.constexpr):
+               DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr, PTR_ADV: tl.constexpr,
+               WARP_SPEC: tl.constexpr = False):
     # k_src / v_src: tensor descriptors over the 2-D [rows, heads * dim] views
     # (USE_TMA; the tile sits at row k_row + n, column k_col / v_col), else
     # pointers to row 0 of this sequence and kv head.
@@ -58,7 +59,9 @@ def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kt, stride_vt,
         v_ptrs = v_src + (lo + offs_n)[:, None].to(tl.int64) * stride_vt + offs_dv[None, :]
         k_step = tl.full([], BLOCK_N, tl.int64) * stride_kt
         v_step = tl.full([], BLOCK_N, tl.int64) * stride_vt
-    for start_n in range(lo, hi, BLOCK_N):
+    # WARP_SPEC asks Triton to split the loop into load / MMA / softmax partitions (sm_90: its
+    # automatic Hopper warp specialization); everything else about the loop is the same.
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPEC):
         cols = start_n + offs_n
         if USE_TMA:
             # rows past lk are the next sequence's (finite or not) or past the
@@ -115,7 +118,7 @@ def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
                 DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr = False,
-                PTR_ADV: tl.constexpr = False):
+                PTR_ADV: tl.constexpr = False, WARP_SPEC: tl.constexpr = False):
     # USE_TMA: K and V are host-built tensor descriptors (see jfa._fwd_descs);
     # PTR_ADV (pointer path only): advance the K/V address tiles instead of
     # recomputing them each iteration.  Q loads and O/LSE stores stay masked
@@ -160,7 +163,7 @@ def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK,
     v_col = hk * HEAD_DV
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kt, stride_vt,
                                offs_m, 0, full_hi, lk, diag, qk_scale, k_row, k_col, v_col,
-                               False, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC, USE_TMA, PTR_ADV)
+                               False, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC, USE_TMA, PTR_ADV, WARP_SPEC)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kt, stride_vt,
                                offs_m, full_hi, hi, lk, diag, qk_scale, k_row, k_col, v_col,
                                True, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC, USE_TMA, PTR_ADV)
