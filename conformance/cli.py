@@ -466,6 +466,10 @@ def cmd_run(ns) -> int:
         console.print(f"{ns.resume}: every check has a verdict; nothing to resume")
         return 0
     ns.profile = ns.profile or "ci"
+    if ns.seed is None and ns.profile != "ci":
+        # a random run still gets a recorded seed, so `--seed` reproduces every draw of it
+        import random
+        ns.seed = random.SystemRandom().randrange(2**31)
     device = ns.device or default_device()
     baseline = None
     if ns.baseline:
@@ -688,7 +692,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"crashed workers replaced before the run stops (default {DEFAULT_MAX_WORKER_RESTART})")
     p.add_argument("--time-limit", type=float, metavar="SECONDS",
                    help="stop after this many seconds and report what ran (the rest is not-run)")
-    p.add_argument("--seed", type=int, help="hypothesis seed (profiles other than ci draw randomly otherwise)")
+    p.add_argument("--seed", type=int, help="hypothesis seed (ci is derandomized; other profiles draw one at random "
+                   "and record it in the report)")
     p.add_argument("-k", help="only checks matching this pytest -k expression")
     p.add_argument("--resume", metavar="REPORT",
                    help="run only the checks an earlier report has no verdict for (not-run: cut off by a time limit "

@@ -289,6 +289,16 @@ def test_resume_runs_only_the_unrun_checks_and_merge_completes_the_report(tmp_pa
     assert "nothing to resume" in capsys.readouterr().out
 
 
+def test_a_random_profile_run_records_the_seed_that_reproduces_it(tmp_path):
+    args = ("--backend", "reference", "--profile", "dev", "-k", "test_forward")
+    _, first = run(tmp_path, *args, "--name", "random")
+    seed = first["run"]["seed"]
+    assert isinstance(seed, int)
+    _, again = run(tmp_path, *args, "--seed", str(seed), "--name", "again")
+    problems = [[r["problem"] for r in rep["records"]] for rep in (first, again)]
+    assert problems[0] == problems[1] and again["run"]["seed"] == seed
+
+
 def test_sigterm_stops_the_run_and_leaves_a_report(tmp_path):
     import signal
     import time
