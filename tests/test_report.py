@@ -88,6 +88,7 @@ def test_merge_keeps_every_shard_and_the_worst_outcome_of_a_repeated_check():
     outcomes = {(r["backend"], r["feature"]): r["outcome"] for r in merged["records"]}
     assert outcomes == {("a", "forward"): "pass", ("a", "lse"): "timeout", ("b", "forward"): "pass"}
     assert [s["name"] for s in merged["run"]["shards"]] == ["gpu0", "gpu1"]
+    assert "Merged from `gpu0`" in render_markdown(merged) and "`gpu1`" in render_markdown(merged)
     assert set(merged["backends"]) == {"a", "b"} and len(merged["timings"]) == 1
     assert rp.exit_code(merged) == 1
 

@@ -36,6 +36,9 @@ def render_markdown(report: dict, regressions: list[dict] | None = None) -> str:
     run, summary = report["run"], rp.summarize_backends(report)
     code = rp.exit_code(report, regressions)
     lines = [f"# Conformance run `{run.get('name')}`: {'PASSED' if code == 0 else 'FAILED'}", "", run_line(run), ""]
+    if run.get("shards"):
+        lines += ["Merged from " + ", ".join(f"`{sh.get('name')}` ({sh.get('checks')} checks, profile "
+                                          f"{sh.get('profile')}, seed {sh.get('seed')})" for sh in run["shards"]) + ".", ""]
     if not run.get("complete", True):
         lines += ["**The run did not finish: checks that never ran are marked not run.**", ""]
     lines += ["| backend | verdict | pass | fail | crash | timeout | not run | xfail | unsupported | worst budget |",
