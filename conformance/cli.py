@@ -225,6 +225,9 @@ def _child_env(device: str, workers: int) -> dict:
     import torch
     if not torch.cuda.is_available():
         env.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run under the interpreter without a GPU
+    # FA4 compiles each configuration in every worker unless its on-disk cache is on; with it, the workers
+    # share what any of them compiled (the cache is keyed on FA4's own source).
+    env.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
     if device == "cpu":
         # One worker per core: more intra-op threads than cores only adds contention.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, workers))))
