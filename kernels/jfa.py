@@ -66,10 +66,10 @@ BWD_DQ_MODE = "separate"
 #     an answer, only the instructions.
 #   FWD_PTR_ADVANCE: pointer path only; advance the K/V address tiles by a
 #     scalar step instead of rebuilding them each iteration.
-# LAST_FWD_PATH names the path the latest forward launch took ("ptr",
-# "ptr-adv" or "tma") and, for "ptr" under FWD_TMA, why TMA was not used.
 #   FWD_WARP_SPECIALIZE: the forward's unmasked key loop asks Triton for
 #     automatic warp specialization (tl.range(warp_specialize=True)); GPU only.
+# LAST_FWD_PATH names the path the latest forward launch took ("ptr",
+# "ptr-adv" or "tma") and, for "ptr" under FWD_TMA, why TMA was not used.
 FWD_TMA = False
 FWD_PTR_ADVANCE = False
 FWD_WARP_SPECIALIZE = False
