@@ -182,6 +182,18 @@ def failures(report: dict) -> list[dict]:
                                       _feature_sort_key(r["feature"]), r.get("dtype") or ""))
 
 
+def unrun_checks(report: dict) -> tuple[dict[str, list[str]], list[str]]:
+    """The checks without a verdict (``not-run``) as labels per backend, and the distinct reasons given.
+    Reports list them apart from the failures: they say nothing about a backend."""
+    by_backend: dict[str, list[str]] = {}
+    reasons: dict[str, None] = {}
+    for r in failures(report):
+        if r["outcome"] == "not-run":
+            by_backend.setdefault(r["backend"], []).append(r["feature"] + (f" [{r['dtype']}]" if r.get("dtype") else ""))
+            reasons[r.get("reason") or "never ran"] = None
+    return by_backend, list(reasons)
+
+
 def problem_label(record: dict) -> str:
     """How to introduce a failure's problem: hypothesis's shrunk example, the call a dead process was
     running, or the (fixed) problem of the check."""

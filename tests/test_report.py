@@ -212,3 +212,18 @@ def test_matrix_cells_show_the_worst_outcome_and_partial_support():
     assert rp.cell_label([record("a", "edge", "fail")] * 3, labels) == "fail 3/3"
     assert rp.cell_label([record("a", "edge", "unsupported")] * 3, labels) == "unsupported"
     assert rp.cell_label([record("a", "edge", "pass")] * 3, labels) == "pass"
+
+
+def test_unrun_checks_are_listed_apart_from_the_failures():
+    report = make_report([record("a", "forward", "fail", reason="wrong"),
+                          record("a", "lse", "not-run", reason="never ran: the run reached its --time-limit"),
+                          {**record("b", "gradients", "not-run", reason="never ran: the run reached its --time-limit"),
+                           "dtype": None}],
+                         complete=False)
+    md = render_markdown(report)
+    failures_part, unrun_part = md.split("## Failures (1)")[1].split("## Not run (2)")
+    assert "forward" in failures_part and "lse" not in failures_part and "gradients" not in failures_part
+    assert "- **a**: lse [float32]" in unrun_part and "- **b**: gradients" in unrun_part
+    assert "--time-limit" in unrun_part
+    page = render_html(report)
+    assert "Failures (1)" in page and "Not run (2)" in page

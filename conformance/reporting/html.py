@@ -150,7 +150,7 @@ def render_html(report: dict, regressions: list[dict] | None = None) -> str:
         parts.append("</ul>")
     parts.append("<h2>Conformance matrix (feature × backend)</h2>")
     parts += _matrix(report)
-    bad = rp.failures(report)
+    bad = [r for r in rp.failures(report) if r["outcome"] != "not-run"]
     if bad:
         parts.append(f"<h2>Failures ({len(bad)})</h2>")
         for r in bad:
@@ -169,6 +169,12 @@ def render_html(report: dict, regressions: list[dict] | None = None) -> str:
             if r.get("message"):
                 parts.append(f"<pre>{esc(r['message'])}</pre>")
             parts.append(f"<p class='note'>check id: <code>{esc(r['id'])}</code></p></details>")
+    unrun, reasons = rp.unrun_checks(report)
+    if unrun:
+        parts.append(f"<h2>Not run ({sum(map(len, unrun.values()))})</h2>")
+        parts.append(f"<p class='note'>Reason: {esc('; '.join(reasons))}</p><ul>")
+        parts += [f"<li><b>{esc(b)}</b>: {esc(', '.join(labels))}</li>" for b, labels in unrun.items()]
+        parts.append("</ul>")
     parts.append("<h2>Error budget heatmap</h2>")
     parts += _heatmap(report)
     parts.append("<h2>Plots</h2>")

@@ -57,7 +57,7 @@ def render_markdown(report: dict, regressions: list[dict] | None = None) -> str:
     if regressions:
         lines += ["", "## Regressions against the baseline", ""]
         lines += [f"- **{r['kind']}**: {r['what']} — {r['detail']}" for r in regressions]
-    bad = rp.failures(report)
+    bad = [r for r in rp.failures(report) if r["outcome"] != "not-run"]
     if bad:
         lines += ["", f"## Failures ({len(bad)})", ""]
         for r in bad:
@@ -66,6 +66,10 @@ def render_markdown(report: dict, regressions: list[dict] | None = None) -> str:
                 lines.append(f"  - {rp.problem_label(r)}: `{r['counterexample']}`")
             if (r.get("replay") or {}).get("command"):
                 lines.append(f"  - replay: `{r['replay']['command']}`")
+    unrun, reasons = rp.unrun_checks(report)
+    if unrun:
+        lines += ["", f"## Not run ({sum(map(len, unrun.values()))})", "", "Reason: " + "; ".join(reasons), ""]
+        lines += [f"- **{backend}**: " + ", ".join(labels) for backend, labels in unrun.items()]
     if report.get("timings"):
         lines += ["", "## Timings (median)", "", "| backend | shape | direction | median ms | TFLOP/s | padding waste | skew |",
                   "|---|---|---|---:|---:|---:|---:|"]
