@@ -236,6 +236,7 @@ def make_grad_out(problem: Problem, device: str | torch.device = "cpu") -> torch
     g = torch.randn(problem.out_rows, problem.heads_q, problem.value_dim, generator=gen)
     return g.to(problem.torch_dtype).to(device)
 
+
 def problem_of_args(args) -> Problem:
     """The problem a backend call runs, as far as its arguments tell."""
     return Problem(

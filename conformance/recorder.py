@@ -69,8 +69,6 @@ def problem_from_repr(text: str) -> Problem | None:
         return None
 
 
-
-
 def split_params(param_id: str, backend_names) -> tuple[str, str]:
     """``'reference-online-tile_edges-float16'`` -> ``('reference-online', 'tile_edges-float16')``; the
     backend id comes first and may itself contain dashes, so the longest known name wins."""

@@ -174,10 +174,11 @@ def summarize_backends(report: dict) -> dict[str, dict]:
     return summary
 
 
-def failures(report: dict) -> list[dict]:
-    """Failing records, by backend (report order), feature (matrix order) and dtype."""
+def failures(report: dict, *, unrun: bool = True) -> list[dict]:
+    """Failing records, by backend (report order), feature (matrix order) and dtype; ``unrun=False``
+    leaves out the ``not-run`` ones (which reports list apart: see :func:`unrun_checks`)."""
     order = {name: i for i, name in enumerate(report.get("backends", {}))}
-    bad = [r for r in report["records"] if r["outcome"] in FAILING]
+    bad = [r for r in report["records"] if r["outcome"] in FAILING and (unrun or r["outcome"] != "not-run")]
     return sorted(bad, key=lambda r: (order.get(r["backend"], len(order)), r["backend"],
                                       _feature_sort_key(r["feature"]), r.get("dtype") or ""))
 

@@ -150,7 +150,7 @@ def render_html(report: dict, regressions: list[dict] | None = None) -> str:
         parts.append("</ul>")
     parts.append("<h2>Conformance matrix (feature × backend)</h2>")
     parts += _matrix(report)
-    bad = [r for r in rp.failures(report) if r["outcome"] != "not-run"]
+    bad = rp.failures(report, unrun=False)
     if bad:
         parts.append(f"<h2>Failures ({len(bad)})</h2>")
         for r in bad:

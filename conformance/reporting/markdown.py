@@ -57,7 +57,7 @@ def render_markdown(report: dict, regressions: list[dict] | None = None) -> str:
     if regressions:
         lines += ["", "## Regressions against the baseline", ""]
         lines += [f"- **{r['kind']}**: {r['what']} — {r['detail']}" for r in regressions]
-    bad = [r for r in rp.failures(report) if r["outcome"] != "not-run"]
+    bad = rp.failures(report, unrun=False)
     if bad:
         lines += ["", f"## Failures ({len(bad)})", ""]
         for r in bad:
