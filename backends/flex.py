@@ -118,13 +118,18 @@ def document_block_mask(cu_q: torch.Tensor, cu_k: torch.Tensor, causal: str, blo
     )
 
 
+def allow_recompiles(n: int) -> None:
+    """Let dynamo recompile flex at least ``n`` times. Past its limit (8 by default) it runs flex's unfused
+    eager path, which materializes the full score matrix (thousands of GiB over a big packed batch)."""
+    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), n))
+
+
 @functools.lru_cache(maxsize=1)
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
 
-    # Every drawn problem has new lengths: let dynamo go dynamic instead of stopping after 8 recompiles.
-    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
-    setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 256))
+    allow_recompiles(256)  # every drawn problem has new lengths: let dynamo go dynamic instead of stopping
     return torch.compile(flex_attention)
 
 

@@ -141,12 +141,9 @@ def impl_flex(shape, q, k, v, cu_q, cu_k):
     global _FLEX
     from torch.nn.attention.flex_attention import flex_attention
 
-    from backends.flex import document_block_mask
+    from backends.flex import allow_recompiles, document_block_mask
     if _FLEX is None:
-        # one static compile per shape: past dynamo's recompile limit (8) flex would run its unfused eager
-        # path, which materializes the full score matrix (asked for 2304 GiB on S4a in v4)
-        limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
-        setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 64))
+        allow_recompiles(64)  # one static compile per shape and pass (v4's flex ran eager on S4a, S4b)
         _FLEX = torch.compile(flex_attention, dynamic=False)
     lq = np.full(len(shape["lk"]), int(shape["lq"][0])) if shape["bq"] else shape["lq"]
     # the flex adapter's builder: block lists from the offsets, never a dense (q, k) evaluation
