@@ -276,8 +276,9 @@ def pytest_runtest_makereport(item, call):
         (call.when == "teardown" and report.failed)
     if relevant:
         setattr(report, RECORD_ATTR, build_record(item, report, call))
-        if report.failed and getattr(report, RECORD_ATTR)["outcome"] == "crash" and \
-                str(item.config.getoption("device") or _default_device()).startswith("cuda"):
+        # A device error leaves its process suspect on any device (state a backend keeps between calls
+        # included): the rest of the run gets a fresh process, so the next check is judged on its own.
+        if report.failed and getattr(report, RECORD_ATTR)["outcome"] == "crash":
             item.config._jfa_poisoned = True
     return report
 
@@ -289,8 +290,7 @@ def pytest_runtest_logreport(report):
     if config is None:
         return result
     if _is_worker(config):
-        # A device error leaves the CUDA context unusable: give the rest of the run a fresh process
-        # (xdist replaces this worker) once this check's last report has gone out.
+        # After a device error xdist replaces this worker, once this check's last report has gone out.
         if report.when == "teardown" and getattr(config, "_jfa_poisoned", False):
             time.sleep(0.5)
             os._exit(70)
