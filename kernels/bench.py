@@ -95,18 +95,27 @@ def impl_triton(shape, q, k, v, cu_q, cu_k):
     return fwd
 
 
-def impl_triton_atomic(shape, q, k, v, cu_q, cu_k):
-    from kernels import jfa
-    inner = impl_triton(shape, q, k, v, cu_q, cu_k)
+def _triton_with(**switches):
+    """impl_triton with module switches of kernels.jfa set (and restored) around each call."""
+    def make(shape, q, k, v, cu_q, cu_k):
+        from kernels import jfa
+        inner = impl_triton(shape, q, k, v, cu_q, cu_k)
 
-    def fwd():
-        old = jfa.BWD_DQ_MODE
-        jfa.BWD_DQ_MODE = "atomic"
-        try:
-            return inner()
-        finally:
-            jfa.BWD_DQ_MODE = old
-    return fwd
+        def fwd():
+            old = {name: getattr(jfa, name) for name in switches}
+            for name, value in switches.items():
+                setattr(jfa, name, value)
+            try:
+                return inner()
+            finally:
+                for name, value in old.items():
+                    setattr(jfa, name, value)
+        return fwd
+    return make
+
+
+impl_triton_atomic = _triton_with(BWD_DQ_MODE="atomic")
+impl_triton_persistent = _triton_with(FWD_GRID="persistent", BWD_KV_GRID="persistent")
 
 
 def impl_fa4(shape, q, k, v, cu_q, cu_k):
@@ -203,7 +212,8 @@ def impl_sdpa(shape, q, k, v, cu_q, cu_k):
     return fwd
 
 
-IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
+IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-persistent": impl_triton_persistent,
+         "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
 
 
 # ---------------------------------------------------------------------------

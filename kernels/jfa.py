@@ -75,6 +75,20 @@ FWD_PTR_ADVANCE = False
 FWD_WARP_SPECIALIZE = False
 LAST_FWD_PATH = ""
 
+# Grids (runtime switches, for benchmarks; defaults = shipped path):
+#   "sorted": one program per (tile, head), tiles heaviest first; the hardware
+#     block scheduler hands them out as SMs free up (dynamic balancing).
+#   "persistent": PERSISTENT_CTAS_PER_SM x SMs programs, each looping over a
+#     static list: the forward deals its (tile, q head) items in zigzag order
+#     (schedule.persistent_zigzag); the dK/dV pass deals its (tile, kv head)
+#     items block-innermost round-robin (schedule.block_innermost_round_robin).
+# The dQ pass always uses the sorted grid.  Either grid computes the same
+# tiles with the same code, so the switch never changes an answer.
+GRIDS = ("sorted", "persistent")
+FWD_GRID = "sorted"
+BWD_KV_GRID = "sorted"
+PERSISTENT_CTAS_PER_SM = 2
+
 
 def _cfg(kind: str, head_dim: int, dtype: torch.dtype, on_cpu: bool):
     if kind in CONFIG_OVERRIDE:
@@ -218,8 +232,18 @@ _SCHED_CACHE: "OrderedDict[tuple, dict]" = OrderedDict()
 _SCHED_CACHE_SIZE = 32
 
 
-def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq, device):
-    key = (cu_q_h.tobytes(), cu_k_h.tobytes(), broadcast, causal, cfgs, hq, str(device))
+def _grids():
+    for name, value in (("FWD_GRID", FWD_GRID), ("BWD_KV_GRID", BWD_KV_GRID)):
+        if value not in GRIDS:
+            raise ValueError(f"jfa.{name} must be one of {GRIDS}, got {value!r}")
+    if not (isinstance(PERSISTENT_CTAS_PER_SM, int) and PERSISTENT_CTAS_PER_SM >= 1):
+        raise ValueError(f"jfa.PERSISTENT_CTAS_PER_SM must be a positive int, got {PERSISTENT_CTAS_PER_SM!r}")
+    return FWD_GRID, BWD_KV_GRID, PERSISTENT_CTAS_PER_SM
+
+
+def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq, hkv, device):
+    grids = _grids()
+    key = (cu_q_h.tobytes(), cu_k_h.tobytes(), broadcast, causal, cfgs, hq, hkv, grids, str(device))
     hit = _SCHED_CACHE.get(key)
     if hit is not None:
         _SCHED_CACHE.move_to_end(key)
@@ -231,13 +255,29 @@ def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq,
     def dev(a):
         return torch.as_tensor(np.ascontiguousarray(a, dtype=np.int32)).to(device, non_blocking=True)
 
+    fwd_grid, kv_grid, ctas_per_sm = grids
+    n_slots = ctas_per_sm * _num_sms(device)
     s = {}
     seq, blk, work = sched.forward_tiles(lens_q, lens_k, bm_f, causal)
     seq, blk, work = sched.sort_by_work(seq, blk, work=work)
     s["fwd"] = (dev(seq), dev(blk), int(seq.shape[0]))
+    s["fwd_persistent"] = None
+    if fwd_grid == "persistent" and seq.shape[0] * hq > 0:
+        # item i = (tile i // hq, head i % hq); every head of a tile costs the same
+        n_programs = min(seq.shape[0] * hq, n_slots)
+        ptr, items, _ = sched.persistent_zigzag(np.repeat(work, hq), n_programs)
+        s["fwd_persistent"] = (dev(ptr), dev(items), n_programs)
     seq, blk, work = sched.kv_tiles(lens_q, lens_k, bn_kv, causal)
     seq, blk, work = sched.sort_by_work(seq, blk, work=work)
     s["kv"] = (dev(seq), dev(blk), int(seq.shape[0]))
+    s["kv_persistent"] = None
+    if kv_grid == "persistent" and seq.shape[0] * hkv > 0:
+        # item = tile * hkv + kv head; ordered by (sequence, kv head, block), block innermost
+        tile = np.repeat(np.arange(seq.shape[0]), hkv)
+        head = np.tile(np.arange(hkv), seq.shape[0])
+        n_programs = min(tile.shape[0], n_slots)
+        order, _, _ = sched.block_innermost_round_robin(seq[tile] * hkv + head, blk[tile], work[tile], n_programs)
+        s["kv_persistent"] = (dev((tile * hkv + head)[order]), int(tile.shape[0]), n_programs)
     s["kv_needs_zero"] = bool(np.any((lens_q == 0) & (lens_k > 0)))
     if not broadcast:
         seq, blk, work = sched.forward_tiles(lens_q, lens_k, bm_q, causal)
@@ -332,15 +372,21 @@ def _forward(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, n_out_rows)
             k_arg, v_arg, use_tma = kd, vd, True
     ptr_adv = FWD_PTR_ADVANCE and not use_tma
     LAST_FWD_PATH = "tma" if use_tma else ("ptr-adv" if ptr_adv else "ptr") + (f" ({why})" if why else "")
-    tk._fwd_kernel[(n_tiles * hq,)](
-        q, k_arg, v_arg, out, lse, cu_q, cu_k, seq_t, blk_t,
+    persistent = s["fwd_persistent"]
+    if persistent is not None:
+        prog_ptr, items, n_programs = persistent
+        grid = (n_programs,)
+    else:
+        prog_ptr, items, grid = seq_t, seq_t, (n_tiles * hq,)  # unused pointers
+    tk._fwd_kernel[grid](
+        q, k_arg, v_arg, out, lse, cu_q, cu_k, seq_t, blk_t, prog_ptr, items,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), lse.stride(0),
         scale * tk.LOG2E,
         H=hq, GROUP=hq // hkv, BROADCAST=broadcast, CAUSAL=causal,
         BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dv, DOT_PREC=_dot_prec(q.dtype),
         USE_TMA=use_tma, PTR_ADV=ptr_adv, WARP_SPEC=FWD_WARP_SPECIALIZE and not _INTERPRET,
-        num_warps=w, num_stages=st)
+        PERSISTENT=persistent is not None, num_warps=w, num_stages=st)
     return out, lse
 
 
@@ -369,15 +415,21 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
         dq_acc = dk  # unused pointer
     if n_kv > 0 and hkv > 0:
         bm, bn, w, st = cfgs[1]
-        tk._bwd_kv_kernel[(n_kv * hkv,)](
-            q, k, v, do, lse, delta, dk, dv, dq_acc, cu_q, cu_k, seq_t, blk_t,
+        persistent = s["kv_persistent"]
+        if persistent is not None:
+            items, n_items, n_programs = persistent
+            grid = (n_programs,)
+        else:
+            items, n_items, n_programs, grid = seq_t, 0, 1, (n_kv * hkv,)  # unused
+        tk._bwd_kv_kernel[grid](
+            q, k, v, do, lse, delta, dk, dv, dq_acc, cu_q, cu_k, seq_t, blk_t, items, n_items, n_programs,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
             dq_acc.stride(0), dq_acc.stride(1),
             lse.stride(0), scale, scale * tk.LOG2E,
             HKV=hkv, GROUP=hq // hkv, BROADCAST=broadcast, CAUSAL=causal, FUSE_DQ=fuse,
             BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dvd, DOT_PREC=prec,
-            num_warps=w, num_stages=st)
+            PERSISTENT=persistent is not None, num_warps=w, num_stages=st)
     if fuse:
         return dq_acc.to(q.dtype), dk, dv
     # dQ
@@ -460,7 +512,7 @@ def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if cu_seqlens_k.device != q.device:
         cu_seqlens_k = cu_seqlens_k.to(q.device)
     s = _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, bool(broadcast_q), bool(causal), cfgs,
-                        q.shape[1], q.device)
+                        q.shape[1], k.shape[1], q.device)
     n_out_rows = int(lens_q.sum())
     return _JaggedFlashAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, s, cfgs, bool(causal),
                                        scale, bool(broadcast_q), n_out_rows)

@@ -109,25 +109,20 @@ def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kt, stride_vt,
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK,
-                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                stride_ot, stride_oh, stride_lh,
-                qk_scale,
-                H, GROUP,
-                BROADCAST: tl.constexpr, CAUSAL: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
-                DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr = False,
-                PTR_ADV: tl.constexpr = False, WARP_SPEC: tl.constexpr = False):
+def _fwd_tile(Q, K, V, O, LSE, CU_Q, CU_K, b, mblk, h,
+              stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+              stride_ot, stride_oh, stride_lh,
+              qk_scale, GROUP,
+              BROADCAST: tl.constexpr, CAUSAL: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
+              DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
+              PTR_ADV: tl.constexpr, WARP_SPEC: tl.constexpr):
+    # One output tile: q block ``mblk`` of sequence ``b``, q head ``h``.
     # USE_TMA: K and V are host-built tensor descriptors (see jfa._fwd_descs);
     # PTR_ADV (pointer path only): advance the K/V address tiles instead of
     # recomputing them each iteration.  Q loads and O/LSE stores stay masked
     # pointer ops: a full-tile TMA store would write into the next sequence.
-    pid = tl.program_id(0)
-    tile = pid // H
-    h = pid % H
-    b = tl.load(TILE_SEQ + tile)
-    mblk = tl.load(TILE_BLK + tile).to(tl.int32)
     q_start, o_start, lq, k_start, lk = _seq_info(CU_Q, CU_K, b, BROADCAST)
     hk = h // GROUP
     m0 = mblk * BLOCK_M
@@ -174,6 +169,47 @@ def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK,
     o_ptrs = O + (o_start + offs_m[:, None].to(tl.int64)) * stride_ot + h * stride_oh + offs_dv[None, :]
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
     tl.store(LSE + h * stride_lh + o_start + offs_m, lse, mask=row_ok)
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, PROG_PTR, ITEMS,
+                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                stride_ot, stride_oh, stride_lh,
+                qk_scale,
+                H, GROUP,
+                BROADCAST: tl.constexpr, CAUSAL: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
+                DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr = False,
+                PTR_ADV: tl.constexpr = False, WARP_SPEC: tl.constexpr = False,
+                PERSISTENT: tl.constexpr = False):
+    # Sorted grid (default): one program per (tile, q head), heaviest tiles first; the hardware
+    # block scheduler balances them dynamically.
+    # PERSISTENT: program p runs the items ITEMS[PROG_PTR[p]:PROG_PTR[p+1]] (item = tile * H + q head),
+    # the host's static zigzag deal of the sorted items.
+    pid = tl.program_id(0)
+    if PERSISTENT:
+        lo = tl.load(PROG_PTR + pid)
+        hi = tl.load(PROG_PTR + pid + 1)
+        for i in range(lo, hi):
+            item = tl.load(ITEMS + i)
+            tile = item // H
+            h = item % H
+            b = tl.load(TILE_SEQ + tile)
+            mblk = tl.load(TILE_BLK + tile).to(tl.int32)
+            _fwd_tile(Q, K, V, O, LSE, CU_Q, CU_K, b, mblk, h,
+                      stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                      stride_ot, stride_oh, stride_lh, qk_scale, GROUP,
+                      BROADCAST, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC, USE_TMA, PTR_ADV, False)
+    else:
+        tile = pid // H
+        h = pid % H
+        b = tl.load(TILE_SEQ + tile)
+        mblk = tl.load(TILE_BLK + tile).to(tl.int32)
+        _fwd_tile(Q, K, V, O, LSE, CU_Q, CU_K, b, mblk, h,
+                  stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                  stride_ot, stride_oh, stride_lh, qk_scale, GROUP,
+                  BROADCAST, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC, USE_TMA, PTR_ADV, WARP_SPEC)
 
 
 # ----------------------------------------------------------------------------
@@ -232,21 +268,16 @@ def _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
 
 
 @triton.jit
-def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, TILE_SEQ, TILE_BLK,
-                   stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                   stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-                   stride_dqt, stride_dqh, stride_lh,
-                   sm_scale, qk_scale,
-                   HKV, GROUP,
-                   BROADCAST: tl.constexpr, CAUSAL: tl.constexpr, FUSE_DQ: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
-                   DOT_PREC: tl.constexpr):
-    pid = tl.program_id(0)
-    tile = pid // HKV
-    hk = pid % HKV
-    b = tl.load(TILE_SEQ + tile)
-    nblk = tl.load(TILE_BLK + tile).to(tl.int32)
+def _bwd_kv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, b, nblk, hk,
+                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                 stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+                 stride_dqt, stride_dqh, stride_lh,
+                 sm_scale, qk_scale, GROUP,
+                 BROADCAST: tl.constexpr, CAUSAL: tl.constexpr, FUSE_DQ: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
+                 DOT_PREC: tl.constexpr):
+    # dK, dV of key block ``nblk`` of sequence ``b``, kv head ``hk`` (summed over its query heads).
     q_start, o_start, lq, k_start, lk = _seq_info(CU_Q, CU_K, b, BROADCAST)
     n0 = nblk * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -291,6 +322,46 @@ def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, TILE_SEQ, TI
              dk.to(DK.dtype.element_ty), mask=nok[:, None])
     tl.store(DV + (k_start + n64[:, None]) * stride_dvt + hk * stride_dvh + offs_dv[None, :],
              dv.to(DV.dtype.element_ty), mask=nok[:, None])
+
+
+@triton.jit
+def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS,
+                   N_ITEMS, N_PROGRAMS,
+                   stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                   stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+                   stride_dqt, stride_dqh, stride_lh,
+                   sm_scale, qk_scale,
+                   HKV, GROUP,
+                   BROADCAST: tl.constexpr, CAUSAL: tl.constexpr, FUSE_DQ: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
+                   DOT_PREC: tl.constexpr, PERSISTENT: tl.constexpr = False):
+    # Sorted grid (default): one program per (tile, kv head), heaviest tiles first.
+    # PERSISTENT: N_PROGRAMS programs deal the items ITEMS[i] (= tile * HKV + kv head, in
+    # block-innermost order) round-robin: program p runs items p, p + N_PROGRAMS, ...
+    pid = tl.program_id(0)
+    if PERSISTENT:
+        for i in range(pid, N_ITEMS, N_PROGRAMS):
+            item = tl.load(ITEMS + i)
+            tile = item // HKV
+            hk = item % HKV
+            b = tl.load(TILE_SEQ + tile)
+            nblk = tl.load(TILE_BLK + tile).to(tl.int32)
+            _bwd_kv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, b, nblk, hk,
+                         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                         stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+                         stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, GROUP,
+                         BROADCAST, CAUSAL, FUSE_DQ, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC)
+    else:
+        tile = pid // HKV
+        hk = pid % HKV
+        b = tl.load(TILE_SEQ + tile)
+        nblk = tl.load(TILE_BLK + tile).to(tl.int32)
+        _bwd_kv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, b, nblk, hk,
+                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                     stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+                     stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, GROUP,
+                     BROADCAST, CAUSAL, FUSE_DQ, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC)
 
 
 # ----------------------------------------------------------------------------

@@ -589,3 +589,95 @@ def test_gpu_warp_specialized_forward(dtype, causal, monkeypatch):
         if "assert" in type(exc).__name__.lower():
             raise
         pytest.skip(f"this Triton does not warp-specialize the forward here: {type(exc).__name__}: {str(exc)[:200]}")
+
+
+# ---------------------------------------------------------------------------
+# persistent grids (off by default): the same tiles through static per-program
+# lists must give bitwise the sorted grid's answers, with every tile run once
+# ---------------------------------------------------------------------------
+GRID_CASES = [
+    # (lens_q, lens_k, hq, hkv, causal, broadcast): empty sequences, Lq != Lk, GQA, more items
+    # than the persistent programs (so programs loop), and a sequence with queries but no keys
+    ([40, 0, 33, 7, 64, 19], [9, 50, 33, 0, 64, 80], 4, 2, True, False),
+    ([40, 0, 33, 7, 64, 19], [9, 50, 33, 0, 64, 80], 2, 1, False, False),
+    ([21], [30, 0, 1, 45, 16], 2, 2, True, True),
+]
+
+
+def _fwd_bwd(case, seed=3):
+    lens_q, lens_k, hq, hkv, causal, broadcast = case
+    q, k, v, cu_q, cu_k = make_inputs(lens_q, lens_k, hq, hkv, 16, 16, torch.float32, broadcast, seed)
+    q, k, v = (t.to(DEVICE).requires_grad_() for t in (q, k, v))
+    out, lse = jagged_flash_attention(q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), max(lens_q), max(lens_k),
+                                      causal=causal, broadcast_q=broadcast)
+    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE))
+    return [t.detach().cpu() for t in (out, lse, q.grad, k.grad, v.grad)]
+
+
+@needs_kernels
+@pytest.mark.parametrize("case", GRID_CASES)
+@pytest.mark.parametrize("fwd_grid,kv_grid", [("persistent", "sorted"), ("sorted", "persistent"),
+                                              ("persistent", "persistent")])
+def test_persistent_grids_match_sorted_bitwise(case, fwd_grid, kv_grid, monkeypatch):
+    from kernels import jfa
+    expected = _fwd_bwd(case)
+    monkeypatch.setattr(jfa, "FWD_GRID", fwd_grid)
+    monkeypatch.setattr(jfa, "BWD_KV_GRID", kv_grid)
+    monkeypatch.setattr(jfa, "PERSISTENT_CTAS_PER_SM", 1)  # few programs: each runs several items
+    got = _fwd_bwd(case)
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, expected):
+        assert torch.equal(a, b), name
+
+
+@needs_kernels
+def test_persistent_grids_also_match_the_reference(monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_GRID", "persistent")
+    monkeypatch.setattr(jfa, "BWD_KV_GRID", "persistent")
+    run_case([40, 0, 33, 7, 64, 19], [9, 50, 33, 0, 64, 80], hq=4, hkv=2, causal=True, dtype=torch.float16)
+
+
+def test_persistent_schedule_lists_cover_every_item_once(monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_GRID", "persistent")
+    monkeypatch.setattr(jfa, "BWD_KV_GRID", "persistent")
+    lens_q = np.array([40, 0, 33, 7, 64, 19])
+    lens_k = np.array([9, 50, 33, 0, 64, 80])
+    cu_q, cu_k = (np.concatenate([[0], np.cumsum(x)]).astype(np.int32) for x in (lens_q, lens_k))
+    cfgs = (jfa._CPU_CFG["fwd"], jfa._CPU_CFG["kv"], jfa._CPU_CFG["q"], False)
+    s = jfa._build_schedule(cu_q, cu_k, lens_q, lens_k, False, True, cfgs, 4, 2, torch.device("cpu"))
+    n_fwd, n_kv = s["fwd"][2] * 4, s["kv"][2] * 2
+    ptr, items, n_programs = s["fwd_persistent"]
+    assert n_programs == min(n_fwd, 2 * jfa._num_sms(torch.device("cpu")))
+    assert ptr[0] == 0 and ptr[-1] == n_fwd and bool((ptr.diff() >= 0).all())
+    assert sorted(items.tolist()) == list(range(n_fwd))
+    items, n_items, n_programs = s["kv_persistent"]
+    assert n_items == n_kv and sorted(items.tolist()) == list(range(n_kv))
+    # block-innermost: consecutive items of one (sequence, kv head) are consecutive key blocks
+    seq, blk = s["kv"][0][items // 2], s["kv"][1][items // 2]
+    for i in range(n_kv - 1):
+        if seq[i] == seq[i + 1] and items[i] % 2 == items[i + 1] % 2:
+            assert blk[i + 1] == blk[i] + 1
+
+
+@pytest.mark.parametrize("name,value", [("FWD_GRID", "zigzag"), ("BWD_KV_GRID", None),
+                                        ("PERSISTENT_CTAS_PER_SM", 0)])
+def test_bad_grid_switch_is_a_clear_error(name, value, monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, name, value)
+    with pytest.raises(ValueError, match=name):
+        jfa._grids()
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_persistent_grids(dtype, causal, monkeypatch):
+    # the shipped GPU tiles on multi-block lengths, both grids persistent
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_GRID", "persistent")
+    monkeypatch.setattr(jfa, "BWD_KV_GRID", "persistent")
+    run_case([300, 0, 513, 129, 64, 700], [257, 5, 513, 400, 0, 200], hq=4, hkv=2, d=128,
+             causal=causal, dtype=dtype)
+    run_case([256], [300, 0, 1, 513, 64, 200] * 40, hq=4, hkv=4, d=128, causal=causal, dtype=dtype,
+             broadcast=True)
