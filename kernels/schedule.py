@@ -15,9 +15,11 @@ Two static policies are provided, as in the seed document:
 ``imbalance(loads) = max / mean`` measures the result.
 
 The GPU launcher (``kernels/jfa.py``) uses the *sorted* tile list as a plain
-grid (heaviest tiles first; the hardware block scheduler then performs dynamic
-longest-processing-time-first balancing).  The static persistent assignment
-is kept here, tested, and was compared on the H200 (see ``kernels/PERF.md``).
+grid by default (heaviest tiles first; the hardware block scheduler then
+performs dynamic longest-processing-time-first balancing).  The persistent
+lists built here drive its ``FWD_GRID`` / ``BWD_KV_GRID = "persistent"``
+switches; on the H200 they were slower on every benchmark shape
+(``kernels/PERF.md``, v5).
 """
 from __future__ import annotations
 
