@@ -100,3 +100,33 @@ def test_crashes_hangs_device_errors_and_nan_each_leave_a_complete_report(tmp_pa
     assert junit.count("<testcase") >= 12
     out = capsys.readouterr().out
     assert "CRASH" in out and "TIMEOUT" in out
+
+
+STICKY_FAULT = textwrap.dedent('''
+    from backends.reference import Reference
+
+    class StickyFault(Reference):
+        """Faults on a problem with more than 3 keys, and on every call after that in the same process,
+        like a dead device context."""
+        name = "sticky-fault"
+        dead = False
+        def forward(self, args):
+            if StickyFault.dead or sum(args.seqlens_k) > 3:
+                StickyFault.dead = True
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return super().forward(args)
+''')
+
+
+def test_a_device_fault_does_not_leak_into_the_next_check(tmp_path):
+    # One worker runs the forward check (which faults) and then the single-token edge case (one key,
+    # which this backend gets right): the edge case must run in a fresh process and pass.
+    module = tmp_path / "sticky.py"
+    module.write_text(STICKY_FAULT)
+    argv = ["run", "--report-dir", str(tmp_path), "--name", "sticky", "-q", "-n", "1", "--max-examples", "4",
+            "--timeout", "20", "-k", "test_forward or single_token and float32",
+            "--backend", f"{module}:StickyFault"]
+    assert cli.main(argv) == 1
+    report = json.loads((tmp_path / "sticky" / "report.json").read_text())
+    outcomes = {r["feature"]: r["outcome"] for r in report["records"]}
+    assert outcomes == {"forward": "crash", "edge_case:single_token": "pass"}, outcomes
