@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session: correctness tests, config sweeps, full benchmark.
+# One GPU run: correctness tests, config sweeps, full benchmark.
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable; FA4_PATH may point at an unpacked install.
 set -u
 FA4_PATH=${FA4_PATH:-/opt/fa4}
