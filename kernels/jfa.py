@@ -82,7 +82,8 @@ LAST_FWD_PATH = ""
 #     static list: the forward deals its (tile, q head) items in zigzag order
 #     (schedule.persistent_zigzag); the dK/dV pass deals its (tile, kv head)
 #     items block-innermost round-robin (schedule.block_innermost_round_robin).
-# The dQ pass always uses the sorted grid.  Either grid computes the same
+# The dQ pass always uses the sorted grid, and FWD_WARP_SPECIALIZE applies to
+# the sorted forward only.  Either grid computes the same
 # tiles with the same code, so the switch never changes an answer.
 GRIDS = ("sorted", "persistent")
 FWD_GRID = "sorted"
