@@ -42,14 +42,23 @@ MISBEHAVING = textwrap.dedent('''
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     class KillsContext(Reference):
-        """Like a real device fault: the first problem with keys faults, and every later call fails too."""
+        """Like a real device fault: the first problem with at least min_keys keys faults, and every later
+        call in the same process fails too."""
         name = "kills-context"
         dead = False
+        min_keys = 1
         def forward(self, args):
-            if KillsContext.dead or sum(args.seqlens_k) > 0:
-                KillsContext.dead = True
+            cls = type(self)
+            if cls.dead or sum(args.seqlens_k) >= cls.min_keys:
+                cls.dead = True
                 raise RuntimeError("CUDA error: an illegal memory access was encountered")
             return super().forward(args)
+
+    class StickyFault(KillsContext):
+        """Gets one-key problems right, so a check run after its fault shows whether the fault leaked."""
+        name = "sticky-fault"
+        dead = False
+        min_keys = 4
 
     class ReturnsNan(Reference):
         name = "returns-nan"
@@ -102,27 +111,11 @@ def test_crashes_hangs_device_errors_and_nan_each_leave_a_complete_report(tmp_pa
     assert "CRASH" in out and "TIMEOUT" in out
 
 
-STICKY_FAULT = textwrap.dedent('''
-    from backends.reference import Reference
-
-    class StickyFault(Reference):
-        """Faults on a problem with more than 3 keys, and on every call after that in the same process,
-        like a dead device context."""
-        name = "sticky-fault"
-        dead = False
-        def forward(self, args):
-            if StickyFault.dead or sum(args.seqlens_k) > 3:
-                StickyFault.dead = True
-                raise RuntimeError("CUDA error: an illegal memory access was encountered")
-            return super().forward(args)
-''')
-
-
 def test_a_device_fault_does_not_leak_into_the_next_check(tmp_path):
     # One worker runs the forward check (which faults) and then the single-token edge case (one key,
     # which this backend gets right): the edge case must run in a fresh process and pass.
-    module = tmp_path / "sticky.py"
-    module.write_text(STICKY_FAULT)
+    module = tmp_path / "misbehaving.py"
+    module.write_text(MISBEHAVING)
     argv = ["run", "--report-dir", str(tmp_path), "--name", "sticky", "-q", "-n", "1", "--max-examples", "4",
             "--timeout", "20", "-k", "test_forward or single_token and float32",
             "--backend", f"{module}:StickyFault"]
