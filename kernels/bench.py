@@ -116,6 +116,7 @@ def _triton_with(**switches):
 
 impl_triton_atomic = _triton_with(BWD_DQ_MODE="atomic")
 impl_triton_persistent = _triton_with(FWD_GRID="persistent", BWD_KV_GRID="persistent")
+impl_triton_gluon = _triton_with(FWD_KERNEL="gluon")
 
 
 def impl_fa4(shape, q, k, v, cu_q, cu_k):
@@ -213,6 +214,7 @@ def impl_sdpa(shape, q, k, v, cu_q, cu_k):
 
 
 IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-persistent": impl_triton_persistent,
+         "triton-gluon": impl_triton_gluon,
          "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
 
 
@@ -288,6 +290,9 @@ def main(argv=None):
                 tf, tb, out = time_impl(IMPLS[name], shape, tensors)
                 rec.update(fwd_ms=tf, bwd_ms=tb, fwd_tflops=flops_f / tf * 1e-9,
                            bwd_tflops=2.5 * flops_f / tb * 1e-9, wall_s=time.time() - t0)
+                if name.startswith("triton"):  # the forward path that ran, so a fallback cannot pass as a variant
+                    from kernels import jfa
+                    rec["fwd_path"] = jfa.LAST_FWD_PATH
                 if ref_out is None:
                     ref_out = out.float()
                 else:

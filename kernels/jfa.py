@@ -68,7 +68,7 @@ BWD_DQ_MODE = "separate"
 #     scalar step instead of rebuilding them each iteration.
 #   FWD_WARP_SPECIALIZE: the forward's unmasked key loop asks Triton for
 #     automatic warp specialization (tl.range(warp_specialize=True)); GPU only.
-# LAST_FWD_PATH names the path the latest forward launch took ("ptr",
+# LAST_FWD_PATH names the path the latest forward launch took ("gluon", "ptr",
 # "ptr-adv" or "tma") and, for "ptr" under FWD_TMA, why TMA was not used.
 FWD_TMA = False
 FWD_PTR_ADVANCE = False
@@ -85,6 +85,22 @@ LAST_FWD_PATH = ""
 # The dQ pass always uses the sorted grid, and FWD_WARP_SPECIALIZE applies to
 # the sorted forward only.  Either grid computes the same
 # tiles with the same code, so the switch never changes an answer.
+# Forward kernel (runtime switch; the environment variable JFA_FWD_KERNEL sets it at import, so a
+# spec run in worker processes can pick it):
+#   "triton": the tl kernel in triton_kernels.py (every device, dtype and declared head dim; the
+#     interpreter).
+#   "gluon": gluon_fwd.py, written for Hopper: sm_90 only (wgmma), bf16/fp16, head dims 64 and 128,
+#     q/k/v layouts TMA can describe.  Anywhere else the tl kernel runs and LAST_FWD_PATH says why,
+#     so the switch never changes which inputs are accepted.
+FWD_KERNELS = ("triton", "gluon")
+FWD_KERNEL = os.environ.get("JFA_FWD_KERNEL", "triton")
+# (BLOCK_M, BLOCK_N, warps per consumer warp group, K/V stages, schedule); schedules (gluon_fwd.py):
+# "plain" QK^T, softmax, PV in turn; "overlap" softmax(j) while PV(j-1) runs; "pingpong" overlap, and
+# the two consumer groups take turns to issue their MMAs.
+GLUON_SCHEDULES = ("plain", "overlap", "pingpong")
+GLUON_FWD_CFG = (128, 128, 4, 2, "pingpong")
+GLUON_HEAD_DIMS = (64, 128)
+
 GRIDS = ("sorted", "persistent")
 FWD_GRID = "sorted"
 BWD_KV_GRID = "sorted"
@@ -356,6 +372,67 @@ def _fwd_descs(k, v, block_n):
     return kd, vd, ""
 
 
+def _gluon_refusal(q, k, v) -> str:
+    """Why the Gluon forward cannot run these tensors ("" if it can)."""
+    if _INTERPRET:
+        return "the Triton interpreter does not run Gluon"
+    if q.device.type != "cuda":
+        return f"no Gluon forward on {q.device.type}"
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return "the Gluon forward uses wgmma, which only sm_90 has"
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"the Gluon forward is bf16/fp16 only, got {q.dtype}"
+    if q.shape[2] not in GLUON_HEAD_DIMS or v.shape[2] not in GLUON_HEAD_DIMS:
+        return f"the Gluon forward covers head dims {GLUON_HEAD_DIMS}, got {q.shape[2]}/{v.shape[2]}"
+    try:
+        from . import gluon_fwd  # noqa: F401
+    except Exception as exc:  # an older Triton without Gluon's Hopper API
+        return f"this Triton has no Gluon Hopper API ({type(exc).__name__}: {exc})"
+    block_n = _gluon_cfg()[1]
+    for name, t, rows in (("q", q, 64), ("k", k, block_n), ("v", v, block_n)):
+        why = _tma_refusal(t, rows)
+        if why:
+            return f"{name}: {why}"
+    return ""
+
+
+def _gluon_cfg():
+    cfg = CONFIG_OVERRIDE.get("gluon_fwd", GLUON_FWD_CFG)
+    if len(cfg) != 5 or cfg[4] not in GLUON_SCHEDULES:
+        raise ValueError(f"the Gluon forward config is (BLOCK_M, BLOCK_N, warps, stages, schedule) with "
+                         f"schedule one of {GLUON_SCHEDULES}, got {cfg!r}")
+    return cfg
+
+
+def _pick_fwd_kernel(q, k, v):
+    """("gluon", "") where the switch asks for Gluon and it can run, else ("triton", why not)."""
+    if FWD_KERNEL not in FWD_KERNELS:
+        raise ValueError(f"jfa.FWD_KERNEL must be one of {FWD_KERNELS}, got {FWD_KERNEL!r}")
+    if FWD_KERNEL != "gluon":
+        return "triton", ""
+    _gluon_cfg()
+    why = _gluon_refusal(q, k, v)
+    return ("triton", why) if why else ("gluon", "")
+
+
+def _forward_gluon(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, out, lse):
+    from . import gluon_fwd as gf
+    seq_t, blk_t, n_tiles = s["fwd"]
+    hq, d = q.shape[1], q.shape[2]
+    hkv, dv = k.shape[1], v.shape[2]
+    bm, bn, w, st, schedule = cfgs[0]
+    assert bm == gf.BLOCK_M and w == 4, "the Gluon forward is written for 128-row tiles and 4-warp groups"
+    qd = gf.descriptor(q.view(q.shape[0], -1), [gf.HALF_M, d])
+    kd = gf.descriptor(k.view(k.shape[0], -1), [bn, d])
+    vd = gf.descriptor(v.view(v.shape[0], -1), [bn, dv])
+    gf.fwd_kernel[(n_tiles * hq,)](
+        qd, kd, vd, out, lse, cu_q, cu_k, seq_t, blk_t,
+        out.stride(0), out.stride(1), lse.stride(0), scale * tk.LOG2E, hq, hq // hkv,
+        BROADCAST=broadcast, CAUSAL=causal, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dv,
+        STAGES=st, SCHEDULE=schedule, num_warps=w)
+    return out, lse
+
+
 def _forward(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, n_out_rows):
     hq, d = q.shape[1], q.shape[2]
     hkv, dv = k.shape[1], v.shape[2]
@@ -364,8 +441,11 @@ def _forward(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, n_out_rows)
     seq_t, blk_t, n_tiles = s["fwd"]
     if n_tiles == 0 or hq == 0:
         return out, lse
-    bm, bn, w, st = cfgs[0]
     global LAST_FWD_PATH
+    if cfgs[4] == "gluon":
+        LAST_FWD_PATH = "gluon"
+        return _forward_gluon(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, out, lse)
+    bm, bn, w, st = cfgs[0]
     k_arg, v_arg, use_tma, why = k, v, False, ""
     if FWD_TMA:
         kd, vd, why = _fwd_descs(k, v, bn)
@@ -373,6 +453,8 @@ def _forward(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, n_out_rows)
             k_arg, v_arg, use_tma = kd, vd, True
     ptr_adv = FWD_PTR_ADVANCE and not use_tma
     LAST_FWD_PATH = "tma" if use_tma else ("ptr-adv" if ptr_adv else "ptr") + (f" ({why})" if why else "")
+    if cfgs[5]:
+        LAST_FWD_PATH += f" (gluon: {cfgs[5]})"
     persistent = s["fwd_persistent"]
     if persistent is not None:
         prog_ptr, items, n_programs = persistent
@@ -503,11 +585,14 @@ def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     on_cpu = q.device.type == "cpu"
     dkey = max(d, v.shape[2])
     fuse = (BWD_DQ_MODE == "atomic") and not broadcast_q and not deterministic
-    cfgs = tuple(_cfg(kind, dkey, q.dtype, on_cpu) for kind in ("fwd", "kvf" if fuse else "kv", "q"))
-    cfgs = cfgs + (fuse,)
     q = q if q.stride(-1) == 1 else q.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
     v = v if v.stride(-1) == 1 else v.contiguous()
+    fwd_kernel, why_not_gluon = _pick_fwd_kernel(q, k, v)
+    cfgs = tuple(_cfg(kind, dkey, q.dtype, on_cpu) for kind in ("fwd", "kvf" if fuse else "kv", "q"))
+    if fwd_kernel == "gluon":
+        cfgs = (_gluon_cfg(),) + cfgs[1:]
+    cfgs = cfgs + (fuse, fwd_kernel, why_not_gluon)
     if cu_seqlens_q.device != q.device:
         cu_seqlens_q = cu_seqlens_q.to(q.device)
     if cu_seqlens_k.device != q.device:

@@ -12,7 +12,8 @@ list adds the larger tiles worth trying with TMA on Hopper.  --fwd-ws asks for
 Triton's automatic warp specialization of the forward's key loop
 (jfa.FWD_WARP_SPECIALIZE; "+ws" in the path column).  Every forward row also
 records "maxdiff", the largest difference from the shipped forward's output on
-the same inputs, so a variant that is fast but wrong shows.
+the same inputs, so a variant that is fast but wrong shows.  Kind "gluon" times
+the Gluon forward (kernels/gluon_fwd.py) over its configs, with the same column.
 """
 import argparse
 import json
@@ -29,6 +30,9 @@ FWD = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128,
 FWD_TMA = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 4, 4)]
 KV = [(64, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 8, 3), (32, 64, 4, 3)]
 KVF = [(64, 128, 8, 2), (64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 8, 3), (128, 64, 8, 2)]
+# the Gluon forward (jfa.FWD_KERNEL = "gluon"): (BM, BN, warps per consumer group, stages, schedule)
+GLUON = [(128, 128, 4, 2, "plain"), (128, 128, 4, 2, "overlap"), (128, 128, 4, 2, "pingpong"),
+         (128, 128, 4, 3, "pingpong"), (128, 64, 4, 3, "pingpong"), (128, 64, 4, 4, "pingpong")]
 Q = [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3), (128, 128, 8, 2), (64, 128, 4, 2)]
 
 
@@ -70,19 +74,20 @@ def main():
                                               broadcast_q=sh["bq"])[0]
         with torch.no_grad():
             shipped_out = f().float()
-        for kind, lst in (("fwd", fwd_default), ("kv", KV), ("kvf", KVF), ("q", Q)):
+        for kind, lst in (("fwd", fwd_default), ("gluon", GLUON), ("kv", KV), ("kvf", KVF), ("q", Q)):
             if kind not in a.kinds.split(","):
                 continue
             modes = fwd_modes if kind == "fwd" else [(False, False, False)]
             for cfg in lst:
                 for use_tma, adv, ws in modes:
                     jfa.CONFIG_OVERRIDE.clear()
-                    jfa.CONFIG_OVERRIDE[kind] = cfg
+                    jfa.CONFIG_OVERRIDE["gluon_fwd" if kind == "gluon" else kind] = cfg
+                    jfa.FWD_KERNEL = "gluon" if kind == "gluon" else "triton"
                     jfa.BWD_DQ_MODE = "atomic" if kind == "kvf" else "separate"
                     jfa.FWD_TMA, jfa.FWD_PTR_ADVANCE, jfa.FWD_WARP_SPECIALIZE = use_tma, adv, ws
                     jfa.LAST_FWD_PATH = ""
                     try:
-                        if kind == "fwd":
+                        if kind in ("fwd", "gluon"):
                             with torch.no_grad():
                                 t = do_bench(f, warmup=20, rep=60, return_mode="median")
                             tf = flops / t * 1e-9
@@ -95,7 +100,7 @@ def main():
                                          warmup=20, rep=60, return_mode="median")
                             tf = 2.5 * flops / t * 1e-9
                         r = dict(shape=sn, kind=kind, cfg=cfg, ms=t, tflops=tf)
-                        if kind == "fwd":
+                        if kind in ("fwd", "gluon"):
                             r["maxdiff"] = maxdiff
                     except Exception as e:
                         r = dict(shape=sn, kind=kind, cfg=cfg, error=f"{type(e).__name__}: {str(e)[:200]}")
@@ -105,6 +110,7 @@ def main():
                     res.append(r)
                     print(json.dumps(r), flush=True)
         jfa.FWD_TMA, jfa.FWD_PTR_ADVANCE, jfa.FWD_WARP_SPECIALIZE = False, False, False
+        jfa.FWD_KERNEL = "triton"
         jfa.CONFIG_OVERRIDE.clear()
         jfa.BWD_DQ_MODE = "separate"
         del q, k, v
@@ -125,15 +131,15 @@ def main():
         n = max(len(v) for v in cands.values())
         ok = {c: math.exp(sum(math.log(t) for t in v) / len(v)) for c, v in cands.items()
               if len(v) == n and all(math.isfinite(t) for t in v)}
-        if ok:
-            best[key] = list(min(ok, key=ok.get))
+        if ok:  # keys are CONFIG_OVERRIDE's, so bench --cfg can apply the file
+            best["gluon_fwd" if key == "gluon" else key] = list(min(ok, key=ok.get))
     with open(os.path.join(a.out, "best.json"), "w") as fh:
         json.dump(best, fh)
     print("best:", best)
     print("| shape | kernel | path | BM,BN,warps,stages | ms | TFLOP/s | max diff vs shipped |")
     print("|---|---|---|---|---|---|---|")
     for r in res:
-        path = r["path"] if r["kind"] == "fwd" else "-"
+        path = r["path"] if r["kind"] in ("fwd", "gluon") else "-"
         diff = f"{r['maxdiff']:.2e}" if "maxdiff" in r else "-"
         if "error" in r:
             print(f"| {r['shape']} | {r['kind']} | {path} | {r['cfg']} | err | {r['error'][:60]} | - |")

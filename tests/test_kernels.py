@@ -681,3 +681,120 @@ def test_gpu_persistent_grids(dtype, causal, monkeypatch):
              causal=causal, dtype=dtype)
     run_case([256], [300, 0, 1, 513, 64, 200] * 40, hq=4, hkv=4, d=128, causal=causal, dtype=dtype,
              broadcast=True)
+
+
+# ---------------------------------------------------------------------------
+# the Gluon forward (sm_90 only, opt-in via jfa.FWD_KERNEL): the float64 reference's answers on
+# every shape class it accepts; elsewhere the tl kernel runs and says why
+# ---------------------------------------------------------------------------
+def _gluon_probe():
+    if not _HAS_CUDA:
+        return "needs a CUDA GPU"
+    from kernels import jfa
+    t = torch.zeros(8, 2, 128, device=DEVICE, dtype=torch.bfloat16)
+    return jfa._gluon_refusal(t, t, t)
+
+
+_GLUON_WHY = _gluon_probe()
+needs_gluon = pytest.mark.skipif(bool(_GLUON_WHY), reason=f"the Gluon forward cannot run here: {_GLUON_WHY}")
+
+GLUON_CASES = [
+    # (lens_q, lens_k, hq, hkv, d, dv, broadcast): tiles whose second 64-row half is empty (64, 1, 65),
+    # no keys, Lq > Lk and Lq < Lk, ragged tails against BLOCK_N 128, GQA, Dv != D
+    ([300, 0, 513, 129, 64, 700, 1, 65], [257, 5, 513, 400, 0, 200, 1, 64], 4, 2, 128, 128, False),
+    ([256], [300, 0, 1, 513, 64, 200, 129], 4, 4, 128, 128, True),
+    ([200, 7, 130], [190, 300, 1], 2, 1, 64, 64, False),
+    ([100, 257], [129, 80], 2, 2, 128, 64, False),
+]
+
+
+@needs_gluon
+@pytest.mark.parametrize("case", range(len(GLUON_CASES)))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_gluon_forward(case, dtype, causal, monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_KERNEL", "gluon")
+    lens_q, lens_k, hq, hkv, d, dv, broadcast = GLUON_CASES[case]
+    run_case(lens_q, lens_k, hq=hq, hkv=hkv, d=d, dv=dv, causal=causal, dtype=dtype, broadcast=broadcast)
+    _ran("gluon")
+
+
+@needs_gluon
+@pytest.mark.parametrize("scale", [0.01, 2.0])
+def test_gpu_gluon_forward_scales(scale, monkeypatch):
+    # the scale is folded into one FMA per score after the row maximum: flat and sharp softmaxes
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_KERNEL", "gluon")
+    run_case([150, 40], [300, 129], hq=2, hkv=2, d=64, causal=False, dtype=torch.float16, scale=scale)
+    _ran("gluon")
+    run_case([150, 40], [300, 129], hq=2, hkv=2, d=64, causal=True, dtype=torch.float16, scale=scale,
+             idx=torch.int64)
+    _ran("gluon")
+
+
+@needs_gluon
+@pytest.mark.parametrize("poison", ["huge", "inf", "nan"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_gluon_rows_past_lk_never_leak(poison, causal, monkeypatch):
+    """TMA reads the next sequence's rows past a ragged end; the loader zeroes those value rows
+    and the scores are masked, so nothing they hold may reach the first sequence."""
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_KERNEL", "gluon")
+    dtype = torch.bfloat16
+    la, lb = 150, 140  # 150: a full 128-key block and a ragged one
+    q, k, v, cu_q, cu_k = make_inputs([la, lb], [la, lb], 2, 2, 64, 64, dtype, seed=4)
+    bad = {"huge": 6.0e4, "inf": float("inf"), "nan": float("nan")}[poison]
+    q[la:] = bad
+    k[la:] = bad
+    v[la:] = bad
+    out, lse = _fwd_only(q, k, v, cu_q, cu_k, causal)
+    _ran("gluon")
+    cu_a = torch.tensor([0, la], dtype=torch.int32)
+    ref_o, ref_l = reference(q[:la].double(), k[:la].double(), v[:la].double(), cu_a, cu_a, causal,
+                             1 / math.sqrt(64), False)
+    assert torch.isfinite(out[:la]).all() and torch.isfinite(lse[:, :la]).all()
+    assert rel(out[:la], ref_o) < TOL[dtype]
+    assert (lse[:, :la].double() - ref_l).abs().max().item() < LSE_TOL[dtype]
+
+
+@needs_kernels
+def test_gluon_switch_falls_back_with_its_reason(monkeypatch):
+    # where Gluon cannot run (here: fp32, or the interpreter, or no sm_90), the tl kernel answers
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_KERNEL", "gluon")
+    run_case([40, 0, 33], [9, 50, 33], hq=2, hkv=1, d=32, causal=True, dtype=torch.float32)
+    assert jfa.LAST_FWD_PATH.startswith("ptr (gluon: "), jfa.LAST_FWD_PATH
+
+
+def test_bad_forward_kernel_switch_is_a_clear_error(monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_KERNEL", "cuda")
+    t = torch.zeros(4, 1, 16)
+    with pytest.raises(ValueError, match="FWD_KERNEL"):
+        jfa._pick_fwd_kernel(t, t, t)
+
+
+@needs_gluon
+@pytest.mark.parametrize("schedule", ["plain", "overlap", "pingpong"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_gluon_schedules(schedule, causal, monkeypatch):
+    # every schedule, on tiles with an idle second group (65, 1) and on broadcast-Q; 64-key blocks
+    # with three stages, so the buffer ring wraps several times
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_KERNEL", "gluon")
+    monkeypatch.setattr(jfa, "CONFIG_OVERRIDE", {"gluon_fwd": (128, 64, 4, 3, schedule)})
+    run_case([300, 0, 513, 1, 65, 700], [257, 5, 513, 1, 64, 200], hq=2, hkv=1, d=128, causal=causal,
+             dtype=torch.bfloat16)
+    _ran("gluon")
+    run_case([200], [300, 0, 1, 129], hq=2, hkv=2, d=64, causal=causal, dtype=torch.float16, broadcast=True)
+    _ran("gluon")
+
+
+def test_bad_gluon_schedule_is_a_clear_error(monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "CONFIG_OVERRIDE", {"gluon_fwd": (128, 128, 4, 2, "zigzag")})
+    monkeypatch.setattr(jfa, "FWD_KERNEL", "gluon")
+    t = torch.zeros(4, 1, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="schedule"):
+        jfa._pick_fwd_kernel(t, t, t)

@@ -1,0 +1,373 @@
+"""Hopper (sm_90) forward written in Gluon: one loader warp and two consumer warp groups per CTA.
+
+Triton's ``tl`` cannot say which warps load and which compute on sm_90 (its automatic warp
+specialization failed or was slower, kernels/PERF.md v4).  Gluon can, so this kernel is laid out
+the way FA3 lays out its Hopper forward:
+
+* A CTA owns one 128-row query tile of one sequence and one query head.  Two consumer warp groups
+  (4 warps each) take 64 rows each: one is the default partition, one a worker.  They share the
+  K/V tiles, and being separate warp groups they can run one's softmax while the other's
+  ``wgmma`` keeps the tensor cores busy.
+* A one-warp loader partition streams K and V blocks through TMA into a ring of ``STAGES``
+  shared-memory buffers, with ready / empty mbarriers per buffer (empty needs both consumers).
+* TMA descriptors cover the packed 2-D views ``[rows, heads * dim]``, so one descriptor serves
+  every sequence.  Reading past a sequence end reads the next sequence's rows (or zero fill past
+  the tensor end): query rows past ``lq`` are computed and never stored; key scores past ``lk``
+  are masked to -inf; and because ``0 * inf`` is NaN inside the MMA, the loader zeroes value rows
+  past ``lk`` in the ragged last block before publishing it.
+* Softmax in base 2 with the scale folded into one FMA per score (``s * scale - m``, valid because
+  the spec's scale is positive).  Output rows and LSE are stored with masked pointer stores (a TMA
+  store would write into the next sequence).
+
+Same conventions as kernels/triton_kernels.py: bottom-right causal, natural-log LSE [Hq, rows],
+rows with no visible key give 0 and -inf, broadcast-Q output row b * Lq + i.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.language.core import _aggregate as aggregate
+
+HALF_M = 64  # rows per consumer warp group: one wgmma M-extent
+BLOCK_M = 2 * HALF_M
+
+
+def nvmma_layout(block_shape, torch_dtype):
+    gdt = {"torch.bfloat16": gl.bfloat16, "torch.float16": gl.float16}[str(torch_dtype)]
+    return gl.NVMMASharedLayout.get_default_for(list(block_shape), gdt)
+
+
+def descriptor(t2d, block_shape):
+    """Host TMA descriptor over a 2-D [rows, heads * dim] view."""
+    return TensorDescriptor.from_tensor(t2d, list(block_shape), nvmma_layout(block_shape, t2d.dtype))
+
+
+@aggregate
+class PartitionFlags:
+    """Compile-time flags for the partitions.  Worker partitions receive only IR values, so their
+    constexprs travel as the fields of this aggregate."""
+    WG: gl.constexpr
+    CAUSAL: gl.constexpr
+    BLOCK_N: gl.constexpr
+    HEAD_DV: gl.constexpr
+    STAGES: gl.constexpr
+    SCHEDULE: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, WG, CAUSAL, BLOCK_N, HEAD_DV, STAGES, SCHEDULE):
+        self.WG = gl.constexpr(WG)
+        self.CAUSAL = gl.constexpr(CAUSAL)
+        self.BLOCK_N = gl.constexpr(BLOCK_N)
+        self.HEAD_DV = gl.constexpr(HEAD_DV)
+        self.STAGES = gl.constexpr(STAGES)
+        self.SCHEDULE = gl.constexpr(SCHEDULE)
+
+
+@gluon.jit
+def _zero_rows_from(buf, first_row, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr):
+    # One warp rewrites rows >= first_row of a [BLOCK_N, HEAD_DV] shared tile as zeros, 8 rows at a
+    # time (the loader partition runs on few registers).
+    CHUNK: gl.constexpr = 8
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [1, 1], [1, 0])
+    rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))
+    for c in gl.static_range(BLOCK_N // CHUNK):
+        part = buf.slice(c * CHUNK, CHUNK)
+        x = part.load(layout)
+        keep = gl.expand_dims(rows + c * CHUNK < first_row, 1)
+        x = gl.where(keep, x, gl.zeros_like(x))
+        part.store(x)
+
+
+@gluon.jit
+def _loader(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, tail_bar,
+            k_row, k_col, v_col, lk, n_blocks, flags):
+    BLOCK_N: gl.constexpr = flags.BLOCK_N
+    HEAD_DV: gl.constexpr = flags.HEAD_DV
+    STAGES: gl.constexpr = flags.STAGES
+    for j in range(n_blocks):
+        s = j % STAGES
+        ph = (j // STAGES) & 1
+        start = j * BLOCK_N
+        # a fresh barrier counts as having completed the phase before 0, so round 0 does not wait
+        mbarrier.wait(k_empty.index(s), ph ^ 1)
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [k_row + start, k_col], k_ready.index(s), k_smem.index(s))
+        mbarrier.wait(v_empty.index(s), ph ^ 1)
+        if start + BLOCK_N <= lk:
+            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [k_row + start, v_col], v_ready.index(s), v_smem.index(s))
+        else:
+            # the ragged last block (at most one per CTA, so tail_bar is used once, phase 0)
+            mbarrier.expect(tail_bar, v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [k_row + start, v_col], tail_bar, v_smem.index(s))
+            mbarrier.wait(tail_bar, 0)
+            _zero_rows_from(v_smem.index(s), lk - start, BLOCK_N, HEAD_DV)
+            fence_async_shared()
+            mbarrier.arrive(v_ready.index(s))
+
+
+@gluon.jit
+def _softmax_step(scores, m_i, l_i, j, offs_m, offs_n, lk, diag, qk_scale,
+                  MASKED: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
+    # online softmax of one [64, BLOCK_N] score tile: (p, alpha, l, m)
+    if MASKED:
+        cols = j * BLOCK_N + offs_n
+        keep = gl.expand_dims(cols < lk, 0)
+        if CAUSAL:
+            keep = keep & (gl.expand_dims(cols, 0) <= gl.expand_dims(offs_m, 1) + diag)
+        scaled = gl.where(keep, scores * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(scaled, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(scaled - gl.expand_dims(m_use, 1))
+    else:
+        m_new = gl.maximum(m_i, gl.max(scores, 1) * qk_scale)
+        m_use = m_new
+        # one FMA per score: s * scale - m
+        p = gl.exp2(scores * qk_scale - gl.expand_dims(m_use, 1))
+    alpha = gl.exp2(m_i - m_use)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, l_i, m_new
+
+
+@gluon.jit
+def _issue_qk(j, q, k_smem, k_ready, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr):
+    s = j % STAGES
+    mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+    return warpgroup_mma(q, k_smem.index(s).permute((1, 0)), gl.zeros([64, BLOCK_N], gl.float32, s_layout),
+                         use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _attend_block(j, acc, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                  offs_m, offs_n, lk, diag, qk_scale,
+                  MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
+    # one key block, in order: QK^T, softmax, PV (the two warp groups overlap each other)
+    s = j % STAGES
+    scores = warpgroup_mma_wait(0, deps=(_issue_qk(j, q, k_smem, k_ready, BLOCK_N, STAGES, s_layout), ))
+    mbarrier.arrive(k_empty.index(s))
+    p, alpha, l_i, m_new = _softmax_step(scores, m_i, l_i, j, offs_m, offs_n, lk, diag, qk_scale,
+                                         MASKED, CAUSAL, BLOCK_N)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+    p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+    mbarrier.wait(v_ready.index(s), (j // STAGES) & 1)
+    acc = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    mbarrier.arrive(v_empty.index(s))
+    return acc, l_i, m_new
+
+
+@gluon.jit
+def _my_turn(turn, t, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    # ping-pong: the two consumer groups take turns to issue their MMAs, so one group's softmax runs
+    # while the other's MMAs use the tensor cores (left alone, they fall into step, since they wait
+    # on the same K/V buffers).  Group 0 goes first: its first wait is on the phase before 0.
+    if PINGPONG:
+        mbarrier.wait(turn.index(WG), (t & 1) ^ (1 - WG))
+
+
+@gluon.jit
+def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WG))
+
+
+@gluon.jit
+def _pipelined_block(j, acc, p_prev, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn,
+                     offs_m, offs_n, lk, diag, qk_scale,
+                     MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
+                     s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
+    # key block j's softmax runs while block j-1's PV is in flight (FA3's intra-warpgroup overlap):
+    # issue QK^T(j), issue PV(j-1), wait for QK^T only, softmax(j), then wait for PV and rescale.
+    s = j % STAGES
+    sp = (j - 1) % STAGES
+    _my_turn(turn, j, WG, PINGPONG)
+    qk = _issue_qk(j, q, k_smem, k_ready, BLOCK_N, STAGES, s_layout)
+    mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
+    pv = warpgroup_mma(p_prev, v_smem.index(sp), acc, is_async=True)
+    _pass_turn(turn, WG, PINGPONG)
+    scores = warpgroup_mma_wait(1, deps=(qk, ))  # groups retire in order: QK^T(j) is done
+    mbarrier.arrive(k_empty.index(s))
+    p, alpha, l_i, m_new = _softmax_step(scores, m_i, l_i, j, offs_m, offs_n, lk, diag, qk_scale,
+                                         MASKED, CAUSAL, BLOCK_N)
+    acc, p_prev = warpgroup_mma_wait(0, deps=(pv, p_prev))
+    mbarrier.arrive(v_empty.index(sp))
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+    p_next = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+    return acc, p_next, l_i, m_new
+
+
+@gluon.jit
+def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+              O, LSE, o_start, m0, lq, lk, h, stride_ot, stride_oh, stride_lh,
+              qk_scale, diag, n_full, n_blocks, flags):
+    WG: gl.constexpr = flags.WG
+    CAUSAL: gl.constexpr = flags.CAUSAL
+    BLOCK_N: gl.constexpr = flags.BLOCK_N
+    HEAD_DV: gl.constexpr = flags.HEAD_DV
+    STAGES: gl.constexpr = flags.STAGES
+    PIPELINE: gl.constexpr = flags.SCHEDULE != "plain"
+    PINGPONG: gl.constexpr = flags.SCHEDULE == "pingpong"
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DV, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    first = m0 + WG * 64
+    offs_m = first + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([64, HEAD_DV], gl.float32, o_layout)
+    q = q_smem.index(WG)
+    mbarrier.wait(q_bar, 0)
+    if first < lq:
+        if PIPELINE:
+            if n_blocks > 0:
+                _my_turn(turn, 0, WG, PINGPONG)
+                qk = _issue_qk(0, q, k_smem, k_ready, BLOCK_N, STAGES, s_layout)
+                _pass_turn(turn, WG, PINGPONG)
+                scores = warpgroup_mma_wait(0, deps=(qk, ))
+                mbarrier.arrive(k_empty.index(0))
+                if n_full > 0:
+                    p, alpha, l_i, m_i = _softmax_step(scores, m_i, l_i, 0, offs_m, offs_n, lk, diag, qk_scale,
+                                                       False, CAUSAL, BLOCK_N)
+                else:
+                    p, alpha, l_i, m_i = _softmax_step(scores, m_i, l_i, 0, offs_m, offs_n, lk, diag, qk_scale,
+                                                       True, CAUSAL, BLOCK_N)
+                p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+                for j in range(1, n_full):
+                    acc, p_op, l_i, m_i = _pipelined_block(
+                        j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn,
+                        offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL, BLOCK_N, STAGES, WG, PINGPONG,
+                        s_layout, o_layout, p_layout)
+                for j in range(gl.maximum(n_full, 1), n_blocks):
+                    acc, p_op, l_i, m_i = _pipelined_block(
+                        j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn,
+                        offs_m, offs_n, lk, diag, qk_scale, True, CAUSAL, BLOCK_N, STAGES, WG, PINGPONG,
+                        s_layout, o_layout, p_layout)
+                last = (n_blocks - 1) % STAGES
+                _my_turn(turn, n_blocks, WG, PINGPONG)
+                mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
+                acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+                _pass_turn(turn, WG, PINGPONG)
+                acc = warpgroup_mma_wait(0, deps=(acc, ))
+                mbarrier.arrive(v_empty.index(last))
+        else:
+            for j in range(0, n_full):
+                acc, l_i, m_i = _attend_block(j, acc, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty,
+                                              v_empty, offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL,
+                                              BLOCK_N, STAGES, s_layout, o_layout, p_layout)
+            for j in range(n_full, n_blocks):
+                acc, l_i, m_i = _attend_block(j, acc, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty,
+                                              v_empty, offs_m, offs_n, lk, diag, qk_scale, True, CAUSAL,
+                                              BLOCK_N, STAGES, s_layout, o_layout, p_layout)
+        has = l_i > 0.0
+        l_safe = gl.where(has, l_i, 1.0)
+        out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
+        lse = gl.where(has, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+        rows_o = first + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
+        cols_o = gl.arange(0, HEAD_DV, layout=gl.SliceLayout(0, o_layout))
+        o_ptrs = (O + gl.expand_dims((o_start + rows_o).to(gl.int64) * stride_ot, 1) + h * stride_oh
+                  + gl.expand_dims(cols_o, 0))
+        o_mask = gl.expand_dims(rows_o < lq, 1) & gl.expand_dims(cols_o < HEAD_DV, 0)
+        gl.store(o_ptrs, out.to(O.dtype.element_ty), mask=o_mask)
+        gl.store(LSE + h * stride_lh + o_start + offs_m, lse, mask=offs_m < lq)
+    else:
+        # no query row of this half is real: release every buffer and pass every turn, in the order
+        # the active group's pipelined schedule takes them (turn t: K(t) and V(t-1)), so neither
+        # group ever waits on something the other can only give after its own next turn
+        if n_blocks > 0:  # with no key block the active group takes no turn either
+            for t in range(0, n_blocks + 1):
+                _my_turn(turn, t, WG, PINGPONG)
+                _pass_turn(turn, WG, PINGPONG)
+                if t < n_blocks:
+                    mbarrier.wait(k_ready.index(t % STAGES), (t // STAGES) & 1)
+                    mbarrier.arrive(k_empty.index(t % STAGES))
+                if t > 0:
+                    mbarrier.wait(v_ready.index((t - 1) % STAGES), ((t - 1) // STAGES) & 1)
+                    mbarrier.arrive(v_empty.index((t - 1) % STAGES))
+
+
+@gluon.jit
+def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK,
+               stride_ot, stride_oh, stride_lh, qk_scale, H, GROUP,
+               BROADCAST: gl.constexpr, CAUSAL: gl.constexpr,
+               BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
+               STAGES: gl.constexpr, SCHEDULE: gl.constexpr):
+    # one program per (128-row query tile, query head); tiles come heaviest first
+    pid = gl.program_id(0)
+    tile = pid // H
+    h = pid % H
+    b = gl.load(TILE_SEQ + tile)
+    mblk = gl.load(TILE_BLK + tile)
+    # offsets may be int64; rows fit in int32 (the host checks the TMA rules), TMA coordinates are int32
+    k_start = gl.load(CU_K + b).to(gl.int32)
+    lk = gl.load(CU_K + b + 1).to(gl.int32) - k_start
+    if BROADCAST:
+        q_start = 0
+        lq = gl.load(CU_Q + 1).to(gl.int32)
+        o_start = lq.to(gl.int64) * b
+    else:
+        q_start = gl.load(CU_Q + b).to(gl.int32)
+        lq = gl.load(CU_Q + b + 1).to(gl.int32) - q_start
+        o_start = q_start.to(gl.int64)
+    hk = h // GROUP
+    m0 = mblk * 128
+    diag = lk - lq
+    if CAUSAL:
+        hi = gl.maximum(gl.minimum(lk, m0 + 128 + diag), 0)
+        full_hi = gl.maximum(gl.minimum(lk, m0 + 1 + diag), 0)
+    else:
+        hi = lk
+        full_hi = lk
+    n_full = full_hi // BLOCK_N
+    n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 64, HEAD_D], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DV], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    tail_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    mbarrier.init(tail_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # both consumer warp groups release a buffer
+        mbarrier.init(v_empty.index(i), count=2)
+    mbarrier.init(turn.index(0), count=1)
+    mbarrier.init(turn.index(1), count=1)
+    fence_async_shared()
+
+    q_row = q_start + m0
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, h * HEAD_D], q_bar, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, [q_row + 64, h * HEAD_D], q_bar, q_smem.index(1))
+
+    gl.warp_specialize([
+        (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                     O, LSE, o_start, m0, lq, lk, h, stride_ot, stride_oh, stride_lh,
+                     qk_scale, diag, n_full, n_blocks,
+                     PartitionFlags(0, CAUSAL, BLOCK_N, HEAD_DV, STAGES, SCHEDULE))),
+        (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                     O, LSE, o_start, m0, lq, lk, h, stride_ot, stride_oh, stride_lh,
+                     qk_scale, diag, n_full, n_blocks,
+                     PartitionFlags(1, CAUSAL, BLOCK_N, HEAD_DV, STAGES, SCHEDULE))),
+        (_loader, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, tail_bar,
+                   k_start, hk * HEAD_D, hk * HEAD_DV, lk, n_blocks,
+                   PartitionFlags(2, CAUSAL, BLOCK_N, HEAD_DV, STAGES, SCHEDULE))),
+    ], [4, 1], [232, 40])
