@@ -9,6 +9,7 @@ import torch
 from conformance.backend import Backend, Capabilities
 from conformance.problem import AttentionArgs, Output, Problem
 from kernels import DQ_DETERMINISTIC, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, jagged_flash_attention
+from kernels import jfa
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -31,6 +32,9 @@ class TritonJfa(Backend):
     )
 
     def __init__(self):
+        # which forward kernel answers is part of what a report describes (JFA_FWD_KERNEL picks it)
+        self.capabilities = dataclasses.replace(
+            self.capabilities, notes=f"{self.capabilities.notes}; forward kernel switch: {jfa.FWD_KERNEL}")
         if _interpreting():  # the interpreter runs every program in Python: keep drawn problems small
             self.capabilities = dataclasses.replace(self.capabilities, max_drawn_rows=160)
 
