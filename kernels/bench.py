@@ -117,6 +117,7 @@ def _triton_with(**switches):
 impl_triton_atomic = _triton_with(BWD_DQ_MODE="atomic")
 impl_triton_persistent = _triton_with(FWD_GRID="persistent", BWD_KV_GRID="persistent")
 impl_triton_gluon = _triton_with(FWD_KERNEL="gluon")
+impl_triton_gluon_persistent = _triton_with(FWD_KERNEL="gluon", FWD_GRID="persistent")
 
 
 def impl_fa4(shape, q, k, v, cu_q, cu_k):
@@ -214,7 +215,7 @@ def impl_sdpa(shape, q, k, v, cu_q, cu_k):
 
 
 IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-persistent": impl_triton_persistent,
-         "triton-gluon": impl_triton_gluon,
+         "triton-gluon": impl_triton_gluon, "triton-gluon-persistent": impl_triton_gluon_persistent,
          "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
 
 

@@ -4,7 +4,10 @@ Triton's ``tl`` cannot say which warps load and which compute on sm_90 (its auto
 specialization failed or was slower, kernels/PERF.md v4).  Gluon can, so this kernel is laid out
 the way FA3 lays out its Hopper forward:
 
-* A CTA owns one 128-row query tile of one sequence and one query head.  Two consumer warp groups
+* A work item is one 128-row query tile of one sequence and one query head; program p takes the
+  items p, p + P, p + 2P, ... of the heaviest-first list (P programs: one per item, or one per SM
+  for the persistent grid, where the loader fetches the next item's Q and K/V while the consumers
+  finish the current one; Q is double-buffered for that).  Two consumer warp groups
   (4 warps each) take 64 rows each: one is the default partition, one a worker.  They share the
   K/V tiles, and being separate warp groups they can run one's softmax while the other's
   ``wgmma`` keeps the tensor cores busy.
@@ -53,20 +56,56 @@ class PartitionFlags:
     """Compile-time flags for the partitions.  Worker partitions receive only IR values, so their
     constexprs travel as the fields of this aggregate."""
     WG: gl.constexpr
+    BROADCAST: gl.constexpr
     CAUSAL: gl.constexpr
     BLOCK_N: gl.constexpr
+    HEAD_D: gl.constexpr
     HEAD_DV: gl.constexpr
     STAGES: gl.constexpr
     SCHEDULE: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, CAUSAL, BLOCK_N, HEAD_DV, STAGES, SCHEDULE):
+    def __init__(self, WG, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE):
         self.WG = gl.constexpr(WG)
+        self.BROADCAST = gl.constexpr(BROADCAST)
         self.CAUSAL = gl.constexpr(CAUSAL)
         self.BLOCK_N = gl.constexpr(BLOCK_N)
+        self.HEAD_D = gl.constexpr(HEAD_D)
         self.HEAD_DV = gl.constexpr(HEAD_DV)
         self.STAGES = gl.constexpr(STAGES)
         self.SCHEDULE = gl.constexpr(SCHEDULE)
+
+
+@gluon.jit
+def _tile(item, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K,
+          BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
+    # where work item ``item`` (= tile * H + q head) reads and writes, and how many key blocks it takes
+    tile = item // H
+    h = item % H
+    b = gl.load(TILE_SEQ + tile)
+    mblk = gl.load(TILE_BLK + tile)
+    # offsets may be int64; rows fit in int32 (the host checks the TMA rules), TMA coordinates are int32
+    k_start = gl.load(CU_K + b).to(gl.int32)
+    lk = gl.load(CU_K + b + 1).to(gl.int32) - k_start
+    if BROADCAST:
+        q_start = k_start * 0
+        lq = gl.load(CU_Q + 1).to(gl.int32)
+        o_start = lq.to(gl.int64) * b
+    else:
+        q_start = gl.load(CU_Q + b).to(gl.int32)
+        lq = gl.load(CU_Q + b + 1).to(gl.int32) - q_start
+        o_start = q_start.to(gl.int64)
+    m0 = mblk * 128
+    diag = lk - lq
+    if CAUSAL:
+        hi = gl.maximum(gl.minimum(lk, m0 + 128 + diag), 0)
+        full_hi = gl.maximum(gl.minimum(lk, m0 + 1 + diag), 0)
+    else:
+        hi = lk
+        full_hi = lk
+    n_full = full_hi // BLOCK_N
+    n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
+    return q_start, o_start, lq, k_start, lk, h, h // GROUP, m0, diag, n_full, n_blocks
 
 
 @gluon.jit
@@ -85,37 +124,55 @@ def _zero_rows_from(buf, first_row, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr
 
 
 @gluon.jit
-def _loader(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, tail_bar,
-            k_row, k_col, v_col, lk, n_blocks, flags):
+def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+            tail_bar, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, flags):
     BLOCK_N: gl.constexpr = flags.BLOCK_N
+    HEAD_D: gl.constexpr = flags.HEAD_D
     HEAD_DV: gl.constexpr = flags.HEAD_DV
     STAGES: gl.constexpr = flags.STAGES
-    for j in range(n_blocks):
-        s = j % STAGES
-        ph = (j // STAGES) & 1
-        start = j * BLOCK_N
-        # a fresh barrier counts as having completed the phase before 0, so round 0 does not wait
-        mbarrier.wait(k_empty.index(s), ph ^ 1)
-        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [k_row + start, k_col], k_ready.index(s), k_smem.index(s))
-        mbarrier.wait(v_empty.index(s), ph ^ 1)
-        if start + BLOCK_N <= lk:
-            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [k_row + start, v_col], v_ready.index(s), v_smem.index(s))
-        else:
-            # the ragged last block (at most one per CTA, so tail_bar is used once, phase 0)
-            mbarrier.expect(tail_bar, v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [k_row + start, v_col], tail_bar, v_smem.index(s))
-            mbarrier.wait(tail_bar, 0)
-            _zero_rows_from(v_smem.index(s), lk - start, BLOCK_N, HEAD_DV)
-            fence_async_shared()
-            mbarrier.arrive(v_ready.index(s))
+    r0 = 0  # ring position of the current item's first key block (the ring runs on across items)
+    n_tails = 0
+    tq = 0  # items so far: Q buffer tq % 2
+    for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        q_start, o_start, lq, k_start, lk, h, hk, m0, diag, n_full, n_blocks = _tile(
+            item, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, flags.CAUSAL, BLOCK_N)
+        qb = tq % 2
+        # a fresh barrier counts as having completed the phase before 0, so first rounds do not wait
+        mbarrier.wait(q_empty.index(qb), ((tq // 2) & 1) ^ 1)
+        mbarrier.expect(q_ready.index(qb), 2 * q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_start + m0, h * HEAD_D], q_ready.index(qb), q_smem.index(2 * qb))
+        tma.async_copy_global_to_shared(q_desc, [q_start + m0 + 64, h * HEAD_D], q_ready.index(qb),
+                                        q_smem.index(2 * qb + 1))
+        for j in range(n_blocks):
+            r = r0 + j
+            s = r % STAGES
+            ph = (r // STAGES) & 1
+            start = j * BLOCK_N
+            mbarrier.wait(k_empty.index(s), ph ^ 1)
+            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [k_start + start, hk * HEAD_D], k_ready.index(s), k_smem.index(s))
+            mbarrier.wait(v_empty.index(s), ph ^ 1)
+            if start + BLOCK_N <= lk:
+                mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(v_desc, [k_start + start, hk * HEAD_DV], v_ready.index(s),
+                                                v_smem.index(s))
+            else:
+                # the ragged last block (at most one per item)
+                mbarrier.expect(tail_bar, v_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(v_desc, [k_start + start, hk * HEAD_DV], tail_bar, v_smem.index(s))
+                mbarrier.wait(tail_bar, n_tails & 1)
+                _zero_rows_from(v_smem.index(s), lk - start, BLOCK_N, HEAD_DV)
+                fence_async_shared()
+                mbarrier.arrive(v_ready.index(s))
+                n_tails += 1
+        r0 += n_blocks
+        tq += 1
 
 
 @gluon.jit
 def _softmax_step(scores, m_i, l_i, j, offs_m, offs_n, lk, diag, qk_scale,
                   MASKED: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
-    # online softmax of one [64, BLOCK_N] score tile: (p, alpha, l, m)
+    # online softmax of key block j's [64, BLOCK_N] scores: (p, alpha, l, m)
     if MASKED:
         cols = j * BLOCK_N + offs_n
         keep = gl.expand_dims(cols < lk, 0)
@@ -136,28 +193,29 @@ def _softmax_step(scores, m_i, l_i, j, offs_m, offs_n, lk, diag, qk_scale,
 
 
 @gluon.jit
-def _issue_qk(j, q, k_smem, k_ready, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr):
-    s = j % STAGES
-    mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+def _issue_qk(r, q, k_smem, k_ready, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr):
+    # QK^T against the K block at ring position r, issued asynchronously
+    s = r % STAGES
+    mbarrier.wait(k_ready.index(s), (r // STAGES) & 1)
     return warpgroup_mma(q, k_smem.index(s).permute((1, 0)), gl.zeros([64, BLOCK_N], gl.float32, s_layout),
                          use_acc=False, is_async=True)
 
 
 @gluon.jit
-def _attend_block(j, acc, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+def _attend_block(j, r, acc, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                   offs_m, offs_n, lk, diag, qk_scale,
                   MASKED: gl.constexpr, CAUSAL: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
-    # one key block, in order: QK^T, softmax, PV (the two warp groups overlap each other)
-    s = j % STAGES
-    scores = warpgroup_mma_wait(0, deps=(_issue_qk(j, q, k_smem, k_ready, BLOCK_N, STAGES, s_layout), ))
+    # key block j (ring position r), in order: QK^T, softmax, PV (the two groups overlap each other)
+    s = r % STAGES
+    scores = warpgroup_mma_wait(0, deps=(_issue_qk(r, q, k_smem, k_ready, BLOCK_N, STAGES, s_layout), ))
     mbarrier.arrive(k_empty.index(s))
     p, alpha, l_i, m_new = _softmax_step(scores, m_i, l_i, j, offs_m, offs_n, lk, diag, qk_scale,
                                          MASKED, CAUSAL, BLOCK_N)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
     p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
-    mbarrier.wait(v_ready.index(s), (j // STAGES) & 1)
+    mbarrier.wait(v_ready.index(s), (r // STAGES) & 1)
     acc = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=(acc, ))
     mbarrier.arrive(v_empty.index(s))
@@ -180,18 +238,19 @@ def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _pipelined_block(j, acc, p_prev, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn,
-                     offs_m, offs_n, lk, diag, qk_scale,
+def _pipelined_block(j, r, t, acc, p_prev, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                     turn, offs_m, offs_n, lk, diag, qk_scale,
                      MASKED: gl.constexpr, CAUSAL: gl.constexpr,
                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
                      s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
-    # key block j's softmax runs while block j-1's PV is in flight (FA3's intra-warpgroup overlap):
-    # issue QK^T(j), issue PV(j-1), wait for QK^T only, softmax(j), then wait for PV and rescale.
-    s = j % STAGES
-    sp = (j - 1) % STAGES
-    _my_turn(turn, j, WG, PINGPONG)
-    qk = _issue_qk(j, q, k_smem, k_ready, BLOCK_N, STAGES, s_layout)
-    mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
+    # key block j (ring position r, turn t): its softmax runs while block j-1's PV is in flight
+    # (FA3's intra-warpgroup overlap): issue QK^T(j), issue PV(j-1), wait for QK^T only, softmax(j),
+    # then wait for PV and rescale.
+    s = r % STAGES
+    sp = (r - 1) % STAGES
+    _my_turn(turn, t, WG, PINGPONG)
+    qk = _issue_qk(r, q, k_smem, k_ready, BLOCK_N, STAGES, s_layout)
+    mbarrier.wait(v_ready.index(sp), ((r - 1) // STAGES) & 1)
     pv = warpgroup_mma(p_prev, v_smem.index(sp), acc, is_async=True)
     _pass_turn(turn, WG, PINGPONG)
     scores = warpgroup_mma_wait(1, deps=(qk, ))  # groups retire in order: QK^T(j) is done
@@ -206,9 +265,9 @@ def _pipelined_block(j, acc, p_prev, l_i, m_i, q, k_smem, v_smem, k_ready, v_rea
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-              O, LSE, o_start, m0, lq, lk, h, stride_ot, stride_oh, stride_lh,
-              qk_scale, diag, n_full, n_blocks, flags):
+def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+              O, LSE, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
+              stride_ot, stride_oh, stride_lh, qk_scale, flags):
     WG: gl.constexpr = flags.WG
     CAUSAL: gl.constexpr = flags.CAUSAL
     BLOCK_N: gl.constexpr = flags.BLOCK_N
@@ -221,153 +280,135 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DV, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    first = m0 + WG * 64
-    offs_m = first + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
-    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([64, HEAD_DV], gl.float32, o_layout)
-    q = q_smem.index(WG)
-    mbarrier.wait(q_bar, 0)
-    if first < lq:
-        if PIPELINE:
-            if n_blocks > 0:
-                _my_turn(turn, 0, WG, PINGPONG)
-                qk = _issue_qk(0, q, k_smem, k_ready, BLOCK_N, STAGES, s_layout)
-                _pass_turn(turn, WG, PINGPONG)
-                scores = warpgroup_mma_wait(0, deps=(qk, ))
-                mbarrier.arrive(k_empty.index(0))
-                if n_full > 0:
-                    p, alpha, l_i, m_i = _softmax_step(scores, m_i, l_i, 0, offs_m, offs_n, lk, diag, qk_scale,
-                                                       False, CAUSAL, BLOCK_N)
-                else:
-                    p, alpha, l_i, m_i = _softmax_step(scores, m_i, l_i, 0, offs_m, offs_n, lk, diag, qk_scale,
-                                                       True, CAUSAL, BLOCK_N)
-                p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
-                for j in range(1, n_full):
-                    acc, p_op, l_i, m_i = _pipelined_block(
-                        j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn,
-                        offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL, BLOCK_N, STAGES, WG, PINGPONG,
-                        s_layout, o_layout, p_layout)
-                for j in range(gl.maximum(n_full, 1), n_blocks):
-                    acc, p_op, l_i, m_i = _pipelined_block(
-                        j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn,
-                        offs_m, offs_n, lk, diag, qk_scale, True, CAUSAL, BLOCK_N, STAGES, WG, PINGPONG,
-                        s_layout, o_layout, p_layout)
-                last = (n_blocks - 1) % STAGES
-                _my_turn(turn, n_blocks, WG, PINGPONG)
-                mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
-                acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-                _pass_turn(turn, WG, PINGPONG)
-                acc = warpgroup_mma_wait(0, deps=(acc, ))
-                mbarrier.arrive(v_empty.index(last))
+    r0 = 0  # ring position of the item's first key block
+    t0 = 0  # turns taken so far (ping-pong)
+    tq = 0  # items so far: Q buffer tq % 2
+    for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        q_start, o_start, lq, k_start, lk, h, hk, m0, diag, n_full, n_blocks = _tile(
+            item, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, CAUSAL, BLOCK_N)
+        first = m0 + WG * 64
+        offs_m = first + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([64, HEAD_DV], gl.float32, o_layout)
+        qb = tq % 2
+        q = q_smem.index(2 * qb + WG)
+        mbarrier.wait(q_ready.index(qb), (tq // 2) & 1)
+        if first < lq:
+            if PIPELINE:
+                if n_blocks > 0:
+                    _my_turn(turn, t0, WG, PINGPONG)
+                    qk = _issue_qk(r0, q, k_smem, k_ready, BLOCK_N, STAGES, s_layout)
+                    _pass_turn(turn, WG, PINGPONG)
+                    scores = warpgroup_mma_wait(0, deps=(qk, ))
+                    mbarrier.arrive(k_empty.index(r0 % STAGES))
+                    if n_full > 0:
+                        p, alpha, l_i, m_i = _softmax_step(scores, m_i, l_i, 0, offs_m, offs_n, lk, diag,
+                                                           qk_scale, False, CAUSAL, BLOCK_N)
+                    else:
+                        p, alpha, l_i, m_i = _softmax_step(scores, m_i, l_i, 0, offs_m, offs_n, lk, diag,
+                                                           qk_scale, True, CAUSAL, BLOCK_N)
+                    p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+                    for j in range(1, n_full):
+                        acc, p_op, l_i, m_i = _pipelined_block(
+                            j, r0 + j, t0 + j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
+                            k_empty, v_empty, turn, offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL,
+                            BLOCK_N, STAGES, WG, PINGPONG, s_layout, o_layout, p_layout)
+                    for j in range(gl.maximum(n_full, 1), n_blocks):
+                        acc, p_op, l_i, m_i = _pipelined_block(
+                            j, r0 + j, t0 + j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
+                            k_empty, v_empty, turn, offs_m, offs_n, lk, diag, qk_scale, True, CAUSAL,
+                            BLOCK_N, STAGES, WG, PINGPONG, s_layout, o_layout, p_layout)
+                    last = r0 + n_blocks - 1
+                    _my_turn(turn, t0 + n_blocks, WG, PINGPONG)
+                    mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+                    acc = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
+                    _pass_turn(turn, WG, PINGPONG)
+                    acc = warpgroup_mma_wait(0, deps=(acc, ))
+                    mbarrier.arrive(v_empty.index(last % STAGES))
+            else:
+                for j in range(0, n_full):
+                    acc, l_i, m_i = _attend_block(j, r0 + j, acc, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
+                                                  k_empty, v_empty, offs_m, offs_n, lk, diag, qk_scale, False,
+                                                  CAUSAL, BLOCK_N, STAGES, s_layout, o_layout, p_layout)
+                for j in range(n_full, n_blocks):
+                    acc, l_i, m_i = _attend_block(j, r0 + j, acc, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
+                                                  k_empty, v_empty, offs_m, offs_n, lk, diag, qk_scale, True,
+                                                  CAUSAL, BLOCK_N, STAGES, s_layout, o_layout, p_layout)
+            mbarrier.arrive(q_empty.index(qb))  # every QK^T of this item is done: Q may be reloaded
+            has = l_i > 0.0
+            l_safe = gl.where(has, l_i, 1.0)
+            out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
+            lse = gl.where(has, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+            rows_o = first + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
+            cols_o = gl.arange(0, HEAD_DV, layout=gl.SliceLayout(0, o_layout))
+            o_ptrs = (O + gl.expand_dims((o_start + rows_o).to(gl.int64) * stride_ot, 1) + h * stride_oh
+                      + gl.expand_dims(cols_o, 0))
+            o_mask = gl.expand_dims(rows_o < lq, 1) & gl.expand_dims(cols_o < HEAD_DV, 0)
+            gl.store(o_ptrs, out.to(O.dtype.element_ty), mask=o_mask)
+            gl.store(LSE + h * stride_lh + o_start + offs_m, lse, mask=offs_m < lq)
         else:
-            for j in range(0, n_full):
-                acc, l_i, m_i = _attend_block(j, acc, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty,
-                                              v_empty, offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL,
-                                              BLOCK_N, STAGES, s_layout, o_layout, p_layout)
-            for j in range(n_full, n_blocks):
-                acc, l_i, m_i = _attend_block(j, acc, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty,
-                                              v_empty, offs_m, offs_n, lk, diag, qk_scale, True, CAUSAL,
-                                              BLOCK_N, STAGES, s_layout, o_layout, p_layout)
-        has = l_i > 0.0
-        l_safe = gl.where(has, l_i, 1.0)
-        out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
-        lse = gl.where(has, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-        rows_o = first + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
-        cols_o = gl.arange(0, HEAD_DV, layout=gl.SliceLayout(0, o_layout))
-        o_ptrs = (O + gl.expand_dims((o_start + rows_o).to(gl.int64) * stride_ot, 1) + h * stride_oh
-                  + gl.expand_dims(cols_o, 0))
-        o_mask = gl.expand_dims(rows_o < lq, 1) & gl.expand_dims(cols_o < HEAD_DV, 0)
-        gl.store(o_ptrs, out.to(O.dtype.element_ty), mask=o_mask)
-        gl.store(LSE + h * stride_lh + o_start + offs_m, lse, mask=offs_m < lq)
-    else:
-        # no query row of this half is real: release every buffer and pass every turn, in the order
-        # the active group's pipelined schedule takes them (turn t: K(t) and V(t-1)), so neither
-        # group ever waits on something the other can only give after its own next turn
-        if n_blocks > 0:  # with no key block the active group takes no turn either
-            for t in range(0, n_blocks + 1):
-                _my_turn(turn, t, WG, PINGPONG)
-                _pass_turn(turn, WG, PINGPONG)
-                if t < n_blocks:
-                    mbarrier.wait(k_ready.index(t % STAGES), (t // STAGES) & 1)
-                    mbarrier.arrive(k_empty.index(t % STAGES))
-                if t > 0:
-                    mbarrier.wait(v_ready.index((t - 1) % STAGES), ((t - 1) // STAGES) & 1)
-                    mbarrier.arrive(v_empty.index((t - 1) % STAGES))
+            # no query row of this half is real: release every buffer and pass every turn, in the order
+            # the active group's pipelined schedule takes them (turn t: K(t) and V(t-1)), so neither
+            # group ever waits on something the other can only give after its own next turn
+            if n_blocks > 0:  # with no key block the active group takes no turn either
+                for t in range(0, n_blocks + 1):
+                    _my_turn(turn, t0 + t, WG, PINGPONG)
+                    _pass_turn(turn, WG, PINGPONG)
+                    if t < n_blocks:
+                        mbarrier.wait(k_ready.index((r0 + t) % STAGES), ((r0 + t) // STAGES) & 1)
+                        mbarrier.arrive(k_empty.index((r0 + t) % STAGES))
+                    if t > 0:
+                        mbarrier.wait(v_ready.index((r0 + t - 1) % STAGES), ((r0 + t - 1) // STAGES) & 1)
+                        mbarrier.arrive(v_empty.index((r0 + t - 1) % STAGES))
+            mbarrier.arrive(q_empty.index(qb))
+        r0 += n_blocks
+        tq += 1
+        if PINGPONG:
+            if n_blocks > 0:
+                t0 += n_blocks + 1
 
 
 @gluon.jit
 def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK,
-               stride_ot, stride_oh, stride_lh, qk_scale, H, GROUP,
+               stride_ot, stride_oh, stride_lh, qk_scale, H, GROUP, n_items,
                BROADCAST: gl.constexpr, CAUSAL: gl.constexpr,
                BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                STAGES: gl.constexpr, SCHEDULE: gl.constexpr):
-    # one program per (128-row query tile, query head); tiles come heaviest first
-    pid = gl.program_id(0)
-    tile = pid // H
-    h = pid % H
-    b = gl.load(TILE_SEQ + tile)
-    mblk = gl.load(TILE_BLK + tile)
-    # offsets may be int64; rows fit in int32 (the host checks the TMA rules), TMA coordinates are int32
-    k_start = gl.load(CU_K + b).to(gl.int32)
-    lk = gl.load(CU_K + b + 1).to(gl.int32) - k_start
-    if BROADCAST:
-        q_start = 0
-        lq = gl.load(CU_Q + 1).to(gl.int32)
-        o_start = lq.to(gl.int64) * b
-    else:
-        q_start = gl.load(CU_Q + b).to(gl.int32)
-        lq = gl.load(CU_Q + b + 1).to(gl.int32) - q_start
-        o_start = q_start.to(gl.int64)
-    hk = h // GROUP
-    m0 = mblk * 128
-    diag = lk - lq
-    if CAUSAL:
-        hi = gl.maximum(gl.minimum(lk, m0 + 128 + diag), 0)
-        full_hi = gl.maximum(gl.minimum(lk, m0 + 1 + diag), 0)
-    else:
-        hi = lk
-        full_hi = lk
-    n_full = full_hi // BLOCK_N
-    n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
-
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 64, HEAD_D], q_desc.layout)
+    # work items: (128-row query tile, query head), heaviest first; program p runs p, p + P, ...
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [4, 64, HEAD_D], q_desc.layout)  # 2 buffers x 2 halves
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DV], v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     tail_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
     mbarrier.init(tail_bar, count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)  # both consumer groups release a Q buffer
+        mbarrier.init(turn.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)  # both consumer warp groups release a buffer
+        mbarrier.init(k_empty.index(i), count=2)  # ... and every K/V buffer
         mbarrier.init(v_empty.index(i), count=2)
-    mbarrier.init(turn.index(0), count=1)
-    mbarrier.init(turn.index(1), count=1)
     fence_async_shared()
-
-    q_row = q_start + m0
-    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, h * HEAD_D], q_bar, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [q_row + 64, h * HEAD_D], q_bar, q_smem.index(1))
-
     gl.warp_specialize([
-        (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                     O, LSE, o_start, m0, lq, lk, h, stride_ot, stride_oh, stride_lh,
-                     qk_scale, diag, n_full, n_blocks,
-                     PartitionFlags(0, CAUSAL, BLOCK_N, HEAD_DV, STAGES, SCHEDULE))),
-        (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                     O, LSE, o_start, m0, lq, lk, h, stride_ot, stride_oh, stride_lh,
-                     qk_scale, diag, n_full, n_blocks,
-                     PartitionFlags(1, CAUSAL, BLOCK_N, HEAD_DV, STAGES, SCHEDULE))),
-        (_loader, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, tail_bar,
-                   k_start, hk * HEAD_D, hk * HEAD_DV, lk, n_blocks,
-                   PartitionFlags(2, CAUSAL, BLOCK_N, HEAD_DV, STAGES, SCHEDULE))),
+        (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+                     O, LSE, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
+                     stride_ot, stride_oh, stride_lh, qk_scale,
+                     PartitionFlags(0, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE))),
+        (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+                     O, LSE, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
+                     stride_ot, stride_oh, stride_lh, qk_scale,
+                     PartitionFlags(1, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE))),
+        (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                   v_empty, tail_bar, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
+                   PartitionFlags(2, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE))),
     ], [4, 1], [232, 40])

@@ -83,7 +83,8 @@ LAST_FWD_PATH = ""
 #     (schedule.persistent_zigzag); the dK/dV pass deals its (tile, kv head)
 #     items block-innermost round-robin (schedule.block_innermost_round_robin).
 # The dQ pass always uses the sorted grid, and FWD_WARP_SPECIALIZE applies to
-# the sorted forward only.  Either grid computes the same
+# the sorted forward only.  The Gluon forward's persistent grid is one program per SM (one CTA
+# fits), items dealt round-robin from the heaviest-first list.  Either grid computes the same
 # tiles with the same code, so the switch never changes an answer.
 # Forward kernel (runtime switch; the environment variable JFA_FWD_KERNEL sets it at import, so a
 # spec run in worker processes can pick it):
@@ -98,7 +99,7 @@ FWD_KERNEL = os.environ.get("JFA_FWD_KERNEL", "triton")
 # "plain" QK^T, softmax, PV in turn; "overlap" softmax(j) while PV(j-1) runs; "pingpong" overlap, and
 # the two consumer groups take turns to issue their MMAs.
 GLUON_SCHEDULES = ("plain", "overlap", "pingpong")
-GLUON_FWD_CFG = (128, 128, 4, 2, "pingpong")
+GLUON_FWD_CFG = (128, 128, 4, 2, "overlap")  # the fastest Gluon choice on the H200 overall (PERF.md v6)
 GLUON_HEAD_DIMS = (64, 128)
 
 GRIDS = ("sorted", "persistent")
@@ -396,11 +397,20 @@ def _gluon_refusal(q, k, v) -> str:
     return ""
 
 
+GLUON_SMEM_BYTES = 232448  # sm_90's shared memory per block
+
+
 def _gluon_cfg():
     cfg = CONFIG_OVERRIDE.get("gluon_fwd", GLUON_FWD_CFG)
     if len(cfg) != 5 or cfg[4] not in GLUON_SCHEDULES:
         raise ValueError(f"the Gluon forward config is (BLOCK_M, BLOCK_N, warps, stages, schedule) with "
                          f"schedule one of {GLUON_SCHEDULES}, got {cfg!r}")
+    # two Q buffers of 128 rows and the K/V ring, bf16/fp16, at the largest head dim it serves
+    d = max(GLUON_HEAD_DIMS)
+    smem = 2 * (2 * 128 * d + cfg[3] * cfg[1] * 2 * d)
+    if smem > GLUON_SMEM_BYTES - 1024:
+        raise ValueError(f"the Gluon forward config {cfg!r} needs {smem} bytes of shared memory; "
+                         f"sm_90 has {GLUON_SMEM_BYTES}")
     return cfg
 
 
@@ -425,9 +435,13 @@ def _forward_gluon(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, out, 
     qd = gf.descriptor(q.view(q.shape[0], -1), [gf.HALF_M, d])
     kd = gf.descriptor(k.view(k.shape[0], -1), [bn, d])
     vd = gf.descriptor(v.view(v.shape[0], -1), [bn, dv])
-    gf.fwd_kernel[(n_tiles * hq,)](
+    n_items = n_tiles * hq
+    # sorted grid: one program per item; persistent: one per SM (one CTA fits), items dealt round-robin
+    # from the heaviest-first list
+    n_programs = min(n_items, _num_sms(q.device)) if FWD_GRID == "persistent" else n_items
+    gf.fwd_kernel[(n_programs,)](
         qd, kd, vd, out, lse, cu_q, cu_k, seq_t, blk_t,
-        out.stride(0), out.stride(1), lse.stride(0), scale * tk.LOG2E, hq, hq // hkv,
+        out.stride(0), out.stride(1), lse.stride(0), scale * tk.LOG2E, hq, hq // hkv, n_items,
         BROADCAST=broadcast, CAUSAL=causal, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dv,
         STAGES=st, SCHEDULE=schedule, num_warps=w)
     return out, lse

@@ -798,3 +798,28 @@ def test_bad_gluon_schedule_is_a_clear_error(monkeypatch):
     t = torch.zeros(4, 1, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="schedule"):
         jfa._pick_fwd_kernel(t, t, t)
+
+
+@needs_gluon
+@pytest.mark.parametrize("schedule", ["overlap", "pingpong"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_gluon_persistent_grid(schedule, causal, monkeypatch):
+    # three programs loop over every item: the K/V ring, the tail barrier, the Q double buffer and the
+    # turns run on across items, including items with no keys and items whose second group is idle
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_KERNEL", "gluon")
+    monkeypatch.setattr(jfa, "FWD_GRID", "persistent")
+    monkeypatch.setattr(jfa, "_num_sms", lambda device: 3)
+    monkeypatch.setattr(jfa, "CONFIG_OVERRIDE", {"gluon_fwd": (128, 128, 4, 2, schedule)})
+    run_case([300, 0, 513, 1, 65, 700, 40, 3], [257, 5, 513, 1, 64, 200, 0, 300], hq=4, hkv=2, d=128,
+             causal=causal, dtype=torch.bfloat16)
+    _ran("gluon")
+    run_case([200], [300, 0, 1, 129, 64], hq=2, hkv=2, d=64, causal=causal, dtype=torch.float16, broadcast=True)
+    _ran("gluon")
+
+
+def test_gluon_config_must_fit_shared_memory(monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "CONFIG_OVERRIDE", {"gluon_fwd": (128, 128, 4, 3, "overlap")})
+    with pytest.raises(ValueError, match="shared memory"):
+        jfa._gluon_cfg()
