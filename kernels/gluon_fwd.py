@@ -18,8 +18,11 @@ the way FA3 lays out its Hopper forward:
   the tensor end): query rows past ``lq`` are computed and never stored; key scores past ``lk``
   are masked to -inf; and because ``0 * inf`` is NaN inside the MMA, the loader zeroes value rows
   past ``lk`` in the ragged last block before publishing it.
+* Schedules (``SCHEDULE``): "plain" runs QK^T, softmax and PV of a key block in turn; "overlap"
+  runs block j's softmax while block j-1's PV is in flight; "pingpong" adds FA3's hand-off: the two
+  consumer groups take turns to issue their MMAs (a token passed through two mbarriers).
 * Softmax in base 2 with the scale folded into one FMA per score (``s * scale - m``, valid because
-  the spec's scale is positive).  Output rows and LSE are stored with masked pointer stores (a TMA
+  the scale is positive; the host refuses any other).  Output rows and LSE are stored with masked pointer stores (a TMA
   store would write into the next sequence).
 
 Same conventions as kernels/triton_kernels.py: bottom-right causal, natural-log LSE [Hq, rows],

@@ -373,8 +373,10 @@ def _fwd_descs(k, v, block_n):
     return kd, vd, ""
 
 
-def _gluon_refusal(q, k, v) -> str:
+def _gluon_refusal(q, k, v, scale=1.0) -> str:
     """Why the Gluon forward cannot run these tensors ("" if it can)."""
+    if not scale > 0:  # the spec's validator rejects these; this module also runs without it
+        return "the Gluon forward folds a positive softmax scale into its row maximum"
     if _INTERPRET:
         return "the Triton interpreter does not run Gluon"
     if q.device.type != "cuda":
@@ -414,14 +416,14 @@ def _gluon_cfg():
     return cfg
 
 
-def _pick_fwd_kernel(q, k, v):
+def _pick_fwd_kernel(q, k, v, scale=1.0):
     """("gluon", "") where the switch asks for Gluon and it can run, else ("triton", why not)."""
     if FWD_KERNEL not in FWD_KERNELS:
         raise ValueError(f"jfa.FWD_KERNEL must be one of {FWD_KERNELS}, got {FWD_KERNEL!r}")
     if FWD_KERNEL != "gluon":
         return "triton", ""
     _gluon_cfg()
-    why = _gluon_refusal(q, k, v)
+    why = _gluon_refusal(q, k, v, scale)
     return ("triton", why) if why else ("gluon", "")
 
 
@@ -602,7 +604,7 @@ def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     q = q if q.stride(-1) == 1 else q.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
     v = v if v.stride(-1) == 1 else v.contiguous()
-    fwd_kernel, why_not_gluon = _pick_fwd_kernel(q, k, v)
+    fwd_kernel, why_not_gluon = _pick_fwd_kernel(q, k, v, scale)
     cfgs = tuple(_cfg(kind, dkey, q.dtype, on_cpu) for kind in ("fwd", "kvf" if fuse else "kv", "q"))
     if fwd_kernel == "gluon":
         cfgs = (_gluon_cfg(),) + cfgs[1:]

@@ -823,3 +823,11 @@ def test_gluon_config_must_fit_shared_memory(monkeypatch):
     monkeypatch.setattr(jfa, "CONFIG_OVERRIDE", {"gluon_fwd": (128, 128, 4, 3, "overlap")})
     with pytest.raises(ValueError, match="shared memory"):
         jfa._gluon_cfg()
+
+
+def test_gluon_refuses_a_scale_it_cannot_fold():
+    # the kernels module also runs without the spec's validator, which would reject these scales
+    from kernels import jfa
+    t = torch.zeros(4, 1, 128, dtype=torch.bfloat16)
+    for scale in (-0.5, 0.0, float("nan")):
+        assert "positive softmax scale" in jfa._gluon_refusal(t, t, t, scale)
