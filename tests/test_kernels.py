@@ -503,21 +503,27 @@ def test_fwd_rows_past_lk_never_leak(fwd_path, poison, causal):
     """The key rows just past a sequence's end are the next sequence's: TMA
     reads them (only the tensor end is zero-filled).  Whatever they hold, the
     first sequence's output and LSE must be those of that sequence alone."""
-    dtype = torch.float16
-    la, lb = 21, 40  # 21: ragged against every block size used here
-    q, k, v, cu_q, cu_k = make_inputs([la, lb], [la, lb], 2, 2, 32, 32, dtype, seed=4)
+    # 21: ragged against every block size used here
+    _first_sequence_alone(21, 40, 32, torch.float16, poison, causal, poisoned=("k", "v"))
+    if fwd_path != "ptr":
+        _ran(fwd_path)
+
+
+def _first_sequence_alone(la, lb, d, dtype, poison, causal, poisoned):
+    """Two sequences; the second's ``poisoned`` tensors hold ``poison``; the first sequence's output
+    and LSE must be finite and those of that sequence alone."""
+    q, k, v, cu_q, cu_k = make_inputs([la, lb], [la, lb], 2, 2, d, d, dtype, seed=4)
     bad = {"huge": 6.0e4, "inf": float("inf"), "nan": float("nan")}[poison]
-    k[la:] = bad
-    v[la:] = bad
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if name in poisoned:
+            t[la:] = bad
     out, lse = _fwd_only(q, k, v, cu_q, cu_k, causal)
     cu_a = torch.tensor([0, la], dtype=torch.int32)
     ref_o, ref_l = reference(q[:la].double(), k[:la].double(), v[:la].double(), cu_a, cu_a, causal,
-                             1 / math.sqrt(32), False)
+                             1 / math.sqrt(d), False)
     assert torch.isfinite(out[:la]).all() and torch.isfinite(lse[:, :la]).all()
     assert rel(out[:la], ref_o) < TOL[dtype]
     assert (lse[:, :la].double() - ref_l).abs().max().item() < LSE_TOL[dtype]
-    if fwd_path != "ptr":
-        _ran(fwd_path)
 
 
 @needs_kernels
@@ -741,21 +747,9 @@ def test_gpu_gluon_rows_past_lk_never_leak(poison, causal, monkeypatch):
     and the scores are masked, so nothing they hold may reach the first sequence."""
     from kernels import jfa
     monkeypatch.setattr(jfa, "FWD_KERNEL", "gluon")
-    dtype = torch.bfloat16
-    la, lb = 150, 140  # 150: a full 128-key block and a ragged one
-    q, k, v, cu_q, cu_k = make_inputs([la, lb], [la, lb], 2, 2, 64, 64, dtype, seed=4)
-    bad = {"huge": 6.0e4, "inf": float("inf"), "nan": float("nan")}[poison]
-    q[la:] = bad
-    k[la:] = bad
-    v[la:] = bad
-    out, lse = _fwd_only(q, k, v, cu_q, cu_k, causal)
+    # 150: a full 128-key block and a ragged one; the second tile's q rows past 150 are read too
+    _first_sequence_alone(150, 140, 64, torch.bfloat16, poison, causal, poisoned=("q", "k", "v"))
     _ran("gluon")
-    cu_a = torch.tensor([0, la], dtype=torch.int32)
-    ref_o, ref_l = reference(q[:la].double(), k[:la].double(), v[:la].double(), cu_a, cu_a, causal,
-                             1 / math.sqrt(64), False)
-    assert torch.isfinite(out[:la]).all() and torch.isfinite(lse[:, :la]).all()
-    assert rel(out[:la], ref_o) < TOL[dtype]
-    assert (lse[:, :la].double() - ref_l).abs().max().item() < LSE_TOL[dtype]
 
 
 @needs_kernels
