@@ -86,6 +86,11 @@ LAST_FWD_PATH = ""
 # the sorted forward only.  The Gluon forward's persistent grid is one program per SM (one CTA
 # fits), items dealt round-robin from the heaviest-first list.  Either grid computes the same
 # tiles with the same code, so the switch never changes an answer.
+GRIDS = ("sorted", "persistent")
+FWD_GRID = "sorted"
+BWD_KV_GRID = "sorted"
+PERSISTENT_CTAS_PER_SM = 2
+
 # Forward kernel (runtime switch; the environment variable JFA_FWD_KERNEL sets it at import, so a
 # spec run in worker processes can pick it):
 #   "triton": the tl kernel in triton_kernels.py (every device, dtype and declared head dim; the
@@ -101,11 +106,6 @@ FWD_KERNEL = os.environ.get("JFA_FWD_KERNEL", "triton")
 GLUON_SCHEDULES = ("plain", "overlap", "pingpong")
 GLUON_FWD_CFG = (128, 128, 4, 2, "overlap")  # the fastest Gluon choice on the H200 overall (PERF.md v6)
 GLUON_HEAD_DIMS = (64, 128)
-
-GRIDS = ("sorted", "persistent")
-FWD_GRID = "sorted"
-BWD_KV_GRID = "sorted"
-PERSISTENT_CTAS_PER_SM = 2
 
 
 def _cfg(kind: str, head_dim: int, dtype: torch.dtype, on_cpu: bool):
