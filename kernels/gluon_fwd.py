@@ -40,6 +40,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.core import _aggregate as aggregate
 
+# TMA global -> shared copy: Triton 3.6 names it async_copy_global_to_shared, later versions async_load
+tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+
 HALF_M = 64  # rows per consumer warp group: one wgmma M-extent
 BLOCK_M = 2 * HALF_M
 
@@ -143,8 +146,8 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
         # a fresh barrier counts as having completed the phase before 0, so first rounds do not wait
         mbarrier.wait(q_empty.index(qb), ((tq // 2) & 1) ^ 1)
         mbarrier.expect(q_ready.index(qb), 2 * q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_start + m0, h * HEAD_D], q_ready.index(qb), q_smem.index(2 * qb))
-        tma.async_copy_global_to_shared(q_desc, [q_start + m0 + 64, h * HEAD_D], q_ready.index(qb),
+        tma_load(q_desc, [q_start + m0, h * HEAD_D], q_ready.index(qb), q_smem.index(2 * qb))
+        tma_load(q_desc, [q_start + m0 + 64, h * HEAD_D], q_ready.index(qb),
                                         q_smem.index(2 * qb + 1))
         for j in range(n_blocks):
             r = r0 + j
@@ -153,16 +156,16 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
             start = j * BLOCK_N
             mbarrier.wait(k_empty.index(s), ph ^ 1)
             mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [k_start + start, hk * HEAD_D], k_ready.index(s), k_smem.index(s))
+            tma_load(k_desc, [k_start + start, hk * HEAD_D], k_ready.index(s), k_smem.index(s))
             mbarrier.wait(v_empty.index(s), ph ^ 1)
             if start + BLOCK_N <= lk:
                 mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(v_desc, [k_start + start, hk * HEAD_DV], v_ready.index(s),
+                tma_load(v_desc, [k_start + start, hk * HEAD_DV], v_ready.index(s),
                                                 v_smem.index(s))
             else:
                 # the ragged last block (at most one per item)
                 mbarrier.expect(tail_bar, v_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(v_desc, [k_start + start, hk * HEAD_DV], tail_bar, v_smem.index(s))
+                tma_load(v_desc, [k_start + start, hk * HEAD_DV], tail_bar, v_smem.index(s))
                 mbarrier.wait(tail_bar, n_tails & 1)
                 _zero_rows_from(v_smem.index(s), lk - start, BLOCK_N, HEAD_DV)
                 fence_async_shared()
@@ -415,3 +418,33 @@ def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK,
                    v_empty, tail_bar, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
                    PartitionFlags(2, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE))),
     ], [4, 1], [232, 40])
+
+
+def compile_sm90(block_n=128, head_d=128, head_dv=128, stages=2, schedule="overlap", causal=False,
+                 broadcast=False, dtype="bf16"):
+    """Compile ``fwd_kernel`` for sm_90 without a GPU (Triton's bundled ptxas); returns the compiled
+    kernel, whose ``asm`` holds the PTX and the cubin.  For checking a Triton upgrade and reading the
+    generated code on a machine without a Hopper GPU."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+
+    def desc(rows, cols):
+        return f"tensordesc<{dtype}[{rows}, {cols}],{gl.NVMMASharedLayout.get_default_for([rows, cols], gdt)!r}>"
+
+    signature = {
+        "q_desc": desc(HALF_M, head_d), "k_desc": desc(block_n, head_d), "v_desc": desc(block_n, head_dv),
+        "O": "*" + dtype, "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "TILE_SEQ": "*i32", "TILE_BLK": "*i32",
+        "stride_ot": "i32", "stride_oh": "i32", "stride_lh": "i32", "qk_scale": "fp32", "H": "i32",
+        "GROUP": "i32", "n_items": "i32",
+        "BROADCAST": "constexpr", "CAUSAL": "constexpr", "BLOCK_N": "constexpr", "HEAD_D": "constexpr",
+        "HEAD_DV": "constexpr", "STAGES": "constexpr", "SCHEDULE": "constexpr",
+    }
+    values = dict(BROADCAST=broadcast, CAUSAL=causal, BLOCK_N=block_n, HEAD_D=head_d, HEAD_DV=head_dv,
+                  STAGES=stages, SCHEDULE=schedule)
+    names = list(signature)
+    constexprs = {(names.index(k),): v for k, v in values.items()}
+    return triton.compile(GluonASTSource(fwd_kernel, signature, constexprs),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})

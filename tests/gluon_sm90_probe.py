@@ -1,0 +1,53 @@
+"""Compile the Gluon forward for sm_90 in this process and print what the tests check, as JSON.
+
+Run as a subprocess by tests/test_gluon_compile.py: the test session sets TRITON_INTERPRET=1, under which
+Gluon functions cannot be compiled, so the compile happens here with the variable removed.
+    python tests/gluon_sm90_probe.py '<json list of compile_sm90 keyword dicts>'
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import triton  # noqa: E402
+
+from kernels import gluon_fwd  # noqa: E402
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def exps_between_waits(sass):
+    """MUFU.EX2 count between each 'wait until one MMA group is left' and the next full wait."""
+    counts, inside, n = [], False, 0
+    for line in sass.splitlines():
+        if re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x1", line):
+            inside, n = True, 0
+        elif inside and re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0", line):
+            counts.append(n)
+            inside = False
+        elif inside and "MUFU.EX2" in line:
+            n += 1
+    return counts
+
+
+def probe(cfg):
+    try:
+        kernel = gluon_fwd.compile_sm90(**cfg)
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {str(exc)[-600:]}"}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+        fh.write(kernel.asm["cubin"])
+        fh.flush()
+        sass = subprocess.run([os.path.join(BIN, "nvdisasm"), "-c", fh.name], capture_output=True, text=True,
+                              check=True).stdout
+    ptx = kernel.asm["ptx"]
+    return {"shared": kernel.metadata.shared, "setmaxnreg": "setmaxnreg" in ptx,
+            "wgmma": "wgmma.mma_async" in ptx, "hgmma": "HGMMA" in sass,
+            "exps_between_waits": exps_between_waits(sass)}
+
+
+if __name__ == "__main__":
+    print(json.dumps([probe(cfg) for cfg in json.loads(sys.argv[1])]))
