@@ -405,15 +405,12 @@ def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK,
         mbarrier.init(k_empty.index(i), count=2)  # ... and every K/V buffer
         mbarrier.init(v_empty.index(i), count=2)
     fence_async_shared()
+    # the two consumer groups differ only in which 64 rows they take (the flags' WG)
+    shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+              O, LSE, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, stride_ot, stride_oh, stride_lh, qk_scale)
     gl.warp_specialize([
-        (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
-                     O, LSE, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-                     stride_ot, stride_oh, stride_lh, qk_scale,
-                     PartitionFlags(0, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE))),
-        (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
-                     O, LSE, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-                     stride_ot, stride_oh, stride_lh, qk_scale,
-                     PartitionFlags(1, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE))),
+        (_consumer, shared + (PartitionFlags(0, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE), )),
+        (_consumer, shared + (PartitionFlags(1, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE), )),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                    v_empty, tail_bar, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
                    PartitionFlags(2, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE))),
