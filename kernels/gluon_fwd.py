@@ -69,9 +69,10 @@ class PartitionFlags:
     HEAD_DV: gl.constexpr
     STAGES: gl.constexpr
     SCHEDULE: gl.constexpr
+    GROUPED: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE):
+    def __init__(self, WG, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE, GROUPED):
         self.WG = gl.constexpr(WG)
         self.BROADCAST = gl.constexpr(BROADCAST)
         self.CAUSAL = gl.constexpr(CAUSAL)
@@ -80,12 +81,18 @@ class PartitionFlags:
         self.HEAD_DV = gl.constexpr(HEAD_DV)
         self.STAGES = gl.constexpr(STAGES)
         self.SCHEDULE = gl.constexpr(SCHEDULE)
+        self.GROUPED = gl.constexpr(GROUPED)
 
 
 @gluon.jit
-def _tile(item, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K,
-          BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
-    # where work item ``item`` (= tile * H + q head) reads and writes, and how many key blocks it takes
+def _tile(pos, ITEMS, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K,
+          BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, GROUPED: gl.constexpr):
+    # where the item at launch position ``pos`` (item = tile * H + q head; ITEMS[pos] under GROUPED,
+    # the host's sequence-major order, else pos itself) reads and writes, and how many key blocks it takes
+    if GROUPED:
+        item = gl.load(ITEMS + pos)
+    else:
+        item = pos
     tile = item // H
     h = item % H
     b = gl.load(TILE_SEQ + tile)
@@ -131,7 +138,7 @@ def _zero_rows_from(buf, first_row, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr
 
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-            tail_bar, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, flags):
+            tail_bar, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, flags):
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     HEAD_D: gl.constexpr = flags.HEAD_D
     HEAD_DV: gl.constexpr = flags.HEAD_DV
@@ -139,9 +146,10 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
     r0 = 0  # ring position of the current item's first key block (the ring runs on across items)
     n_tails = 0
     tq = 0  # items so far: Q buffer tq % 2
-    for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+    for pos in range(gl.program_id(0), n_items, gl.num_programs(0)):
         q_start, o_start, lq, k_start, lk, h, hk, m0, diag, n_full, n_blocks = _tile(
-            item, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, flags.CAUSAL, BLOCK_N)
+            pos, ITEMS, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, flags.CAUSAL, BLOCK_N,
+            flags.GROUPED)
         qb = tq % 2
         # a fresh barrier counts as having completed the phase before 0, so first rounds do not wait
         mbarrier.wait(q_empty.index(qb), ((tq // 2) & 1) ^ 1)
@@ -272,7 +280,7 @@ def _pipelined_block(j, r, t, acc, p_prev, l_i, m_i, q, k_smem, v_smem, k_ready,
 
 @gluon.jit
 def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
-              O, LSE, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
+              O, LSE, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
               stride_ot, stride_oh, stride_lh, qk_scale, flags):
     WG: gl.constexpr = flags.WG
     CAUSAL: gl.constexpr = flags.CAUSAL
@@ -289,9 +297,10 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empt
     r0 = 0  # ring position of the item's first key block
     t0 = 0  # turns taken so far (ping-pong)
     tq = 0  # items so far: Q buffer tq % 2
-    for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+    for pos in range(gl.program_id(0), n_items, gl.num_programs(0)):
         q_start, o_start, lq, k_start, lk, h, hk, m0, diag, n_full, n_blocks = _tile(
-            item, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, CAUSAL, BLOCK_N)
+            pos, ITEMS, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, CAUSAL, BLOCK_N,
+            flags.GROUPED)
         first = m0 + WG * 64
         offs_m = first + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -377,12 +386,13 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empt
 
 
 @gluon.jit
-def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK,
+def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS,
                stride_ot, stride_oh, stride_lh, qk_scale, H, GROUP, n_items,
                BROADCAST: gl.constexpr, CAUSAL: gl.constexpr,
                BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
-               STAGES: gl.constexpr, SCHEDULE: gl.constexpr):
-    # work items: (128-row query tile, query head), heaviest first; program p runs p, p + P, ...
+               STAGES: gl.constexpr, SCHEDULE: gl.constexpr, GROUPED: gl.constexpr = False):
+    # work items: (128-row query tile, query head), heaviest first (or in ITEMS' order under GROUPED);
+    # program p runs the launch positions p, p + P, ...
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [4, 64, HEAD_D], q_desc.layout)  # 2 buffers x 2 halves
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DV], v_desc.layout)
@@ -407,18 +417,20 @@ def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK,
     fence_async_shared()
     # the two consumer groups differ only in which 64 rows they take (the flags' WG)
     shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
-              O, LSE, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, stride_ot, stride_oh, stride_lh, qk_scale)
+              O, LSE, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, stride_ot, stride_oh, stride_lh, qk_scale)
     gl.warp_specialize([
-        (_consumer, shared + (PartitionFlags(0, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE), )),
-        (_consumer, shared + (PartitionFlags(1, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE), )),
+        (_consumer, shared + (PartitionFlags(0, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE,
+                                             GROUPED), )),
+        (_consumer, shared + (PartitionFlags(1, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE,
+                                             GROUPED), )),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                   v_empty, tail_bar, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-                   PartitionFlags(2, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE))),
+                   v_empty, tail_bar, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
+                   PartitionFlags(2, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE, GROUPED))),
     ], [4, 1], [232, 40])
 
 
 def compile_sm90(block_n=128, head_d=128, head_dv=128, stages=2, schedule="overlap", causal=False,
-                 broadcast=False, dtype="bf16"):
+                 broadcast=False, dtype="bf16", grouped=False):
     """Compile ``fwd_kernel`` for sm_90 without a GPU (Triton's bundled ptxas); returns the compiled
     kernel, whose ``asm`` holds the PTX and the cubin.  For checking a Triton upgrade and reading the
     generated code on a machine without a Hopper GPU."""
@@ -434,13 +446,14 @@ def compile_sm90(block_n=128, head_d=128, head_dv=128, stages=2, schedule="overl
     signature = {
         "q_desc": desc(HALF_M, head_d), "k_desc": desc(block_n, head_d), "v_desc": desc(block_n, head_dv),
         "O": "*" + dtype, "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "TILE_SEQ": "*i32", "TILE_BLK": "*i32",
+        "ITEMS": "*i32",
         "stride_ot": "i32", "stride_oh": "i32", "stride_lh": "i32", "qk_scale": "fp32", "H": "i32",
         "GROUP": "i32", "n_items": "i32",
         "BROADCAST": "constexpr", "CAUSAL": "constexpr", "BLOCK_N": "constexpr", "HEAD_D": "constexpr",
-        "HEAD_DV": "constexpr", "STAGES": "constexpr", "SCHEDULE": "constexpr",
+        "HEAD_DV": "constexpr", "STAGES": "constexpr", "SCHEDULE": "constexpr", "GROUPED": "constexpr",
     }
     values = dict(BROADCAST=broadcast, CAUSAL=causal, BLOCK_N=block_n, HEAD_D=head_d, HEAD_DV=head_dv,
-                  STAGES=stages, SCHEDULE=schedule)
+                  STAGES=stages, SCHEDULE=schedule, GROUPED=grouped)
     names = list(signature)
     constexprs = {(names.index(k),): v for k, v in values.items()}
     return triton.compile(GluonASTSource(fwd_kernel, signature, constexprs),

@@ -91,6 +91,17 @@ FWD_GRID = "sorted"
 BWD_KV_GRID = "sorted"
 PERSISTENT_CTAS_PER_SM = 2
 
+# Launch order of the sorted grids' (tile, head) items (runtime switch; never changes an answer):
+#   "work": tile-major, heaviest tile first across the batch, heads innermost.  The programs in
+#     flight then hold the same q block of many (sequence, head) pairs, each streaming its own K/V
+#     (or Q/dO for dK/dV) from memory: nothing is reused from L2.
+#   "sequence": schedule.sequence_major_items: sequences heaviest first, then head, then tile, so
+#     the programs in flight share a few pairs' K/V.
+# Applies to the forward (tl and Gluon), dK/dV and the non-broadcast dQ pass; broadcast-Q dQ keeps
+# its chunk order.
+ITEM_ORDERS = ("work", "sequence")
+ITEM_ORDER = "work"
+
 # Forward kernel (runtime switch; the environment variable JFA_FWD_KERNEL sets it at import, so a
 # spec run in worker processes can pick it):
 #   "triton": the tl kernel in triton_kernels.py (every device, dtype and declared head dim; the
@@ -256,7 +267,9 @@ def _grids():
             raise ValueError(f"jfa.{name} must be one of {GRIDS}, got {value!r}")
     if not (isinstance(PERSISTENT_CTAS_PER_SM, int) and PERSISTENT_CTAS_PER_SM >= 1):
         raise ValueError(f"jfa.PERSISTENT_CTAS_PER_SM must be a positive int, got {PERSISTENT_CTAS_PER_SM!r}")
-    return FWD_GRID, BWD_KV_GRID, PERSISTENT_CTAS_PER_SM
+    if ITEM_ORDER not in ITEM_ORDERS:
+        raise ValueError(f"jfa.ITEM_ORDER must be one of {ITEM_ORDERS}, got {ITEM_ORDER!r}")
+    return FWD_GRID, BWD_KV_GRID, PERSISTENT_CTAS_PER_SM, ITEM_ORDER
 
 
 def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq, hkv, device):
@@ -273,12 +286,18 @@ def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq,
     def dev(a):
         return torch.as_tensor(np.ascontiguousarray(a, dtype=np.int32)).to(device, non_blocking=True)
 
-    fwd_grid, kv_grid, ctas_per_sm = grids
+    fwd_grid, kv_grid, ctas_per_sm, item_order = grids
     n_slots = ctas_per_sm * _num_sms(device)
+
+    def launch_order(seq, work, n_heads):
+        # the sorted grids' item order; None = program p runs item p
+        return dev(sched.sequence_major_items(seq, work, n_heads)) if item_order == "sequence" else None
+
     s = {}
     seq, blk, work = sched.forward_tiles(lens_q, lens_k, bm_f, causal)
     seq, blk, work = sched.sort_by_work(seq, blk, work=work)
     s["fwd"] = (dev(seq), dev(blk), int(seq.shape[0]))
+    s["fwd_items"] = launch_order(seq, work, hq)
     s["fwd_persistent"] = None
     if fwd_grid == "persistent" and seq.shape[0] * hq > 0:
         # item i = (tile i // hq, head i % hq); every head of a tile costs the same
@@ -288,6 +307,7 @@ def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq,
     seq, blk, work = sched.kv_tiles(lens_q, lens_k, bn_kv, causal)
     seq, blk, work = sched.sort_by_work(seq, blk, work=work)
     s["kv"] = (dev(seq), dev(blk), int(seq.shape[0]))
+    s["kv_items"] = launch_order(seq, work, hkv)
     s["kv_persistent"] = None
     if kv_grid == "persistent" and seq.shape[0] * hkv > 0:
         # item = tile * hkv + kv head; ordered by (sequence, kv head, block), block innermost
@@ -301,6 +321,7 @@ def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq,
         seq, blk, work = sched.forward_tiles(lens_q, lens_k, bm_q, causal)
         seq, blk, work = sched.sort_by_work(seq, blk, work=work)
         s["q"] = (dev(seq), dev(seq + 1), dev(blk), dev(np.zeros_like(seq)), int(seq.shape[0]), 1)
+        s["q_items"] = launch_order(seq, work, hq)
     else:
         B = lens_k.shape[0]
         lq = int(cu_q_h[1])
@@ -315,6 +336,7 @@ def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq,
         order = np.argsort(-cw[c], kind="stable")
         c, m = c[order], m[order]
         s["q"] = (dev(bounds[:-1][c]), dev(bounds[1:][c]), dev(m), dev(c), int(c.shape[0]), n_chunks)
+        s["q_items"] = None
     _SCHED_CACHE[key] = s
     if len(_SCHED_CACHE) > _SCHED_CACHE_SIZE:
         _SCHED_CACHE.popitem(last=False)
@@ -441,11 +463,12 @@ def _forward_gluon(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, out, 
     # sorted grid: one program per item; persistent: one per SM (one CTA fits), items dealt round-robin
     # from the heaviest-first list
     n_programs = min(n_items, _num_sms(q.device)) if FWD_GRID == "persistent" else n_items
+    items = s["fwd_items"]
     gf.fwd_kernel[(n_programs,)](
-        qd, kd, vd, out, lse, cu_q, cu_k, seq_t, blk_t,
+        qd, kd, vd, out, lse, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items,
         out.stride(0), out.stride(1), lse.stride(0), scale * tk.LOG2E, hq, hq // hkv, n_items,
         BROADCAST=broadcast, CAUSAL=causal, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dv,
-        STAGES=st, SCHEDULE=schedule, num_warps=w)
+        STAGES=st, SCHEDULE=schedule, GROUPED=items is not None, num_warps=w)
     return out, lse
 
 
@@ -472,11 +495,13 @@ def _forward(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, n_out_rows)
     if cfgs[5]:
         LAST_FWD_PATH += f" (gluon: {cfgs[5]})"
     persistent = s["fwd_persistent"]
+    grouped = persistent is None and s["fwd_items"] is not None
     if persistent is not None:
         prog_ptr, items, n_programs = persistent
         grid = (n_programs,)
     else:
-        prog_ptr, items, grid = seq_t, seq_t, (n_tiles * hq,)  # unused pointers
+        prog_ptr, grid = seq_t, (n_tiles * hq,)  # unused pointer
+        items = s["fwd_items"] if grouped else seq_t
     tk._fwd_kernel[grid](
         q, k_arg, v_arg, out, lse, cu_q, cu_k, seq_t, blk_t, prog_ptr, items,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -485,7 +510,7 @@ def _forward(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, n_out_rows)
         H=hq, GROUP=hq // hkv, BROADCAST=broadcast, CAUSAL=causal,
         BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dv, DOT_PREC=_dot_prec(q.dtype),
         USE_TMA=use_tma, PTR_ADV=ptr_adv, WARP_SPEC=FWD_WARP_SPECIALIZE and not _INTERPRET,
-        PERSISTENT=persistent is not None, num_warps=w, num_stages=st)
+        PERSISTENT=persistent is not None, GROUPED=grouped, num_warps=w, num_stages=st)
     return out, lse
 
 
@@ -515,11 +540,13 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     if n_kv > 0 and hkv > 0:
         bm, bn, w, st = cfgs[1]
         persistent = s["kv_persistent"]
+        grouped = persistent is None and s["kv_items"] is not None
         if persistent is not None:
             items, n_items, n_programs = persistent
             grid = (n_programs,)
         else:
-            items, n_items, n_programs, grid = seq_t, 0, 1, (n_kv * hkv,)  # unused
+            n_items, n_programs, grid = 0, 1, (n_kv * hkv,)  # unused
+            items = s["kv_items"] if grouped else seq_t
         tk._bwd_kv_kernel[grid](
             q, k, v, do, lse, delta, dk, dv, dq_acc, cu_q, cu_k, seq_t, blk_t, items, n_items, n_programs,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -528,7 +555,7 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
             lse.stride(0), scale, scale * tk.LOG2E,
             HKV=hkv, GROUP=hq // hkv, BROADCAST=broadcast, CAUSAL=causal, FUSE_DQ=fuse,
             BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dvd, DOT_PREC=prec,
-            PERSISTENT=persistent is not None, num_warps=w, num_stages=st)
+            PERSISTENT=persistent is not None, GROUPED=grouped, num_warps=w, num_stages=st)
     if fuse:
         return dq_acc.to(q.dtype), dk, dv
     # dQ
@@ -544,12 +571,13 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
         dq3 = dq_buf if dq_buf.dim() == 4 else dq_buf.unsqueeze(0)
         tk._bwd_q_kernel[(n_q * hq,)](
             q, k, v, do, lse, delta, dq3, cu_q, cu_k, blo_t, bhi_t, mblk_t, slot_t,
+            blo_t if s["q_items"] is None else s["q_items"],
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), dq3.stride(0), dq3.stride(1), dq3.stride(2),
             lse.stride(0), scale, scale * tk.LOG2E,
             H=hq, GROUP=hq // hkv, BROADCAST=broadcast, CAUSAL=causal,
             BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dvd, DOT_PREC=prec,
-            num_warps=w, num_stages=st)
+            GROUPED=s["q_items"] is not None, num_warps=w, num_stages=st)
     elif dq_buf.numel() > 0:
         dq_buf.zero_()
     if broadcast:

@@ -12,6 +12,13 @@ Two static policies are provided, as in the seed document:
 * backward: block-innermost round-robin (tiles of one sequence adjacent, so a
   sequence's K/V or Q stays hot in L2 while consecutive programs read it).
 
+The launch order of the sorted grids' (tile, head) items is a third choice
+(``sequence_major_items``): heaviest tile first across the whole batch puts
+the same q block of every (sequence, head) pair side by side, so the programs
+in flight each stream a different pair's K/V and nothing is reused from L2;
+grouping the items by (sequence, head) makes the programs in flight share a
+few pairs' K/V.
+
 ``imbalance(loads) = max / mean`` measures the result.
 
 The GPU launcher (``kernels/jfa.py``) uses the *sorted* tile list as a plain
@@ -35,6 +42,8 @@ __all__ = [
     "persistent_zigzag",
     "block_innermost_round_robin",
     "split_batches_by_work",
+    "sequence_major_items",
+    "distinct_sequences_in_flight",
 ]
 
 
@@ -158,3 +167,34 @@ def split_batches_by_work(work_per_batch, n_chunks: int):
     cuts = np.searchsorted(c, targets, side="left") + 1
     bounds = np.unique(np.concatenate([[0], np.clip(cuts, 1, B - 1) if B > 1 else [], [B]]).astype(np.int64))
     return bounds
+
+
+def sequence_major_items(seq, work, n_heads: int):
+    """Launch order of the items ``tile * n_heads + head`` of a sorted grid, grouped so that programs
+    running side by side read the same sequence's K/V (forward, dQ) or Q/dO (dK/dV): sequences by total
+    work (heaviest first), then head, then the sequence's tiles by work (heaviest first).
+
+    Heads sharing a kv head (GQA: ``head // group``) are adjacent, so their groups reuse the same K/V.
+    ``seq`` / ``work``: the tile arrays (any order).  Returns an int64 array, a permutation of
+    ``range(len(seq) * n_heads)``."""
+    seq = np.asarray(seq, dtype=np.int64)
+    work = np.asarray(work, dtype=np.int64)
+    n = seq.shape[0]
+    if n == 0 or n_heads == 0:
+        return np.zeros(0, dtype=np.int64)
+    seq_work = np.bincount(seq, weights=work)[seq]
+    tile = np.repeat(np.arange(n, dtype=np.int64), n_heads)
+    head = np.tile(np.arange(n_heads, dtype=np.int64), n)
+    # np.lexsort: the last key is the primary one; the sequence id keeps equal-work sequences apart
+    order = np.lexsort((-work[tile], head, seq[tile], -seq_work[tile]))
+    return (tile * n_heads + head)[order]
+
+
+def distinct_sequences_in_flight(items, seq, n_heads: int, window: int):
+    """Mean number of distinct (sequence, head) pairs among each ``window`` consecutive items: the
+    working set a grid of ``window`` resident programs reads, in pairs (lower = more L2 reuse)."""
+    items = np.asarray(items, dtype=np.int64)
+    seq = np.asarray(seq, dtype=np.int64)
+    pair = seq[items // n_heads] * n_heads + items % n_heads
+    counts = [np.unique(pair[i:i + window]).shape[0] for i in range(0, max(1, pair.shape[0]), window)]
+    return float(np.mean(counts))

@@ -185,9 +185,10 @@ def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, PROG_PTR, ITEMS
                 HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
                 DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr = False,
                 PTR_ADV: tl.constexpr = False, WARP_SPEC: tl.constexpr = False,
-                PERSISTENT: tl.constexpr = False):
+                PERSISTENT: tl.constexpr = False, GROUPED: tl.constexpr = False):
     # Sorted grid (default): one program per (tile, q head), heaviest tiles first; the hardware
-    # block scheduler balances them dynamically.
+    # block scheduler balances them dynamically.  GROUPED: program p runs item ITEMS[p] (the host's
+    # sequence-major launch order, schedule.sequence_major_items) instead of item p.
     # PERSISTENT: program p runs the items ITEMS[PROG_PTR[p]:PROG_PTR[p+1]] (item = tile * H + q head),
     # the host's static zigzag deal of the sorted items.
     pid = tl.program_id(0)
@@ -205,8 +206,12 @@ def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, PROG_PTR, ITEMS
                       stride_ot, stride_oh, stride_lh, qk_scale, GROUP,
                       BROADCAST, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC, USE_TMA, PTR_ADV, False)
     else:
-        tile = pid // H
-        h = pid % H
+        if GROUPED:
+            item = tl.load(ITEMS + pid)
+        else:
+            item = pid
+        tile = item // H
+        h = item % H
         b = tl.load(TILE_SEQ + tile)
         mblk = tl.load(TILE_BLK + tile).to(tl.int32)
         _fwd_tile(Q, K, V, O, LSE, CU_Q, CU_K, b, mblk, h,
@@ -338,8 +343,9 @@ def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, TILE_SEQ, TI
                    BROADCAST: tl.constexpr, CAUSAL: tl.constexpr, FUSE_DQ: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
-                   DOT_PREC: tl.constexpr, PERSISTENT: tl.constexpr = False):
-    # Sorted grid (default): one program per (tile, kv head), heaviest tiles first.
+                   DOT_PREC: tl.constexpr, PERSISTENT: tl.constexpr = False, GROUPED: tl.constexpr = False):
+    # Sorted grid (default): one program per (tile, kv head), heaviest tiles first; GROUPED: program
+    # p runs item ITEMS[p] (sequence-major launch order).
     # PERSISTENT: N_PROGRAMS programs deal the items ITEMS[i] (= tile * HKV + kv head, in
     # block-innermost order) round-robin: program p runs items p, p + N_PROGRAMS, ...
     pid = tl.program_id(0)
@@ -356,8 +362,12 @@ def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, TILE_SEQ, TI
                          stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, GROUP,
                          BROADCAST, CAUSAL, FUSE_DQ, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC)
     else:
-        tile = pid // HKV
-        hk = pid % HKV
+        if GROUPED:
+            item = tl.load(ITEMS + pid)
+        else:
+            item = pid
+        tile = item // HKV
+        hk = item % HKV
         b = tl.load(TILE_SEQ + tile)
         nblk = tl.load(TILE_BLK + tile).to(tl.int32)
         _bwd_kv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, b, nblk, hk,
@@ -405,7 +415,7 @@ def _bwd_q_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kt, stride_vt,
 
 @triton.jit
 def _bwd_q_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
-                  TILE_BLO, TILE_BHI, TILE_BLK, TILE_SLOT,
+                  TILE_BLO, TILE_BHI, TILE_BLK, TILE_SLOT, ITEMS,
                   stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                   stride_dot, stride_doh, stride_dqs, stride_dqt, stride_dqh,
                   stride_lh,
@@ -414,10 +424,15 @@ def _bwd_q_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
                   BROADCAST: tl.constexpr, CAUSAL: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
-                  DOT_PREC: tl.constexpr):
+                  DOT_PREC: tl.constexpr, GROUPED: tl.constexpr = False):
+    # one program per (tile, q head); GROUPED: program p runs item ITEMS[p] (sequence-major order)
     pid = tl.program_id(0)
-    tile = pid // H
-    h = pid % H
+    if GROUPED:
+        item = tl.load(ITEMS + pid)
+    else:
+        item = pid
+    tile = item // H
+    h = item % H
     b_lo = tl.load(TILE_BLO + tile)
     b_hi = tl.load(TILE_BHI + tile)
     mblk = tl.load(TILE_BLK + tile).to(tl.int32)

@@ -690,6 +690,80 @@ def test_gpu_persistent_grids(dtype, causal, monkeypatch):
 
 
 # ---------------------------------------------------------------------------
+# launch order of the sorted grids' items (jfa.ITEM_ORDER): a permutation that never changes an answer
+# ---------------------------------------------------------------------------
+@needs_kernels
+@pytest.mark.parametrize("case", GRID_CASES)
+def test_sequence_major_order_matches_work_order_bitwise(case, monkeypatch):
+    from kernels import jfa
+    expected = _fwd_bwd(case)
+    monkeypatch.setattr(jfa, "ITEM_ORDER", "sequence")
+    got = _fwd_bwd(case)
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, expected):
+        assert torch.equal(a, b), name
+
+
+def test_sequence_major_items_group_each_sequence_and_head():
+    lens = np.array([300, 0, 513, 129, 513, 1])
+    seq, blk, work = sched.forward_tiles(lens, lens, 128, True)
+    seq, blk, work = sched.sort_by_work(seq, blk, work=work)
+    items = sched.sequence_major_items(seq, work, 3)
+    assert sorted(items.tolist()) == list(range(seq.shape[0] * 3))
+    pair = seq[items // 3] * 3 + items % 3
+    # each (sequence, head) pair is one contiguous run, heaviest tile first within it
+    runs = [pair[0]] + [b for a, b in zip(pair[:-1], pair[1:]) if a != b]
+    assert len(runs) == len(set(runs)) == 5 * 3
+    for p in set(runs):
+        w = work[items[pair == p] // 3]
+        assert (np.diff(w) <= 0).all()
+    # sequences by total work: the two 513-long ones (equal work, lower index first), then 300, 129, 1
+    assert [r // 3 for r in runs[::3]] == [2, 4, 0, 3, 5]
+    # the work order keeps the same q block of every pair side by side: more pairs per window
+    work_order = np.arange(seq.shape[0] * 3)
+    assert (sched.distinct_sequences_in_flight(items, seq, 3, 4)
+            < sched.distinct_sequences_in_flight(work_order, seq, 3, 4))
+
+
+def test_sequence_major_items_of_nothing():
+    assert sched.sequence_major_items([], [], 4).shape == (0,)
+    assert sched.sequence_major_items([0, 0], [5, 3], 0).shape == (0,)
+
+
+def test_bad_item_order_is_a_clear_error(monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "ITEM_ORDER", "random")
+    with pytest.raises(ValueError, match="ITEM_ORDER"):
+        jfa._grids()
+
+
+@needs_cuda
+@pytest.mark.parametrize("fwd_kernel", ["triton", "gluon"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_sequence_major_order(fwd_kernel, causal, monkeypatch):
+    # the shipped GPU tiles (and the Gluon forward where it runs) on multi-block lengths and GQA,
+    # against the reference and bitwise against the work order
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_KERNEL", fwd_kernel)
+    case = ([300, 0, 513, 129, 64, 700], [257, 5, 513, 400, 0, 200], 4, 2, causal, False)
+    monkeypatch.setattr(jfa, "ITEM_ORDER", "sequence")
+    run_case(case[0], case[1], hq=4, hkv=2, d=128, causal=causal, dtype=torch.bfloat16)
+    got = _fwd_bwd_bf16(case)
+    monkeypatch.setattr(jfa, "ITEM_ORDER", "work")
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, _fwd_bwd_bf16(case)):
+        assert torch.equal(a, b), name
+
+
+def _fwd_bwd_bf16(case, seed=3):
+    lens_q, lens_k, hq, hkv, causal, broadcast = case
+    q, k, v, cu_q, cu_k = make_inputs(lens_q, lens_k, hq, hkv, 128, 128, torch.bfloat16, broadcast, seed)
+    q, k, v = (t.to(DEVICE).requires_grad_() for t in (q, k, v))
+    out, lse = jagged_flash_attention(q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), max(lens_q), max(lens_k),
+                                      causal=causal, broadcast_q=broadcast)
+    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE, out.dtype))
+    return [t.detach().cpu() for t in (out, lse, q.grad, k.grad, v.grad)]
+
+
+# ---------------------------------------------------------------------------
 # the Gluon forward (sm_90 only, opt-in via jfa.FWD_KERNEL): the float64 reference's answers on
 # every shape class it accepts; elsewhere the tl kernel runs and says why
 # ---------------------------------------------------------------------------
