@@ -118,9 +118,9 @@ impl_triton_atomic = _triton_with(BWD_DQ_MODE="atomic")
 impl_triton_persistent = _triton_with(FWD_GRID="persistent", BWD_KV_GRID="persistent")
 impl_triton_gluon = _triton_with(FWD_KERNEL="gluon")
 impl_triton_gluon_persistent = _triton_with(FWD_KERNEL="gluon", FWD_GRID="persistent")
-# sequence-major launch order (jfa.ITEM_ORDER); the backward keeps the order its forward chose
-impl_triton_seq = _triton_with(ITEM_ORDER="sequence")
-impl_triton_gluon_seq = _triton_with(FWD_KERNEL="gluon", ITEM_ORDER="sequence")
+# the launch order before v7 (jfa.ITEM_ORDER); the backward keeps the order its forward chose
+impl_triton_work = _triton_with(ITEM_ORDER="work")
+impl_triton_gluon_work = _triton_with(FWD_KERNEL="gluon", ITEM_ORDER="work")
 
 
 def impl_fa4(shape, q, k, v, cu_q, cu_k):
@@ -219,7 +219,7 @@ def impl_sdpa(shape, q, k, v, cu_q, cu_k):
 
 IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-persistent": impl_triton_persistent,
          "triton-gluon": impl_triton_gluon, "triton-gluon-persistent": impl_triton_gluon_persistent,
-         "triton-seq": impl_triton_seq, "triton-gluon-seq": impl_triton_gluon_seq,
+         "triton-work": impl_triton_work, "triton-gluon-work": impl_triton_gluon_work,
          "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
 
 

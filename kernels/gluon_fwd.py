@@ -18,9 +18,11 @@ the way FA3 lays out its Hopper forward:
   the tensor end): query rows past ``lq`` are computed and never stored; key scores past ``lk``
   are masked to -inf; and because ``0 * inf`` is NaN inside the MMA, the loader zeroes value rows
   past ``lk`` in the ragged last block before publishing it.
-* Schedules (``SCHEDULE``): "plain" runs QK^T, softmax and PV of a key block in turn; "overlap"
-  runs block j's softmax while block j-1's PV is in flight; "pingpong" adds FA3's hand-off: the two
-  consumer groups take turns to issue their MMAs (a token passed through two mbarriers).
+* Schedules (``SCHEDULE``): "overlap" runs block j's softmax while block j-1's PV is in flight;
+  "pingpong" adds FA3's hand-off: the two consumer groups take turns to issue their MMAs (a token
+  passed through two mbarriers).  (A third, "plain": QK^T, softmax and PV in turn, was removed: never
+  faster on the H200, and after the persistent rewrite it made an out-of-range shared-memory access,
+  kernels/PERF.md v7.)
 * Softmax in base 2 with the scale folded into one FMA per score (``s * scale - m``, valid because
   the scale is positive; the host refuses any other).  Output rows and LSE are stored with masked pointer stores (a TMA
   store would write into the next sequence).
@@ -216,27 +218,6 @@ def _issue_qk(r, q, k_smem, k_ready, BLOCK_N: gl.constexpr, STAGES: gl.constexpr
 
 
 @gluon.jit
-def _attend_block(j, r, acc, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                  offs_m, offs_n, lk, diag, qk_scale,
-                  MASKED: gl.constexpr, CAUSAL: gl.constexpr,
-                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
-    # key block j (ring position r), in order: QK^T, softmax, PV (the two groups overlap each other)
-    s = r % STAGES
-    scores = warpgroup_mma_wait(0, deps=(_issue_qk(r, q, k_smem, k_ready, BLOCK_N, STAGES, s_layout), ))
-    mbarrier.arrive(k_empty.index(s))
-    p, alpha, l_i, m_new = _softmax_step(scores, m_i, l_i, j, offs_m, offs_n, lk, diag, qk_scale,
-                                         MASKED, CAUSAL, BLOCK_N)
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-    p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
-    mbarrier.wait(v_ready.index(s), (r // STAGES) & 1)
-    acc = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(acc, ))
-    mbarrier.arrive(v_empty.index(s))
-    return acc, l_i, m_new
-
-
-@gluon.jit
 def _my_turn(turn, t, WG: gl.constexpr, PINGPONG: gl.constexpr):
     # ping-pong: the two consumer groups take turns to issue their MMAs, so one group's softmax runs
     # while the other's MMAs use the tensor cores (left alone, they fall into step, since they wait
@@ -287,7 +268,6 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empt
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     HEAD_DV: gl.constexpr = flags.HEAD_DV
     STAGES: gl.constexpr = flags.STAGES
-    PIPELINE: gl.constexpr = flags.SCHEDULE != "plain"
     PINGPONG: gl.constexpr = flags.SCHEDULE == "pingpong"
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -311,46 +291,36 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empt
         q = q_smem.index(2 * qb + WG)
         mbarrier.wait(q_ready.index(qb), (tq // 2) & 1)
         if first < lq:
-            if PIPELINE:
-                if n_blocks > 0:
-                    _my_turn(turn, t0, WG, PINGPONG)
-                    qk = _issue_qk(r0, q, k_smem, k_ready, BLOCK_N, STAGES, s_layout)
-                    _pass_turn(turn, WG, PINGPONG)
-                    scores = warpgroup_mma_wait(0, deps=(qk, ))
-                    mbarrier.arrive(k_empty.index(r0 % STAGES))
-                    if n_full > 0:
-                        p, alpha, l_i, m_i = _softmax_step(scores, m_i, l_i, 0, offs_m, offs_n, lk, diag,
-                                                           qk_scale, False, CAUSAL, BLOCK_N)
-                    else:
-                        p, alpha, l_i, m_i = _softmax_step(scores, m_i, l_i, 0, offs_m, offs_n, lk, diag,
-                                                           qk_scale, True, CAUSAL, BLOCK_N)
-                    p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
-                    for j in range(1, n_full):
-                        acc, p_op, l_i, m_i = _pipelined_block(
-                            j, r0 + j, t0 + j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
-                            k_empty, v_empty, turn, offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL,
-                            BLOCK_N, STAGES, WG, PINGPONG, s_layout, o_layout, p_layout)
-                    for j in range(gl.maximum(n_full, 1), n_blocks):
-                        acc, p_op, l_i, m_i = _pipelined_block(
-                            j, r0 + j, t0 + j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
-                            k_empty, v_empty, turn, offs_m, offs_n, lk, diag, qk_scale, True, CAUSAL,
-                            BLOCK_N, STAGES, WG, PINGPONG, s_layout, o_layout, p_layout)
-                    last = r0 + n_blocks - 1
-                    _my_turn(turn, t0 + n_blocks, WG, PINGPONG)
-                    mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-                    acc = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
-                    _pass_turn(turn, WG, PINGPONG)
-                    acc = warpgroup_mma_wait(0, deps=(acc, ))
-                    mbarrier.arrive(v_empty.index(last % STAGES))
-            else:
-                for j in range(0, n_full):
-                    acc, l_i, m_i = _attend_block(j, r0 + j, acc, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
-                                                  k_empty, v_empty, offs_m, offs_n, lk, diag, qk_scale, False,
-                                                  CAUSAL, BLOCK_N, STAGES, s_layout, o_layout, p_layout)
-                for j in range(n_full, n_blocks):
-                    acc, l_i, m_i = _attend_block(j, r0 + j, acc, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
-                                                  k_empty, v_empty, offs_m, offs_n, lk, diag, qk_scale, True,
-                                                  CAUSAL, BLOCK_N, STAGES, s_layout, o_layout, p_layout)
+            if n_blocks > 0:
+                _my_turn(turn, t0, WG, PINGPONG)
+                qk = _issue_qk(r0, q, k_smem, k_ready, BLOCK_N, STAGES, s_layout)
+                _pass_turn(turn, WG, PINGPONG)
+                scores = warpgroup_mma_wait(0, deps=(qk, ))
+                mbarrier.arrive(k_empty.index(r0 % STAGES))
+                if n_full > 0:
+                    p, alpha, l_i, m_i = _softmax_step(scores, m_i, l_i, 0, offs_m, offs_n, lk, diag,
+                                                       qk_scale, False, CAUSAL, BLOCK_N)
+                else:
+                    p, alpha, l_i, m_i = _softmax_step(scores, m_i, l_i, 0, offs_m, offs_n, lk, diag,
+                                                       qk_scale, True, CAUSAL, BLOCK_N)
+                p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+                for j in range(1, n_full):
+                    acc, p_op, l_i, m_i = _pipelined_block(
+                        j, r0 + j, t0 + j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
+                        k_empty, v_empty, turn, offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL,
+                        BLOCK_N, STAGES, WG, PINGPONG, s_layout, o_layout, p_layout)
+                for j in range(gl.maximum(n_full, 1), n_blocks):
+                    acc, p_op, l_i, m_i = _pipelined_block(
+                        j, r0 + j, t0 + j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
+                        k_empty, v_empty, turn, offs_m, offs_n, lk, diag, qk_scale, True, CAUSAL,
+                        BLOCK_N, STAGES, WG, PINGPONG, s_layout, o_layout, p_layout)
+                last = r0 + n_blocks - 1
+                _my_turn(turn, t0 + n_blocks, WG, PINGPONG)
+                mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+                acc = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
+                _pass_turn(turn, WG, PINGPONG)
+                acc = warpgroup_mma_wait(0, deps=(acc, ))
+                mbarrier.arrive(v_empty.index(last % STAGES))
             mbarrier.arrive(q_empty.index(qb))  # every QK^T of this item is done: Q may be reloaded
             has = l_i > 0.0
             l_safe = gl.where(has, l_i, 1.0)

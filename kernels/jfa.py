@@ -100,7 +100,7 @@ PERSISTENT_CTAS_PER_SM = 2
 # Applies to the forward (tl and Gluon), dK/dV and the non-broadcast dQ pass; broadcast-Q dQ keeps
 # its chunk order.
 ITEM_ORDERS = ("work", "sequence")
-ITEM_ORDER = "work"
+ITEM_ORDER = "sequence"  # faster or level on every bench shape on the H200 (PERF.md v7)
 
 # Forward kernel (runtime switch; the environment variable JFA_FWD_KERNEL sets it at import, so a
 # spec run in worker processes can pick it):
@@ -112,9 +112,9 @@ ITEM_ORDER = "work"
 FWD_KERNELS = ("triton", "gluon")
 FWD_KERNEL = os.environ.get("JFA_FWD_KERNEL", "triton")
 # (BLOCK_M, BLOCK_N, warps per consumer warp group, K/V stages, schedule); schedules (gluon_fwd.py):
-# "plain" QK^T, softmax, PV in turn; "overlap" softmax(j) while PV(j-1) runs; "pingpong" overlap, and
-# the two consumer groups take turns to issue their MMAs.
-GLUON_SCHEDULES = ("plain", "overlap", "pingpong")
+# "overlap" softmax(j) while PV(j-1) runs; "pingpong" overlap, and the two consumer groups take turns
+# to issue their MMAs.
+GLUON_SCHEDULES = ("overlap", "pingpong")
 GLUON_FWD_CFG = (128, 128, 4, 2, "overlap")  # the fastest Gluon choice on the H200 overall (PERF.md v6)
 GLUON_HEAD_DIMS = (64, 128)
 

@@ -23,7 +23,7 @@ SMEM_PER_BLOCK = 232448  # sm_90
 CONFIGS = [
     dict(block_n=128, stages=2, schedule="overlap", causal=True),
     dict(block_n=64, stages=3, schedule="pingpong", broadcast=True),
-    dict(block_n=128, stages=2, schedule="plain", head_d=64, head_dv=64, dtype="fp16"),
+    dict(block_n=128, stages=2, schedule="pingpong", head_d=64, head_dv=64, dtype="fp16", grouped=True),
     dict(block_n=128, stages=2, schedule="overlap", head_d=128, head_dv=64),
 ]
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gluon_sm90_probe.py")

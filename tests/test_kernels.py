@@ -696,6 +696,7 @@ def test_gpu_persistent_grids(dtype, causal, monkeypatch):
 @pytest.mark.parametrize("case", GRID_CASES)
 def test_sequence_major_order_matches_work_order_bitwise(case, monkeypatch):
     from kernels import jfa
+    monkeypatch.setattr(jfa, "ITEM_ORDER", "work")
     expected = _fwd_bwd(case)
     monkeypatch.setattr(jfa, "ITEM_ORDER", "sequence")
     got = _fwd_bwd(case)
@@ -844,7 +845,7 @@ def test_bad_forward_kernel_switch_is_a_clear_error(monkeypatch):
 
 
 @needs_gluon
-@pytest.mark.parametrize("schedule", ["plain", "overlap", "pingpong"])
+@pytest.mark.parametrize("schedule", ["overlap", "pingpong"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_gluon_schedules(schedule, causal, monkeypatch):
     # every schedule, on tiles with an idle second group (65, 1) and on broadcast-Q; 64-key blocks
@@ -861,7 +862,7 @@ def test_gpu_gluon_schedules(schedule, causal, monkeypatch):
 
 def test_bad_gluon_schedule_is_a_clear_error(monkeypatch):
     from kernels import jfa
-    monkeypatch.setattr(jfa, "CONFIG_OVERRIDE", {"gluon_fwd": (128, 128, 4, 2, "zigzag")})
+    monkeypatch.setattr(jfa, "CONFIG_OVERRIDE", {"gluon_fwd": (128, 128, 4, 2, "plain")})  # removed in v7
     monkeypatch.setattr(jfa, "FWD_KERNEL", "gluon")
     t = torch.zeros(4, 1, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="schedule"):
