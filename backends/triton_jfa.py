@@ -28,7 +28,8 @@ class TritonJfa(Backend):
         broadcast_q="native",
         deterministic=DQ_DETERMINISTIC,
         min_compute_capability=(8, 0),
-        notes="forward, dK/dV and dQ kernels over heaviest-first tile lists; CPU only under TRITON_INTERPRET=1",
+        notes="forward, dK/dV and dQ kernels over tile lists launched sequence by sequence, heaviest first; "
+              "CPU only under TRITON_INTERPRET=1",
     )
 
     def __init__(self):

@@ -5,7 +5,8 @@ specialization failed or was slower, kernels/PERF.md v4).  Gluon can, so this ke
 the way FA3 lays out its Hopper forward:
 
 * A work item is one 128-row query tile of one sequence and one query head; program p takes the
-  items p, p + P, p + 2P, ... of the heaviest-first list (P programs: one per item, or one per SM
+  items p, p + P, p + 2P, ... of the launch order (jfa.ITEM_ORDER: sequence-major, or heaviest
+  tile first; P programs: one per item, or one per SM
   for the persistent grid, where the loader fetches the next item's Q and K/V while the consumers
   finish the current one; Q is double-buffered for that).  Two consumer warp groups
   (4 warps each) take 64 rows each: one is the default partition, one a worker.  They share the
@@ -387,7 +388,8 @@ def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, I
     fence_async_shared()
     # the two consumer groups differ only in which 64 rows they take (the flags' WG)
     shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
-              O, LSE, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, stride_ot, stride_oh, stride_lh, qk_scale)
+              O, LSE, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, stride_ot, stride_oh, stride_lh,
+              qk_scale)
     gl.warp_specialize([
         (_consumer, shared + (PartitionFlags(0, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE,
                                              GROUPED), )),

@@ -76,15 +76,15 @@ FWD_WARP_SPECIALIZE = False
 LAST_FWD_PATH = ""
 
 # Grids (runtime switches, for benchmarks; defaults = shipped path):
-#   "sorted": one program per (tile, head), tiles heaviest first; the hardware
-#     block scheduler hands them out as SMs free up (dynamic balancing).
+#   "sorted": one program per (tile, head), launched in ITEM_ORDER (below); the
+#     hardware block scheduler hands them out as SMs free up (dynamic balancing).
 #   "persistent": PERSISTENT_CTAS_PER_SM x SMs programs, each looping over a
 #     static list: the forward deals its (tile, q head) items in zigzag order
 #     (schedule.persistent_zigzag); the dK/dV pass deals its (tile, kv head)
 #     items block-innermost round-robin (schedule.block_innermost_round_robin).
 # The dQ pass always uses the sorted grid, and FWD_WARP_SPECIALIZE applies to
 # the sorted forward only.  The Gluon forward's persistent grid is one program per SM (one CTA
-# fits), items dealt round-robin from the heaviest-first list.  Either grid computes the same
+# fits), items dealt round-robin from the ITEM_ORDER list.  Either grid computes the same
 # tiles with the same code, so the switch never changes an answer.
 GRIDS = ("sorted", "persistent")
 FWD_GRID = "sorted"
@@ -461,7 +461,7 @@ def _forward_gluon(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, out, 
     vd = gf.descriptor(v.view(v.shape[0], -1), [bn, dv])
     n_items = n_tiles * hq
     # sorted grid: one program per item; persistent: one per SM (one CTA fits), items dealt round-robin
-    # from the heaviest-first list
+    # from the launch order
     n_programs = min(n_items, _num_sms(q.device)) if FWD_GRID == "persistent" else n_items
     items = s["fwd_items"]
     gf.fwd_kernel[(n_programs,)](

@@ -21,9 +21,9 @@ few pairs' K/V.
 
 ``imbalance(loads) = max / mean`` measures the result.
 
-The GPU launcher (``kernels/jfa.py``) uses the *sorted* tile list as a plain
-grid by default (heaviest tiles first; the hardware block scheduler then
-performs dynamic longest-processing-time-first balancing).  The persistent
+The GPU launcher (``kernels/jfa.py``) launches a plain grid by default, in
+sequence-major order (heavy sequences first, each one's tiles heaviest first;
+the hardware block scheduler balances dynamically).  The persistent
 lists built here drive its ``FWD_GRID`` / ``BWD_KV_GRID = "persistent"``
 switches; on the H200 they were slower on every benchmark shape
 (``kernels/PERF.md``, v5).

@@ -3,9 +3,10 @@
 Conventions (see kernels/jfa.py for the host side):
 * q [total_q, Hq, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv], last dim contiguous.
 * Tiles come from host-built lists (real tiles only, heaviest first).  The
-  forward and dK/dV kernels run them either one program per (tile, head)
-  (the default) or PERSISTENT: fewer programs, each looping over its items
-  from a host-built static list; the tile code is the same in both.
+  kernels run them one program per (tile, head) (the default; GROUPED: in the
+  host's sequence-major launch order ITEMS) or, forward and dK/dV,
+  PERSISTENT: fewer programs, each looping over its items from a host-built
+  static list; the tile code is the same in all.
 * Causal masking is bottom-right aligned: key j visible to query i iff
   j <= i + (Lk - Lq).  Key loops are peeled: an unmasked bulk loop and a
   masked tail over the diagonal / ragged end.
