@@ -176,6 +176,17 @@ def _fwd_tile(Q, K, V, O, LSE, CU_Q, CU_K, b, mblk, h,
 
 
 @triton.jit
+def _launched_item(ITEMS, pid, GROUPED: tl.constexpr):
+    # the item program ``pid`` of a one-per-item grid runs: ITEMS[pid] in the host's launch order
+    # (jfa.ITEM_ORDER = "sequence"), else pid itself
+    if GROUPED:
+        item = tl.load(ITEMS + pid)
+    else:
+        item = pid
+    return item
+
+
+@triton.jit
 def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, PROG_PTR, ITEMS,
                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                 stride_ot, stride_oh, stride_lh,
@@ -207,10 +218,7 @@ def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, PROG_PTR, ITEMS
                       stride_ot, stride_oh, stride_lh, qk_scale, GROUP,
                       BROADCAST, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC, USE_TMA, PTR_ADV, False)
     else:
-        if GROUPED:
-            item = tl.load(ITEMS + pid)
-        else:
-            item = pid
+        item = _launched_item(ITEMS, pid, GROUPED)
         tile = item // H
         h = item % H
         b = tl.load(TILE_SEQ + tile)
@@ -363,10 +371,7 @@ def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, TILE_SEQ, TI
                          stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, GROUP,
                          BROADCAST, CAUSAL, FUSE_DQ, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC)
     else:
-        if GROUPED:
-            item = tl.load(ITEMS + pid)
-        else:
-            item = pid
+        item = _launched_item(ITEMS, pid, GROUPED)
         tile = item // HKV
         hk = item % HKV
         b = tl.load(TILE_SEQ + tile)
@@ -427,11 +432,7 @@ def _bwd_q_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
                   HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
                   DOT_PREC: tl.constexpr, GROUPED: tl.constexpr = False):
     # one program per (tile, q head); GROUPED: program p runs item ITEMS[p] (sequence-major order)
-    pid = tl.program_id(0)
-    if GROUPED:
-        item = tl.load(ITEMS + pid)
-    else:
-        item = pid
+    item = _launched_item(ITEMS, tl.program_id(0), GROUPED)
     tile = item // H
     h = item % H
     b_lo = tl.load(TILE_BLO + tile)

@@ -610,13 +610,13 @@ GRID_CASES = [
 ]
 
 
-def _fwd_bwd(case, seed=3):
+def _fwd_bwd(case, seed=3, d=16, dtype=torch.float32):
     lens_q, lens_k, hq, hkv, causal, broadcast = case
-    q, k, v, cu_q, cu_k = make_inputs(lens_q, lens_k, hq, hkv, 16, 16, torch.float32, broadcast, seed)
+    q, k, v, cu_q, cu_k = make_inputs(lens_q, lens_k, hq, hkv, d, d, dtype, broadcast, seed)
     q, k, v = (t.to(DEVICE).requires_grad_() for t in (q, k, v))
     out, lse = jagged_flash_attention(q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), max(lens_q), max(lens_k),
                                       causal=causal, broadcast_q=broadcast)
-    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE))
+    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype))
     return [t.detach().cpu() for t in (out, lse, q.grad, k.grad, v.grad)]
 
 
@@ -748,20 +748,10 @@ def test_gpu_sequence_major_order(fwd_kernel, causal, monkeypatch):
     case = ([300, 0, 513, 129, 64, 700], [257, 5, 513, 400, 0, 200], 4, 2, causal, False)
     monkeypatch.setattr(jfa, "ITEM_ORDER", "sequence")
     run_case(case[0], case[1], hq=4, hkv=2, d=128, causal=causal, dtype=torch.bfloat16)
-    got = _fwd_bwd_bf16(case)
+    got = _fwd_bwd(case, d=128, dtype=torch.bfloat16)
     monkeypatch.setattr(jfa, "ITEM_ORDER", "work")
-    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, _fwd_bwd_bf16(case)):
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, _fwd_bwd(case, d=128, dtype=torch.bfloat16)):
         assert torch.equal(a, b), name
-
-
-def _fwd_bwd_bf16(case, seed=3):
-    lens_q, lens_k, hq, hkv, causal, broadcast = case
-    q, k, v, cu_q, cu_k = make_inputs(lens_q, lens_k, hq, hkv, 128, 128, torch.bfloat16, broadcast, seed)
-    q, k, v = (t.to(DEVICE).requires_grad_() for t in (q, k, v))
-    out, lse = jagged_flash_attention(q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), max(lens_q), max(lens_k),
-                                      causal=causal, broadcast_q=broadcast)
-    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE, out.dtype))
-    return [t.detach().cpu() for t in (out, lse, q.grad, k.grad, v.grad)]
 
 
 # ---------------------------------------------------------------------------
