@@ -100,7 +100,7 @@ PERSISTENT_CTAS_PER_SM = 2
 # Applies to the forward (tl and Gluon), dK/dV and the non-broadcast dQ pass; broadcast-Q dQ keeps
 # its chunk order.
 ITEM_ORDERS = ("work", "sequence")
-ITEM_ORDER = "sequence"  # faster or level on every bench shape on the H200 (PERF.md v7)
+ITEM_ORDER = "sequence"  # tl kernels: faster or level on every bench shape on the H200 (PERF.md v7)
 
 # Forward kernel (runtime switch; the environment variable JFA_FWD_KERNEL sets it at import, so a
 # spec run in worker processes can pick it):
