@@ -725,6 +725,24 @@ def test_sequence_major_items_group_each_sequence_and_head():
             < sched.distinct_sequences_in_flight(work_order, seq, 3, 4))
 
 
+def test_launch_order_switch_reaches_the_schedule(monkeypatch):
+    # the schedule cache keys on the order: switching it must change the lists the kernels get
+    from kernels import jfa
+    lens_q, lens_k = np.array([40, 0, 33, 7, 64, 19]), np.array([9, 50, 33, 0, 64, 80])
+    cu_q, cu_k = (np.concatenate([[0], np.cumsum(x)]).astype(np.int32) for x in (lens_q, lens_k))
+    cfgs = (jfa._CPU_CFG["fwd"], jfa._CPU_CFG["kv"], jfa._CPU_CFG["q"], False)
+
+    def build(order):
+        monkeypatch.setattr(jfa, "ITEM_ORDER", order)
+        return jfa._build_schedule(cu_q, cu_k, lens_q, lens_k, False, True, cfgs, 4, 2, torch.device("cpu"))
+    work = build("work")
+    assert work["fwd_items"] is None and work["kv_items"] is None and work["q_items"] is None
+    seq = build("sequence")
+    for key, heads, tiles in (("fwd_items", 4, "fwd"), ("kv_items", 2, "kv"), ("q_items", 4, "q")):
+        n = seq[tiles][-1 if tiles != "q" else 4] * heads
+        assert sorted(seq[key].tolist()) == list(range(n)) and seq[key].tolist() != list(range(n)), key
+
+
 def test_sequence_major_items_of_nothing():
     assert sched.sequence_major_items([], [], 4).shape == (0,)
     assert sched.sequence_major_items([0, 0], [5, 3], 0).shape == (0,)
