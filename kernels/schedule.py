@@ -30,6 +30,8 @@ switches; on the H200 they were slower on every benchmark shape
 """
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "split_batches_by_work",
     "sequence_major_items",
     "distinct_sequences_in_flight",
+    "list_schedule_makespan",
 ]
 
 
@@ -198,3 +201,19 @@ def distinct_sequences_in_flight(items, seq, n_heads: int, window: int):
     pair = seq[items // n_heads] * n_heads + items % n_heads
     counts = [np.unique(pair[i:i + window]).shape[0] for i in range(0, max(1, pair.shape[0]), window)]
     return float(np.mean(counts))
+
+
+def list_schedule_makespan(work_in_launch_order, n_slots: int) -> float:
+    """Finish time of greedy list scheduling: each item, in launch order, starts on the slot that frees
+    first (what a hardware block scheduler does with a one-program-per-item grid, ``n_slots`` resident
+    programs, durations proportional to ``work``).  Divide by ``max(sum / n_slots, max)`` for the
+    tail cost of an order."""
+    w = np.asarray(work_in_launch_order, dtype=np.float64)
+    if w.size == 0:
+        return 0.0
+    if n_slots < 1:
+        raise ValueError(f"n_slots must be >= 1, got {n_slots}")
+    free = [0.0] * min(n_slots, w.size)
+    for x in w:
+        heapq.heappush(free, heapq.heappop(free) + x)
+    return max(free)

@@ -743,6 +743,14 @@ def test_launch_order_switch_reaches_the_schedule(monkeypatch):
         assert sorted(seq[key].tolist()) == list(range(n)) and seq[key].tolist() != list(range(n)), key
 
 
+def test_list_schedule_makespan():
+    assert sched.list_schedule_makespan([4, 1, 1, 1, 1], 2) == 4  # heaviest first: the light ones fill in
+    assert sched.list_schedule_makespan([1, 1, 1, 1, 4], 2) == 6  # heaviest last: it finishes late
+    assert sched.list_schedule_makespan([5], 4) == 5 and sched.list_schedule_makespan([], 4) == 0.0
+    with pytest.raises(ValueError, match="n_slots"):
+        sched.list_schedule_makespan([1], 0)
+
+
 def test_sequence_major_items_of_nothing():
     assert sched.sequence_major_items([], [], 4).shape == (0,)
     assert sched.sequence_major_items([0, 0], [5, 3], 0).shape == (0,)
