@@ -121,6 +121,11 @@ impl_triton_gluon_persistent = _triton_with(FWD_KERNEL="gluon", FWD_GRID="persis
 # the launch order before v7 (jfa.ITEM_ORDER); the backward keeps the order its forward chose
 impl_triton_work = _triton_with(ITEM_ORDER="work")
 impl_triton_gluon_work = _triton_with(FWD_KERNEL="gluon", ITEM_ORDER="work")
+impl_triton_section = _triton_with(ITEM_ORDER="section")
+impl_triton_gluon_section = _triton_with(FWD_KERNEL="gluon", ITEM_ORDER="section")
+impl_triton_split = _triton_with(FWD_KERNEL="split")
+impl_triton_split_1024 = _triton_with(FWD_KERNEL="split", GLUON_SPLIT_KEYS=1024)
+impl_triton_split_512 = _triton_with(FWD_KERNEL="split", GLUON_SPLIT_KEYS=512)
 
 
 def impl_fa4(shape, q, k, v, cu_q, cu_k):
@@ -220,6 +225,9 @@ def impl_sdpa(shape, q, k, v, cu_q, cu_k):
 IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-persistent": impl_triton_persistent,
          "triton-gluon": impl_triton_gluon, "triton-gluon-persistent": impl_triton_gluon_persistent,
          "triton-work": impl_triton_work, "triton-gluon-work": impl_triton_gluon_work,
+         "triton-section": impl_triton_section, "triton-gluon-section": impl_triton_gluon_section,
+         "triton-split": impl_triton_split, "triton-split-1024": impl_triton_split_1024,
+         "triton-split-512": impl_triton_split_512,
          "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
 
 

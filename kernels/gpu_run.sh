@@ -1,29 +1,48 @@
 #!/usr/bin/env bash
-# One GPU run: correctness tests, config sweeps, full benchmark.
-# FA4 (flash-attn-4 with its CuTe DSL) must be importable; FA4_PATH may point at an unpacked install.
+# GPU runs of the kernels, one stage per call (each fits a 10-minute slot on one H200):
+#   bash kernels/gpu_run.sh OUT_DIR bench   one benchmark table: FA4 first (ratios and max |diff| against it),
+#                                           the shipped kernel, its launch-order / forward-kernel switches,
+#                                           flex_attention, padded SDPA; all six shapes
+#   bash kernels/gpu_run.sh OUT_DIR tests   the GPU kernel tests, then a triton-jfa spec run (profile ci)
+#   bash kernels/gpu_run.sh OUT_DIR split   the split forward's key threshold, then a spec run with it
+# FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
+# install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|split}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
-export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:${PYTHONPATH:-}
+export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
-OUT_DIR=${1:-perf-out}; mkdir -p "$OUT_DIR"
-L=$OUT_DIR/log.txt
-nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader | tee -a $L
-timeout 90 python3 -m pytest tests/test_kernels.py -q -n 8 -p no:cacheprovider -k gpu >> $L 2>&1
-echo "pytest rc=$?"; grep -E "passed|failed" $L | tail -2
-timeout 45 python3 -m kernels.sweep --out $OUT_DIR/a --shapes S1,S3,S4b --kinds fwd \
-  --fwd "64,64,4,3;128,64,8,3;128,32,4,4;64,32,4,3" >> $L 2>&1
-timeout 60 python3 -m kernels.sweep --out $OUT_DIR/b --shapes S1,S1c --kinds kvf >> $L 2>&1
-python3 - <<'PY'
-import json, os
-o = os.environ["OUT"]; best = {}
-for d in ("a", "b"):
-    p = f"{o}/{d}/best.json"
-    if os.path.exists(p):
-        best.update(json.load(open(p))); os.remove(p)
-json.dump(best, open(f"{o}/best.json", "w")); print("best", best)
-PY
-timeout 190 python3 -m kernels.bench --out $OUT_DIR --tag v2 --cfg $OUT_DIR/best.json \
-  --impls triton,triton-atomic,fa4,sdpa >> $L 2>&1
-timeout 60 python3 -m kernels.bench --out $OUT_DIR --tag flex --shapes S1,S1c,S2,S3 --impls flex >> $L 2>&1
-grep -E "^\| S|TFLOP" $L | grep -v '"' | tail -40
-cat $OUT_DIR/bench_v2.md 2>/dev/null | tail -30
+OUT_DIR=${1:?}; mkdir -p "$OUT_DIR"
+L=$OUT_DIR/log_$STAGE.txt
+nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader | tee -a "$L"
+git log -1 --format=%h 2>/dev/null | tee -a "$L"
+
+spec() {  # spec(time limit s, name, extra env...): triton-jfa, profile ci, on the GPU
+  local t=$1 name=$2; shift 2
+  env "$@" timeout $((t + 30)) python3 -m conformance.cli run --backend triton-jfa --profile ci --device cuda \
+    --no-bench -q -n 14 --timeout "$t" --time-limit "$t" --max-worker-restart 100 \
+    --report-dir "$OUT_DIR/spec" --name "$name" >> "$L" 2>&1
+  echo "spec $name rc=$?" | tee -a "$L"
+  tail -5 "$OUT_DIR/spec/$name/summary.md" 2>/dev/null | tee -a "$L"
+}
+
+case $STAGE in
+  bench)
+    timeout 430 python3 -m kernels.bench --out "$OUT_DIR" --tag v8 \
+      --impls fa4,triton,triton-section,triton-split,triton-gluon,flex,sdpa \
+      --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
+    echo "bench rc=$?" | tee -a "$L"
+    cat "$OUT_DIR/bench_v8.md" 2>/dev/null ;;
+  tests)
+    timeout 330 python3 -m pytest tests/test_kernels.py -q -n 14 -p no:cacheprovider -k gpu \
+      > "$OUT_DIR/pytest_gpu.txt" 2>&1
+    echo "pytest rc=$?" | tee -a "$L"; tail -3 "$OUT_DIR/pytest_gpu.txt"
+    spec 200 ci-sequence ;;
+  split)
+    timeout 200 python3 -m kernels.bench --out "$OUT_DIR" --tag v8_split \
+      --impls triton,triton-gluon,triton-split,triton-split-1024,triton-split-512 --shapes S3,S1,S4b,S2 >> "$L" 2>&1
+    echo "bench rc=$?" | tee -a "$L"
+    cat "$OUT_DIR/bench_v8_split.md" 2>/dev/null
+    spec 220 ci-split JFA_FWD_KERNEL=split JFA_GLUON_SPLIT_KEYS=256 ;;
+  *) echo "unknown stage $STAGE"; exit 2 ;;
+esac

@@ -68,8 +68,9 @@ BWD_DQ_MODE = "separate"
 #     scalar step instead of rebuilding them each iteration.
 #   FWD_WARP_SPECIALIZE: the forward's unmasked key loop asks Triton for
 #     automatic warp specialization (tl.range(warp_specialize=True)); GPU only.
-# LAST_FWD_PATH names the path the latest forward launch took ("gluon", "ptr",
-# "ptr-adv" or "tma") and, for "ptr" under FWD_TMA, why TMA was not used.
+# LAST_FWD_PATH names the path the latest forward call took ("gluon", "ptr",
+# "ptr-adv" or "tma"; "gluon+ptr" etc. when FWD_KERNEL = "split" used both) and,
+# for "ptr" under FWD_TMA, why TMA was not used.
 FWD_TMA = False
 FWD_PTR_ADVANCE = False
 FWD_WARP_SPECIALIZE = False
@@ -97,10 +98,15 @@ PERSISTENT_CTAS_PER_SM = 2
 #     (or Q/dO for dK/dV) from memory: nothing is reused from L2.
 #   "sequence": schedule.sequence_major_items: sequences heaviest first, then head, then tile, so
 #     the programs in flight share a few pairs' K/V.
+#   "section": schedule.sectioned_items: the sequence order's pairs cut into sections of about
+#     SECTION_BYTES of K/V (Q/dO for dK/dV), heaviest tile first inside each section, so the last
+#     pair's heavy tiles do not start last (the tail the sequence order pays on a few long causal
+#     sequences).
 # Applies to the forward (tl and Gluon), dK/dV and the non-broadcast dQ pass; broadcast-Q dQ keeps
 # its chunk order.
-ITEM_ORDERS = ("work", "sequence")
+ITEM_ORDERS = ("work", "sequence", "section")
 ITEM_ORDER = "sequence"  # tl kernels: faster or level on every bench shape on the H200 (PERF.md v7)
+SECTION_BYTES = 16 << 20  # a third of H200's 50 MB L2; the tail model is flat here on the bench shapes
 
 # Forward kernel (runtime switch; the environment variable JFA_FWD_KERNEL sets it at import, so a
 # spec run in worker processes can pick it):
@@ -109,7 +115,12 @@ ITEM_ORDER = "sequence"  # tl kernels: faster or level on every bench shape on t
 #   "gluon": gluon_fwd.py, written for Hopper: sm_90 only (wgmma), bf16/fp16, head dims 64 and 128,
 #     q/k/v layouts TMA can describe.  Anywhere else the tl kernel runs and LAST_FWD_PATH says why,
 #     so the switch never changes which inputs are accepted.
-FWD_KERNELS = ("triton", "gluon")
+#   "split": where Gluon can run, the sequences with at least GLUON_SPLIT_KEYS keys go to the Gluon
+#     forward and the rest to the tl kernel (two launches writing disjoint rows).  The Gluon forward
+#     holds one CTA per SM, so a short tile's whole latency chain (barriers, TMA, one MMA round) is
+#     exposed; the tl kernel keeps several short tiles per SM in flight.  On long key ranges the
+#     Gluon pipeline wins (PERF.md v7: 402-429 against 280-310 TFLOP/s on 4096-key causal rows).
+FWD_KERNELS = ("triton", "gluon", "split")
 FWD_KERNEL = os.environ.get("JFA_FWD_KERNEL", "triton")
 # (BLOCK_M, BLOCK_N, warps per consumer warp group, K/V stages, schedule); schedules (gluon_fwd.py):
 # "overlap" softmax(j) while PV(j-1) runs; "pingpong" overlap, and the two consumer groups take turns
@@ -117,6 +128,7 @@ FWD_KERNEL = os.environ.get("JFA_FWD_KERNEL", "triton")
 GLUON_SCHEDULES = ("overlap", "pingpong")
 GLUON_FWD_CFG = (128, 128, 4, 2, "overlap")  # the fastest Gluon choice on the H200 overall (PERF.md v6)
 GLUON_HEAD_DIMS = (64, 128)
+GLUON_SPLIT_KEYS = int(os.environ.get("JFA_GLUON_SPLIT_KEYS", "2048"))  # environment: as JFA_FWD_KERNEL
 
 
 def _cfg(kind: str, head_dim: int, dtype: torch.dtype, on_cpu: bool):
@@ -269,12 +281,16 @@ def _grids():
         raise ValueError(f"jfa.PERSISTENT_CTAS_PER_SM must be a positive int, got {PERSISTENT_CTAS_PER_SM!r}")
     if ITEM_ORDER not in ITEM_ORDERS:
         raise ValueError(f"jfa.ITEM_ORDER must be one of {ITEM_ORDERS}, got {ITEM_ORDER!r}")
-    return FWD_GRID, BWD_KV_GRID, PERSISTENT_CTAS_PER_SM, ITEM_ORDER
+    if not (isinstance(SECTION_BYTES, int) and SECTION_BYTES >= 1):
+        raise ValueError(f"jfa.SECTION_BYTES must be a positive int, got {SECTION_BYTES!r}")
+    return FWD_GRID, BWD_KV_GRID, PERSISTENT_CTAS_PER_SM, ITEM_ORDER, SECTION_BYTES
 
 
-def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq, hkv, device):
+def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq, hkv, device, row_bytes):
+    """Tile lists and launch orders for one call (cached per offsets and switches).  ``row_bytes``:
+    bytes one streamed row pair occupies per head (K+V, or Q+dO), which sizes the "section" order."""
     grids = _grids()
-    key = (cu_q_h.tobytes(), cu_k_h.tobytes(), broadcast, causal, cfgs, hq, hkv, grids, str(device))
+    key = (cu_q_h.tobytes(), cu_k_h.tobytes(), broadcast, causal, cfgs, hq, hkv, grids, str(device), row_bytes)
     hit = _SCHED_CACHE.get(key)
     if hit is not None:
         _SCHED_CACHE.move_to_end(key)
@@ -286,18 +302,30 @@ def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq,
     def dev(a):
         return torch.as_tensor(np.ascontiguousarray(a, dtype=np.int32)).to(device, non_blocking=True)
 
-    fwd_grid, kv_grid, ctas_per_sm, item_order = grids
+    fwd_grid, kv_grid, ctas_per_sm, item_order, section_bytes = grids
     n_slots = ctas_per_sm * _num_sms(device)
 
-    def launch_order(seq, work, n_heads):
+    def launch_order(seq, work, n_heads, rows_streamed):
         # the sorted grids' item order; None = program p runs item p
-        return dev(sched.sequence_major_items(seq, work, n_heads)) if item_order == "sequence" else None
+        if item_order == "sequence":
+            return dev(sched.sequence_major_items(seq, work, n_heads))
+        if item_order == "section":
+            return dev(sched.sectioned_items(seq, work, n_heads, rows_streamed, max(1, section_bytes // row_bytes)))
+        return None
 
     s = {}
-    seq, blk, work = sched.forward_tiles(lens_q, lens_k, bm_f, causal)
+    # forward rows: sequences the Gluon forward takes (cfgs[6]: its config and key threshold) and the rest
+    gluon = cfgs[6] if len(cfgs) > 6 else None
+    on_gluon = np.zeros(lens_k.shape[0], dtype=bool) if gluon is None else lens_k >= gluon[1]
+    s["fwd_gluon"] = None
+    if on_gluon.any():
+        seq, blk, work = sched.forward_tiles(np.where(on_gluon, lens_q, 0), lens_k, gluon[0][0], causal)
+        seq, blk, work = sched.sort_by_work(seq, blk, work=work)
+        s["fwd_gluon"] = (dev(seq), dev(blk), int(seq.shape[0]), launch_order(seq, work, hq, lens_k))
+    seq, blk, work = sched.forward_tiles(np.where(on_gluon, 0, lens_q), lens_k, bm_f, causal)
     seq, blk, work = sched.sort_by_work(seq, blk, work=work)
     s["fwd"] = (dev(seq), dev(blk), int(seq.shape[0]))
-    s["fwd_items"] = launch_order(seq, work, hq)
+    s["fwd_items"] = launch_order(seq, work, hq, lens_k)
     s["fwd_persistent"] = None
     if fwd_grid == "persistent" and seq.shape[0] * hq > 0:
         # item i = (tile i // hq, head i % hq); every head of a tile costs the same
@@ -307,7 +335,7 @@ def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq,
     seq, blk, work = sched.kv_tiles(lens_q, lens_k, bn_kv, causal)
     seq, blk, work = sched.sort_by_work(seq, blk, work=work)
     s["kv"] = (dev(seq), dev(blk), int(seq.shape[0]))
-    s["kv_items"] = launch_order(seq, work, hkv)
+    s["kv_items"] = launch_order(seq, work, hkv, lens_q)
     s["kv_persistent"] = None
     if kv_grid == "persistent" and seq.shape[0] * hkv > 0:
         # item = tile * hkv + kv head; ordered by (sequence, kv head, block), block innermost
@@ -321,7 +349,7 @@ def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq,
         seq, blk, work = sched.forward_tiles(lens_q, lens_k, bm_q, causal)
         seq, blk, work = sched.sort_by_work(seq, blk, work=work)
         s["q"] = (dev(seq), dev(seq + 1), dev(blk), dev(np.zeros_like(seq)), int(seq.shape[0]), 1)
-        s["q_items"] = launch_order(seq, work, hq)
+        s["q_items"] = launch_order(seq, work, hq, lens_k)
     else:
         B = lens_k.shape[0]
         lq = int(cu_q_h[1])
@@ -439,22 +467,25 @@ def _gluon_cfg():
 
 
 def _pick_fwd_kernel(q, k, v, scale=1.0):
-    """("gluon", "") where the switch asks for Gluon and it can run, else ("triton", why not)."""
+    """(FWD_KERNEL, "") where it asks for Gluon ("gluon" or "split") and Gluon can run, else
+    ("triton", why not)."""
     if FWD_KERNEL not in FWD_KERNELS:
         raise ValueError(f"jfa.FWD_KERNEL must be one of {FWD_KERNELS}, got {FWD_KERNEL!r}")
-    if FWD_KERNEL != "gluon":
+    if FWD_KERNEL == "triton":
         return "triton", ""
     _gluon_cfg()
+    if not (isinstance(GLUON_SPLIT_KEYS, int) and GLUON_SPLIT_KEYS >= 0):
+        raise ValueError(f"jfa.GLUON_SPLIT_KEYS must be an int >= 0, got {GLUON_SPLIT_KEYS!r}")
     why = _gluon_refusal(q, k, v, scale)
-    return ("triton", why) if why else ("gluon", "")
+    return ("triton", why) if why else (FWD_KERNEL, "")
 
 
 def _forward_gluon(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, out, lse):
     from . import gluon_fwd as gf
-    seq_t, blk_t, n_tiles = s["fwd"]
+    seq_t, blk_t, n_tiles, items = s["fwd_gluon"]
     hq, d = q.shape[1], q.shape[2]
     hkv, dv = k.shape[1], v.shape[2]
-    bm, bn, w, st, schedule = cfgs[0]
+    bm, bn, w, st, schedule = cfgs[6][0]
     assert bm == gf.BLOCK_M and w == 4, "the Gluon forward is written for 128-row tiles and 4-warp groups"
     qd = gf.descriptor(q.view(q.shape[0], -1), [gf.HALF_M, d])
     kd = gf.descriptor(k.view(k.shape[0], -1), [bn, d])
@@ -463,7 +494,6 @@ def _forward_gluon(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, out, 
     # sorted grid: one program per item; persistent: one per SM (one CTA fits), items dealt round-robin
     # from the launch order
     n_programs = min(n_items, _num_sms(q.device)) if FWD_GRID == "persistent" else n_items
-    items = s["fwd_items"]
     gf.fwd_kernel[(n_programs,)](
         qd, kd, vd, out, lse, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items,
         out.stride(0), out.stride(1), lse.stride(0), scale * tk.LOG2E, hq, hq // hkv, n_items,
@@ -478,12 +508,14 @@ def _forward(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, n_out_rows)
     out = torch.empty((n_out_rows, hq, dv), device=q.device, dtype=q.dtype)
     lse = torch.empty((hq, n_out_rows), device=q.device, dtype=torch.float32)
     seq_t, blk_t, n_tiles = s["fwd"]
-    if n_tiles == 0 or hq == 0:
+    if hq == 0 or (n_tiles == 0 and s["fwd_gluon"] is None):
         return out, lse
     global LAST_FWD_PATH
-    if cfgs[4] == "gluon":
+    if s["fwd_gluon"] is not None:  # heavy sequences first; the tl launch below takes the rest
+        _forward_gluon(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, out, lse)
         LAST_FWD_PATH = "gluon"
-        return _forward_gluon(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, out, lse)
+        if n_tiles == 0:
+            return out, lse
     bm, bn, w, st = cfgs[0]
     k_arg, v_arg, use_tma, why = k, v, False, ""
     if FWD_TMA:
@@ -491,9 +523,10 @@ def _forward(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, n_out_rows)
         if kd is not None:
             k_arg, v_arg, use_tma = kd, vd, True
     ptr_adv = FWD_PTR_ADVANCE and not use_tma
-    LAST_FWD_PATH = "tma" if use_tma else ("ptr-adv" if ptr_adv else "ptr") + (f" ({why})" if why else "")
+    path = "tma" if use_tma else ("ptr-adv" if ptr_adv else "ptr") + (f" ({why})" if why else "")
     if cfgs[5]:
-        LAST_FWD_PATH += f" (gluon: {cfgs[5]})"
+        path += f" (gluon: {cfgs[5]})"
+    LAST_FWD_PATH = "gluon+" + path if s["fwd_gluon"] is not None else path
     persistent = s["fwd_persistent"]
     grouped = persistent is None and s["fwd_items"] is not None
     if persistent is not None:
@@ -634,15 +667,15 @@ def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     v = v if v.stride(-1) == 1 else v.contiguous()
     fwd_kernel, why_not_gluon = _pick_fwd_kernel(q, k, v, scale)
     cfgs = tuple(_cfg(kind, dkey, q.dtype, on_cpu) for kind in ("fwd", "kvf" if fuse else "kv", "q"))
-    if fwd_kernel == "gluon":
-        cfgs = (_gluon_cfg(),) + cfgs[1:]
-    cfgs = cfgs + (fuse, fwd_kernel, why_not_gluon)
+    # the Gluon forward's config and the fewest keys a sequence needs to go to it
+    gluon = None if fwd_kernel == "triton" else (_gluon_cfg(), GLUON_SPLIT_KEYS if fwd_kernel == "split" else 0)
+    cfgs = cfgs + (fuse, fwd_kernel, why_not_gluon, gluon)
     if cu_seqlens_q.device != q.device:
         cu_seqlens_q = cu_seqlens_q.to(q.device)
     if cu_seqlens_k.device != q.device:
         cu_seqlens_k = cu_seqlens_k.to(q.device)
     s = _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, bool(broadcast_q), bool(causal), cfgs,
-                        q.shape[1], k.shape[1], q.device)
+                        q.shape[1], k.shape[1], q.device, row_bytes=2 * dkey * q.element_size())
     n_out_rows = int(lens_q.sum())
     return _JaggedFlashAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, s, cfgs, bool(causal),
                                        scale, bool(broadcast_q), n_out_rows)

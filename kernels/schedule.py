@@ -45,6 +45,7 @@ __all__ = [
     "block_innermost_round_robin",
     "split_batches_by_work",
     "sequence_major_items",
+    "sectioned_items",
     "distinct_sequences_in_flight",
     "list_schedule_makespan",
 ]
@@ -190,6 +191,43 @@ def sequence_major_items(seq, work, n_heads: int):
     head = np.tile(np.arange(n_heads, dtype=np.int64), n)
     # np.lexsort: the last key is the primary one; the sequence id keeps equal-work sequences apart
     order = np.lexsort((-work[tile], head, seq[tile], -seq_work[tile]))
+    return (tile * n_heads + head)[order]
+
+
+def sectioned_items(seq, work, n_heads: int, rows_per_seq, section_rows: int):
+    """Launch order that keeps ``sequence_major_items``' L2 reuse without its tail: the (sequence,
+    head) pairs, in sequence-major order, are cut into *sections* of consecutive pairs whose rows read
+    (``rows_per_seq[s]`` per pair: keys for the forward and dQ, queries for dK/dV) add up to at most
+    ``section_rows`` (at least one pair each); sections run one after another and, inside a section,
+    items go heaviest tile first across its pairs.  Sequence-major order starts the last pair's
+    heaviest tile late (a long tail on a few long causal sequences); here only the last section's
+    tiles are left at the end, and they are already sorted heaviest first.
+
+    Returns an int64 permutation of ``range(len(seq) * n_heads)`` (items ``tile * n_heads + head``)."""
+    seq = np.asarray(seq, dtype=np.int64)
+    work = np.asarray(work, dtype=np.int64)
+    rows = np.asarray(rows_per_seq, dtype=np.int64)
+    if section_rows < 1:
+        raise ValueError(f"section_rows must be >= 1, got {section_rows}")
+    n = seq.shape[0]
+    if n == 0 or n_heads == 0:
+        return np.zeros(0, dtype=np.int64)
+    seq_work = np.bincount(seq, weights=work, minlength=rows.shape[0])
+    # pairs in sequence-major order: sequences heaviest first (ties by id), heads inside
+    seq_rank = np.empty(seq_work.shape[0], dtype=np.int64)
+    seq_rank[np.lexsort((np.arange(seq_work.shape[0]), -seq_work))] = np.arange(seq_work.shape[0])
+    pair_rows = np.repeat(rows[np.argsort(seq_rank)], n_heads)
+    section_of_pair = np.empty(pair_rows.shape[0], dtype=np.int64)
+    section, filled = 0, 0
+    for i, r in enumerate(pair_rows.tolist()):  # greedy cut; a few thousand pairs at most
+        if filled > 0 and filled + r > section_rows:
+            section, filled = section + 1, 0
+        section_of_pair[i] = section
+        filled += r
+    tile = np.repeat(np.arange(n, dtype=np.int64), n_heads)
+    head = np.tile(np.arange(n_heads, dtype=np.int64), n)
+    pair = seq_rank[seq[tile]] * n_heads + head
+    order = np.lexsort((pair, -work[tile], section_of_pair[pair]))
     return (tile * n_heads + head)[order]
 
 

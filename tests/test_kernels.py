@@ -651,7 +651,8 @@ def test_persistent_schedule_lists_cover_every_item_once(monkeypatch):
     lens_k = np.array([9, 50, 33, 0, 64, 80])
     cu_q, cu_k = (np.concatenate([[0], np.cumsum(x)]).astype(np.int32) for x in (lens_q, lens_k))
     cfgs = (jfa._CPU_CFG["fwd"], jfa._CPU_CFG["kv"], jfa._CPU_CFG["q"], False)
-    s = jfa._build_schedule(cu_q, cu_k, lens_q, lens_k, False, True, cfgs, 4, 2, torch.device("cpu"))
+    s = jfa._build_schedule(cu_q, cu_k, lens_q, lens_k, False, True, cfgs, 4, 2, torch.device("cpu"),
+                               row_bytes=256)
     n_fwd, n_kv = s["fwd"][2] * 4, s["kv"][2] * 2
     ptr, items, n_programs = s["fwd_persistent"]
     assert n_programs == min(n_fwd, 2 * jfa._num_sms(torch.device("cpu")))
@@ -693,12 +694,14 @@ def test_gpu_persistent_grids(dtype, causal, monkeypatch):
 # launch order of the sorted grids' items (jfa.ITEM_ORDER): a permutation that never changes an answer
 # ---------------------------------------------------------------------------
 @needs_kernels
+@pytest.mark.parametrize("order", ["sequence", "section"])
 @pytest.mark.parametrize("case", GRID_CASES)
-def test_sequence_major_order_matches_work_order_bitwise(case, monkeypatch):
+def test_launch_orders_match_work_order_bitwise(case, order, monkeypatch):
     from kernels import jfa
     monkeypatch.setattr(jfa, "ITEM_ORDER", "work")
     expected = _fwd_bwd(case)
-    monkeypatch.setattr(jfa, "ITEM_ORDER", "sequence")
+    monkeypatch.setattr(jfa, "ITEM_ORDER", order)
+    monkeypatch.setattr(jfa, "SECTION_BYTES", 4096)  # a few pairs per section at these sizes
     got = _fwd_bwd(case)
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, expected):
         assert torch.equal(a, b), name
@@ -725,6 +728,51 @@ def test_sequence_major_items_group_each_sequence_and_head():
             < sched.distinct_sequences_in_flight(work_order, seq, 3, 4))
 
 
+def test_sectioned_items_cut_pairs_by_rows_and_go_heaviest_first_inside():
+    lens = np.array([300, 0, 513, 129, 513, 1])
+    seq, blk, work = sched.forward_tiles(lens, lens, 128, True)
+    seq, blk, work = sched.sort_by_work(seq, blk, work=work)
+    items = sched.sectioned_items(seq, work, 2, lens, 1100)
+    assert sorted(items.tolist()) == list(range(seq.shape[0] * 2))
+    pair = seq[items // 2] * 2 + items % 2
+    # pairs in sequence-major order: (2,0) (2,1) (4,0) (4,1) (0,0) (0,1) (3,0) (3,1) (5,0) (5,1);
+    # rows 513 each for the first four, so 1100 rows hold two of them; then 300+300+129+129+1 = 859 < 1100
+    sections = [{4, 5}, {8, 9}, {0, 1, 6, 7, 10, 11}]
+    start = 0
+    for members in sections:
+        n = sum(int((pair == p).sum()) for p in members)
+        assert set(pair[start:start + n].tolist()) == members
+        assert (np.diff(work[items[start:start + n] // 2]) <= 0).all()  # heaviest first inside
+        start += n
+    assert start == items.shape[0]
+    # a budget smaller than any pair: one pair per section, i.e. the sequence-major order
+    one = sched.sectioned_items(seq, work, 2, lens, 1)
+    assert one.tolist() == sched.sequence_major_items(seq, work, 2).tolist()
+    # a budget larger than everything: one section, i.e. heaviest tile first (ties by pair)
+    all_ = sched.sectioned_items(seq, work, 2, lens, 10 ** 9)
+    assert (np.diff(work[all_ // 2]) <= 0).all()
+    assert sched.sectioned_items([], [], 2, lens, 10).shape == (0,)
+    with pytest.raises(ValueError, match="section_rows"):
+        sched.sectioned_items(seq, work, 2, lens, 0)
+
+
+def test_sectioned_order_removes_the_sequence_orders_tail_on_long_causal_sequences():
+    # 8 causal sequences of 4096, 16 heads (bench shape S4b): the list-scheduling model puts the
+    # sequence order several % above the lower bound, the sectioned order within 1%
+    lens = np.full(8, 4096)
+    seq, blk, work = sched.forward_tiles(lens, lens, 128, True)
+    seq, blk, work = sched.sort_by_work(seq, blk, work=work)
+
+    def tail(items):
+        w = work[items // 16]
+        return sched.list_schedule_makespan(w, 264) / max(w.sum() / 264, w.max())
+    sequence = sched.sequence_major_items(seq, work, 16)
+    sectioned = sched.sectioned_items(seq, work, 16, lens, 32768)
+    assert tail(sequence) > 1.05 and tail(sectioned) < 1.01
+    assert (sched.distinct_sequences_in_flight(sectioned, seq, 16, 264)
+            < sched.distinct_sequences_in_flight(np.arange(seq.shape[0] * 16), seq, 16, 264) / 4)
+
+
 def test_launch_order_switch_reaches_the_schedule(monkeypatch):
     # the schedule cache keys on the order: switching it must change the lists the kernels get
     from kernels import jfa
@@ -734,13 +782,17 @@ def test_launch_order_switch_reaches_the_schedule(monkeypatch):
 
     def build(order):
         monkeypatch.setattr(jfa, "ITEM_ORDER", order)
-        return jfa._build_schedule(cu_q, cu_k, lens_q, lens_k, False, True, cfgs, 4, 2, torch.device("cpu"))
+        return jfa._build_schedule(cu_q, cu_k, lens_q, lens_k, False, True, cfgs, 4, 2, torch.device("cpu"),
+                               row_bytes=256)
     work = build("work")
     assert work["fwd_items"] is None and work["kv_items"] is None and work["q_items"] is None
-    seq = build("sequence")
-    for key, heads, tiles in (("fwd_items", 4, "fwd"), ("kv_items", 2, "kv"), ("q_items", 4, "q")):
-        n = seq[tiles][-1 if tiles != "q" else 4] * heads
-        assert sorted(seq[key].tolist()) == list(range(n)) and seq[key].tolist() != list(range(n)), key
+    for order in ("sequence", "section"):
+        got = build(order)
+        for key, heads, tiles in (("fwd_items", 4, "fwd"), ("kv_items", 2, "kv"), ("q_items", 4, "q")):
+            n = got[tiles][-1 if tiles != "q" else 4] * heads
+            assert sorted(got[key].tolist()) == list(range(n)) and got[key].tolist() != list(range(n)), key
+    monkeypatch.setattr(jfa, "SECTION_BYTES", 1)  # one pair per section: the sequence order again
+    assert build("section")["fwd_items"].tolist() == build("sequence")["fwd_items"].tolist()
 
 
 def test_list_schedule_makespan():
@@ -761,18 +813,24 @@ def test_bad_item_order_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(jfa, "ITEM_ORDER", "random")
     with pytest.raises(ValueError, match="ITEM_ORDER"):
         jfa._grids()
+    monkeypatch.setattr(jfa, "ITEM_ORDER", "section")
+    monkeypatch.setattr(jfa, "SECTION_BYTES", 0)
+    with pytest.raises(ValueError, match="SECTION_BYTES"):
+        jfa._grids()
 
 
 @needs_cuda
+@pytest.mark.parametrize("order", ["sequence", "section"])
 @pytest.mark.parametrize("fwd_kernel", ["triton", "gluon"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_sequence_major_order(fwd_kernel, causal, monkeypatch):
+def test_gpu_launch_orders(fwd_kernel, causal, order, monkeypatch):
     # the shipped GPU tiles (and the Gluon forward where it runs) on multi-block lengths and GQA,
     # against the reference and bitwise against the work order
     from kernels import jfa
     monkeypatch.setattr(jfa, "FWD_KERNEL", fwd_kernel)
+    monkeypatch.setattr(jfa, "SECTION_BYTES", 1 << 18)  # several sections at these sizes
     case = ([300, 0, 513, 129, 64, 700], [257, 5, 513, 400, 0, 200], 4, 2, causal, False)
-    monkeypatch.setattr(jfa, "ITEM_ORDER", "sequence")
+    monkeypatch.setattr(jfa, "ITEM_ORDER", order)
     run_case(case[0], case[1], hq=4, hkv=2, d=128, causal=causal, dtype=torch.bfloat16)
     got = _fwd_bwd(case, d=128, dtype=torch.bfloat16)
     monkeypatch.setattr(jfa, "ITEM_ORDER", "work")
@@ -852,12 +910,71 @@ def test_gluon_switch_falls_back_with_its_reason(monkeypatch):
     assert jfa.LAST_FWD_PATH.startswith("ptr (gluon: "), jfa.LAST_FWD_PATH
 
 
+@needs_kernels
+def test_split_switch_falls_back_with_its_reason(monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_KERNEL", "split")
+    run_case([40, 0, 33], [9, 50, 33], hq=2, hkv=1, d=32, causal=True, dtype=torch.float32)
+    assert jfa.LAST_FWD_PATH.startswith("ptr (gluon: "), jfa.LAST_FWD_PATH
+
+
+def test_split_schedule_gives_each_sequence_to_one_kernel_by_its_keys():
+    # the Gluon list holds exactly the tiles of the sequences with >= threshold keys, the tl list the rest
+    from kernels import jfa
+    lens_q, lens_k = np.array([40, 0, 33, 7, 64, 19]), np.array([9, 50, 33, 0, 64, 80])
+    cu_q, cu_k = (np.concatenate([[0], np.cumsum(x)]).astype(np.int32) for x in (lens_q, lens_k))
+    tl_cfg = jfa._CPU_CFG["fwd"]
+
+    def build(gluon):
+        cfgs = (tl_cfg, jfa._CPU_CFG["kv"], jfa._CPU_CFG["q"], False, "split", "", gluon)
+        return jfa._build_schedule(cu_q, cu_k, lens_q, lens_k, False, True, cfgs, 2, 1, torch.device("cpu"),
+                                   row_bytes=64)
+
+    def tiles(entry):
+        return sorted(zip(entry[0].tolist(), entry[1].tolist()))
+    s = build(((128, 128, 4, 2, "overlap"), 33))
+    g_tiles, t_tiles = tiles(s["fwd_gluon"]), tiles(s["fwd"])
+    assert {q for q, _ in g_tiles} == {2, 4, 5}  # keys 33, 64, 80
+    assert {q for q, _ in t_tiles} == {0, 3}  # keys 9 and 0 (sequence 1 has no queries)
+    assert len(g_tiles) == 3 and len(t_tiles) == sum(-(-int(lens_q[i]) // tl_cfg[0]) for i in (0, 3))
+    items = s["fwd_gluon"][3]
+    assert sorted(items.tolist()) == list(range(3 * 2))
+    assert build(None)["fwd_gluon"] is None  # FWD_KERNEL = "triton"
+    everything = build(((128, 128, 4, 2, "overlap"), 0))  # FWD_KERNEL = "gluon": all rows
+    assert everything["fwd"][2] == 0 and everything["fwd_gluon"][2] == 5  # one 128-row tile per sequence
+
+
+def test_bad_split_threshold_is_a_clear_error(monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_KERNEL", "split")
+    monkeypatch.setattr(jfa, "GLUON_SPLIT_KEYS", -1)
+    t = torch.zeros(4, 1, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="GLUON_SPLIT_KEYS"):
+        jfa._pick_fwd_kernel(t, t, t)
+
+
 def test_bad_forward_kernel_switch_is_a_clear_error(monkeypatch):
     from kernels import jfa
     monkeypatch.setattr(jfa, "FWD_KERNEL", "cuda")
     t = torch.zeros(4, 1, 16)
     with pytest.raises(ValueError, match="FWD_KERNEL"):
         jfa._pick_fwd_kernel(t, t, t)
+
+
+@needs_gluon
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_split_forward(causal, monkeypatch):
+    # long sequences on the Gluon forward, short ones on the tl kernel, in one call: every row
+    # against the float64 reference (with GQA and gradients), and both kernels really ran
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_KERNEL", "split")
+    monkeypatch.setattr(jfa, "GLUON_SPLIT_KEYS", 256)
+    run_case([300, 0, 513, 129, 64, 700, 3], [257, 5, 513, 400, 0, 200, 300], hq=4, hkv=2, d=128,
+             causal=causal, dtype=torch.bfloat16)
+    _ran("gluon+ptr")
+    run_case([200], [300, 0, 1, 129, 700], hq=2, hkv=2, d=64, causal=causal, dtype=torch.float16,
+             broadcast=True)
+    _ran("gluon+ptr")
 
 
 @needs_gluon
