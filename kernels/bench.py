@@ -181,23 +181,23 @@ def impl_flex(shape, q, k, v, cu_q, cu_k):
 
 
 def impl_sdpa(shape, q, k, v, cu_q, cu_k):
+    """Padded SDPA: scatter the packed rows into zero-padded [B, H, L, D] tensors, attend with a key
+    mask (and the causal triangle), gather the real rows back.  The padding is an out-of-place
+    index_put at distinct positions, so its backward is a gather; gathering padded rows from row 0
+    instead made the backward a scatter-add of every padded row's gradient onto row 0 (serialized
+    atomics: 1-6 s per backward before v8)."""
     import torch.nn.functional as F
     lk = shape["lk"]
     B, H, D = len(lk), q.shape[1], q.shape[2]
     lq = np.full(B, int(shape["lq"][0])) if shape["bq"] else shape["lq"]
     Lq, Lk = -(-int(lq.max()) // 16) * 16, -(-int(lk.max()) // 16) * 16  # aligned for SDPA kernels
     dev = q.device
-    # gather indices to pad / unpad (rows past a sequence's end read row 0, masked out)
-    cq = np.concatenate([[0], np.cumsum(lq)])
-    ck = np.concatenate([[0], np.cumsum(lk)])
-    iq = np.arange(Lq)[None, :] + (0 if shape["bq"] else cq[:-1, None])
     vq = np.arange(Lq)[None, :] < lq[:, None]
-    ik = np.arange(Lk)[None, :] + ck[:-1, None]
     vk = np.arange(Lk)[None, :] < lk[:, None]
-    iq_t = torch.tensor(np.where(vq, iq, 0), device=dev).reshape(-1)
-    ik_t = torch.tensor(np.where(vk, ik, 0), device=dev).reshape(-1)
+    # padded position of each packed row, batch-major (np.nonzero walks rows in order)
+    pos_q = torch.tensor(np.flatnonzero(vq), device=dev)
+    pos_k = torch.tensor(np.flatnonzero(vk), device=dev)
     vk_t = torch.tensor(vk, device=dev)
-    vq_flat = torch.tensor(vq.reshape(-1), device=dev)
     dense = bool(vq.all() and vk.all())
     if shape["causal"] and not dense:
         if not np.all(lq == lk):
@@ -209,16 +209,21 @@ def impl_sdpa(shape, q, k, v, cu_q, cu_k):
     else:
         mask = vk_t[:, None, None, :]
 
+    def pad(x, pos, rows):
+        return x.new_zeros(B * rows, H, D).index_put((pos,), x).view(B, rows, H, D).transpose(1, 2)
+
     def fwd():
-        qp = q[iq_t].view(B, Lq, H, D).transpose(1, 2)
-        kp = k[ik_t].view(B, Lk, H, D).transpose(1, 2)
-        vp = v[ik_t].view(B, Lk, H, D).transpose(1, 2)
+        if shape["bq"]:  # one query block shared by every batch: a stride-0 expand
+            q1 = q.new_zeros(Lq, H, D).index_put((pos_q[:int(lq[0])],), q)
+            qp = q1.view(1, Lq, H, D).expand(B, Lq, H, D).transpose(1, 2)
+        else:
+            qp = pad(q, pos_q, Lq)
+        kp, vp = pad(k, pos_k, Lk), pad(v, pos_k, Lk)
         if mask is None:
             o = F.scaled_dot_product_attention(qp, kp, vp, is_causal=shape["causal"])
         else:
             o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)
-        o = o.transpose(1, 2).reshape(B * Lq, H, D)
-        return o[vq_flat]
+        return o.transpose(1, 2).reshape(B * Lq, H, D)[pos_q]
     return fwd
 
 

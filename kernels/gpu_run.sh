@@ -4,11 +4,12 @@
 #                                           the shipped kernel, its launch-order / forward-kernel switches,
 #                                           flex_attention, padded SDPA; all six shapes
 #   bash kernels/gpu_run.sh OUT_DIR tests   the GPU kernel tests, then a triton-jfa spec run (profile ci)
-#   bash kernels/gpu_run.sh OUT_DIR split   the split forward's key threshold, then a spec run with it
+#   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on the jagged shapes
+#   bash kernels/gpu_run.sh OUT_DIR sweep   backward configs (dK/dV and dQ kernels) on S1 and S4b
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|split}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|sdpa|sweep}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -38,11 +39,14 @@ case $STAGE in
       > "$OUT_DIR/pytest_gpu.txt" 2>&1
     echo "pytest rc=$?" | tee -a "$L"; tail -3 "$OUT_DIR/pytest_gpu.txt"
     spec 200 ci-sequence ;;
-  split)
-    timeout 200 python3 -m kernels.bench --out "$OUT_DIR" --tag v8_split \
-      --impls triton,triton-gluon,triton-split,triton-split-1024,triton-split-512 --shapes S3,S1,S4b,S2 >> "$L" 2>&1
+  sdpa)
+    timeout 120 python3 -m kernels.bench --out "$OUT_DIR" --tag v8_sdpa --impls triton,sdpa \
+      --shapes S1,S1c,S2,S3 >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
-    cat "$OUT_DIR/bench_v8_split.md" 2>/dev/null
-    spec 220 ci-split JFA_FWD_KERNEL=split JFA_GLUON_SPLIT_KEYS=256 ;;
+    cat "$OUT_DIR/bench_v8_sdpa.md" 2>/dev/null ;;
+  sweep)
+    timeout 400 python3 -m kernels.sweep --out "$OUT_DIR/sweep" --shapes S1,S4b --kinds kv,q >> "$L" 2>&1
+    echo "sweep rc=$?" | tee -a "$L"
+    grep -E "^\|" "$L" | tail -40 ;;
   *) echo "unknown stage $STAGE"; exit 2 ;;
 esac

@@ -1,0 +1,48 @@
+"""The benchmark's own baselines compute what they claim (CPU): padded SDPA against one SDPA call per
+sequence, forward and gradients, and the useful-FLOP count against a brute-force count."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.bench import impl_sdpa, visible_pairs
+
+
+def _per_sequence_sdpa(shape, q, k, v):
+    lq, lk, outs, cq, ck = shape["lq"], shape["lk"], [], 0, 0
+    for b in range(len(lk)):
+        a, n = (int(lq[0]) if shape["bq"] else int(lq[b])), int(lk[b])
+        qs = q[:a] if shape["bq"] else q[cq:cq + a]
+        o = F.scaled_dot_product_attention(*(t.transpose(0, 1)[None] for t in (qs, k[ck:ck + n], v[ck:ck + n])),
+                                           is_causal=shape["causal"])
+        outs.append(o[0].transpose(0, 1))
+        cq, ck = cq + a, ck + n
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("lq, lk, causal, bq", [
+    ([5, 17, 33], [5, 17, 33], False, False),
+    ([5, 17, 33], [5, 17, 33], True, False),
+    ([20], [7, 40, 1], False, True),
+    ([32, 32], [32, 32], True, False),  # dense: the is_causal path
+])
+def test_padded_sdpa_baseline_matches_per_sequence_sdpa(lq, lk, causal, bq):
+    shape = dict(lq=np.array(lq), lk=np.array(lk), H=2, causal=causal, bq=bq)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(lq[0] if bq else sum(lq), 2, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(sum(lk), 2, 16, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    got = impl_sdpa(shape, q, k, v, None, None)()
+    want = _per_sequence_sdpa(shape, q, k, v)
+    torch.testing.assert_close(got, want)
+    do = torch.randn(got.shape, generator=g, dtype=torch.float64)
+    for a, b in zip(torch.autograd.grad(got, (q, k, v), do), torch.autograd.grad(want, (q, k, v), do)):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_visible_pairs_counts_bottom_right_causal_pairs(causal):
+    lq, lk = np.array([3, 5, 4]), np.array([5, 5, 2])
+    brute = sum(int(((np.arange(b)[None, :] <= np.arange(a)[:, None] + (b - a)) | (not causal)).sum())
+                for a, b in zip(lq, lk))
+    assert visible_pairs(lq, lk, causal, False) == brute
+    assert visible_pairs(np.array([4]), lk, False, True) == 4 * int(lk.sum())
