@@ -49,6 +49,11 @@ def make_shapes():
                     causal=False, bq=False),
         "S4b": dict(desc="dense B=8 L=4096 H=16 causal", lq=np.full(8, 4096), lk=np.full(8, 4096), H=16,
                     causal=True, bq=False),
+        # diagnostics, not targets: S3 split into its longest sequence (over half its FLOPs) and the rest
+        "S3L": dict(desc="S3's longest sequence alone, H=8", lq=s3[[np.argmax(s3)]], lk=s3[[np.argmax(s3)]], H=8,
+                    causal=False, bq=False),
+        "S3R": dict(desc="S3 without its longest sequence, H=8", lq=np.delete(s3, np.argmax(s3)),
+                    lk=np.delete(s3, np.argmax(s3)), H=8, causal=False, bq=False),
     }
 
 

@@ -5,7 +5,7 @@
 #                                           flex_attention, padded SDPA; all six shapes
 #   bash kernels/gpu_run.sh OUT_DIR tests   the GPU kernel tests, then a triton-jfa spec run (profile ci)
 #   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on the jagged shapes
-#   bash kernels/gpu_run.sh OUT_DIR sweep   backward configs (dK/dV and dQ kernels) on S1 and S4b
+#   bash kernels/gpu_run.sh OUT_DIR sweep   forward configs on S3's parts and S1; backward configs on S1 and S3
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
@@ -35,7 +35,7 @@ case $STAGE in
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_v8.md" 2>/dev/null ;;
   tests)
-    timeout 330 python3 -m pytest tests/test_kernels.py -q -n 14 -p no:cacheprovider -k gpu \
+    timeout 320 python3 -m pytest tests/test_kernels.py -q -n 14 -p no:cacheprovider -k gpu \
       > "$OUT_DIR/pytest_gpu.txt" 2>&1
     echo "pytest rc=$?" | tee -a "$L"; tail -3 "$OUT_DIR/pytest_gpu.txt"
     spec 200 ci-sequence ;;
@@ -45,8 +45,11 @@ case $STAGE in
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_v8_sdpa.md" 2>/dev/null ;;
   sweep)
-    timeout 400 python3 -m kernels.sweep --out "$OUT_DIR/sweep" --shapes S1,S4b --kinds kv,q >> "$L" 2>&1
-    echo "sweep rc=$?" | tee -a "$L"
+    timeout 150 python3 -m kernels.sweep --out "$OUT_DIR/sweep_fwd" --shapes S3L,S3R,S1 --kinds fwd \
+      --fwd "128,32,4,4;128,64,8,3;128,64,4,3;128,128,8,2" >> "$L" 2>&1
+    echo "sweep fwd rc=$?" | tee -a "$L"
+    timeout 280 python3 -m kernels.sweep --out "$OUT_DIR/sweep_bwd" --shapes S1,S3 --kinds kv,q >> "$L" 2>&1
+    echo "sweep bwd rc=$?" | tee -a "$L"
     grep -E "^\|" "$L" | tail -40 ;;
   *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
