@@ -2,12 +2,14 @@
 BlockMask) and padded SDPA on one GPU.
 
     python -m kernels.bench [--out DIR] [--impls triton,fa4,flex,sdpa]
-                            [--shapes S1,S1c,S2,S3,S4a,S4b] [--sweep]
+                            [--shapes S1,S1c,S2,S3,S4a,S4b] [--rounds N]
 
 TFLOP/s count useful FLOPs only: 4 * D * H * (visible (query, key) pairs)
 forward, 2.5x that backward.  Times are triton.testing.do_bench medians
 after warm-up on random bf16 data (fixed seed).  Backward is timed as
-torch.autograd.grad of the output (the forward is not re-run).
+torch.autograd.grad of the output (the forward is not re-run).  With
+--rounds N every implementation is timed N times, interleaved (A B C, A B C),
+and the table gives the median of the rounds and their spread.
 """
 from __future__ import annotations
 
@@ -279,6 +281,8 @@ def main(argv=None):
     ap.add_argument("--impls", default="triton,fa4,flex,sdpa")
     ap.add_argument("--shapes", default="S1,S1c,S2,S3,S4a,S4b")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time every impl this many times, interleaved; report the median and the rounds")
     ap.add_argument("--cfg", default="", help="json {kind: [BM,BN,warps,stages]} config override for triton")
     ap.add_argument("--fwd-tma", action="store_true",
                     help="triton forward loads K/V through TMA descriptors (jfa.FWD_TMA)")
@@ -305,38 +309,49 @@ def main(argv=None):
         flops_f = 4.0 * D * H * pairs
         tensors = build(shape, D)
         ref_out = None
-        for name in impls:
-            rec = dict(shape=sname, desc=shape["desc"], impl=name)
-            try:
-                warm_clocks()
-                t0 = time.time()
-                tf, tb, out = time_impl(IMPLS[name], shape, tensors)
-                rec.update(fwd_ms=tf, bwd_ms=tb, fwd_tflops=flops_f / tf * 1e-9,
-                           bwd_tflops=2.5 * flops_f / tb * 1e-9, wall_s=time.time() - t0)
-                if name.startswith("triton"):  # the forward path that ran, so a fallback cannot pass as a variant
-                    from kernels import jfa
-                    rec["fwd_path"] = jfa.LAST_FWD_PATH
-                if ref_out is None:
-                    ref_out = out.float()
-                else:
-                    rec["max_abs_diff_vs_first"] = float((out.float() - ref_out).abs().max())
-            except ImportError as e:
-                rec["error"] = f"skipped, not importable here: {str(e)[:200]}"
-            except Exception as e:  # report and go on
-                rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            rows.append(rec)
-            print(json.dumps(rec), flush=True)
-            with open(os.path.join(args.out, f"bench{tag}.json"), "w") as fh:
-                json.dump(rows, fh, indent=1)
-            torch.cuda.empty_cache()
+        shape_rows = {}
+        for rnd in range(args.rounds):  # interleaved rounds: A B C, A B C, ... so drift hits every impl
+            for name in impls:
+                rec = shape_rows.setdefault(name, dict(shape=sname, desc=shape["desc"], impl=name))
+                if "error" in rec:
+                    continue
+                try:
+                    warm_clocks()
+                    t0 = time.time()
+                    tf, tb, out = time_impl(IMPLS[name], shape, tensors)
+                    rec.setdefault("fwd_ms_rounds", []).append(tf)
+                    rec.setdefault("bwd_ms_rounds", []).append(tb)
+                    tf, tb = float(np.median(rec["fwd_ms_rounds"])), float(np.median(rec["bwd_ms_rounds"]))
+                    rec.update(fwd_ms=tf, bwd_ms=tb, fwd_tflops=flops_f / tf * 1e-9,
+                               bwd_tflops=2.5 * flops_f / tb * 1e-9, wall_s=time.time() - t0)
+                    if name.startswith("triton"):  # the forward path that ran: a fallback cannot pass as a variant
+                        from kernels import jfa
+                        rec["fwd_path"] = jfa.LAST_FWD_PATH
+                    if ref_out is None:
+                        ref_out = out.float()
+                    elif rnd == 0:
+                        rec["max_abs_diff_vs_first"] = float((out.float() - ref_out).abs().max())
+                except ImportError as e:
+                    rec["error"] = f"skipped, not importable here: {str(e)[:200]}"
+                except Exception as e:  # report and go on
+                    rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                if rnd == 0:
+                    rows.append(rec)
+                print(json.dumps(rec), flush=True)
+                with open(os.path.join(args.out, f"bench{tag}.json"), "w") as fh:
+                    json.dump(rows, fh, indent=1)
+                torch.cuda.empty_cache()
         del tensors
     # table
     by = {(r["shape"], r["impl"]): r for r in rows}
-    lines = ["| shape | impl | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | fwd vs FA4 | bwd vs FA4 |",
-             "|---|---|---|---|---|---|---|---|"]
+    def spread(ms):  # (max - min) / median over the rounds
+        return f"{(max(ms) - min(ms)) / float(np.median(ms)):.0%}" if len(ms) > 1 else "-"
+    lines = ["| shape | impl | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | fwd vs FA4 | bwd vs FA4 "
+             "| fwd / bwd spread |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['shape']} | {r['impl']} | error: {r['error'][:80]} | | | | | |")
+            lines.append(f"| {r['shape']} | {r['impl']} | error: {r['error'][:80]} | | | | | | |")
             continue
         fa = by.get((r["shape"], "fa4"))
         rf = rb = ""
@@ -344,7 +359,8 @@ def main(argv=None):
             rf = f"{r['fwd_tflops'] / fa['fwd_tflops']:.2f}x"
             rb = f"{r['bwd_tflops'] / fa['bwd_tflops']:.2f}x"
         lines.append(f"| {r['shape']} | {r['impl']} | {r['fwd_ms']:.3f} | {r['fwd_tflops']:.0f} | "
-                     f"{r['bwd_ms']:.3f} | {r['bwd_tflops']:.0f} | {rf} | {rb} |")
+                     f"{r['bwd_ms']:.3f} | {r['bwd_tflops']:.0f} | {rf} | {rb} | "
+                     f"{spread(r['fwd_ms_rounds'])} / {spread(r['bwd_ms_rounds'])} |")
     table = "\n".join(lines)
     print(table)
     with open(os.path.join(args.out, f"bench{tag}.md"), "w") as f:

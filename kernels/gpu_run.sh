@@ -4,12 +4,14 @@
 #                                           the shipped kernel, its launch-order / forward-kernel switches,
 #                                           flex_attention, padded SDPA; all six shapes
 #   bash kernels/gpu_run.sh OUT_DIR tests   the GPU kernel tests, then a triton-jfa spec run (profile ci)
-#   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on the jagged shapes
-#   bash kernels/gpu_run.sh OUT_DIR sweep   forward configs on S3's parts and S1; backward configs on S1 and S3
+#   bash kernels/gpu_run.sh OUT_DIR rounds  three interleaved rounds of the tl / Gluon forwards and two launch
+#                                           orders: the spread between repeats of one call
+#   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on S1 and S3
+#   bash kernels/gpu_run.sh OUT_DIR sweep   forward configs on S3's parts; backward configs on S1 and S3
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|sdpa|sweep}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|rounds|sdpa|sweep}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -39,14 +41,19 @@ case $STAGE in
       > "$OUT_DIR/pytest_gpu.txt" 2>&1
     echo "pytest rc=$?" | tee -a "$L"; tail -3 "$OUT_DIR/pytest_gpu.txt"
     spec 200 ci-sequence ;;
+  rounds)
+    timeout 200 python3 -m kernels.bench --out "$OUT_DIR" --tag v8_rounds --rounds 3 \
+      --impls triton,triton-section,triton-gluon --shapes S4b,S2,S3L,S3R >> "$L" 2>&1
+    echo "bench rc=$?" | tee -a "$L"
+    cat "$OUT_DIR/bench_v8_rounds.md" 2>/dev/null ;;
   sdpa)
-    timeout 120 python3 -m kernels.bench --out "$OUT_DIR" --tag v8_sdpa --impls triton,sdpa \
-      --shapes S1,S1c,S2,S3 >> "$L" 2>&1
+    timeout 90 python3 -m kernels.bench --out "$OUT_DIR" --tag v8_sdpa --impls triton,sdpa \
+      --shapes S1,S3 >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_v8_sdpa.md" 2>/dev/null ;;
   sweep)
-    timeout 150 python3 -m kernels.sweep --out "$OUT_DIR/sweep_fwd" --shapes S3L,S3R,S1 --kinds fwd \
-      --fwd "128,32,4,4;128,64,8,3;128,64,4,3;128,128,8,2" >> "$L" 2>&1
+    timeout 120 python3 -m kernels.sweep --out "$OUT_DIR/sweep_fwd" --shapes S3L,S3R --kinds fwd \
+      --fwd "128,32,4,4;128,64,8,3;128,64,4,3" >> "$L" 2>&1
     echo "sweep fwd rc=$?" | tee -a "$L"
     timeout 280 python3 -m kernels.sweep --out "$OUT_DIR/sweep_bwd" --shapes S1,S3 --kinds kv,q >> "$L" 2>&1
     echo "sweep bwd rc=$?" | tee -a "$L"
