@@ -107,6 +107,7 @@ PERSISTENT_CTAS_PER_SM = 2
 ITEM_ORDERS = ("work", "sequence", "section")
 ITEM_ORDER = "sequence"  # tl kernels: faster or level on every bench shape on the H200 (PERF.md v7)
 SECTION_BYTES = 16 << 20  # a third of H200's 50 MB L2; the tail model is flat here on the bench shapes
+# ("section" measured level with "sequence" in PERF.md v8, so "sequence" stays the default)
 
 # Forward kernel (runtime switch; the environment variable JFA_FWD_KERNEL sets it at import, so a
 # spec run in worker processes can pick it):
@@ -118,8 +119,9 @@ SECTION_BYTES = 16 << 20  # a third of H200's 50 MB L2; the tail model is flat h
 #   "split": where Gluon can run, the sequences with at least GLUON_SPLIT_KEYS keys go to the Gluon
 #     forward and the rest to the tl kernel (two launches writing disjoint rows).  The Gluon forward
 #     holds one CTA per SM, so a short tile's whole latency chain (barriers, TMA, one MMA round) is
-#     exposed; the tl kernel keeps several short tiles per SM in flight.  On long key ranges the
-#     Gluon pipeline wins (PERF.md v7: 402-429 against 280-310 TFLOP/s on 4096-key causal rows).
+#     exposed; the tl kernel keeps several short tiles per SM in flight, while on long key ranges the
+#     Gluon pipeline was ahead (PERF.md v7, v8 rounds).  Measured in v8: no gain over the tl kernel
+#     alone that the bench's forward noise can resolve, so it is not the default.
 FWD_KERNELS = ("triton", "gluon", "split")
 FWD_KERNEL = os.environ.get("JFA_FWD_KERNEL", "triton")
 # (BLOCK_M, BLOCK_N, warps per consumer warp group, K/V stages, schedule); schedules (gluon_fwd.py):
