@@ -46,3 +46,31 @@ def test_visible_pairs_counts_bottom_right_causal_pairs(causal):
                 for a, b in zip(lq, lk))
     assert visible_pairs(lq, lk, causal, False) == brute
     assert visible_pairs(np.array([4]), lk, False, True) == 4 * int(lk.sum())
+
+
+def test_rounds_are_interleaved_and_reported_as_median_and_spread(monkeypatch, tmp_path):
+    # the timing loop without a GPU: fake timings per call, in the order the loop makes them
+    from kernels import bench
+    calls = []
+
+    def fake_time(make, shape, tensors, warmup=25, rep=100):
+        name = next(n for n, f in bench.IMPLS.items() if f is make)
+        if name == "fa4":
+            raise ImportError("no flash_attn here")
+        calls.append(name)
+        t = {"triton": [1.0, 3.0, 2.0], "sdpa": [4.0, 4.0, 4.0]}[name][sum(c == name for c in calls) - 1]
+        return t, 2 * t, tensors[0][:4].float()
+    real_build = bench.build
+    monkeypatch.setattr(bench, "build", lambda shape, D=128: real_build(shape, D=8, dtype=torch.float32, device="cpu"))
+    monkeypatch.setattr(bench, "time_impl", fake_time)
+    monkeypatch.setattr(bench, "warm_clocks", lambda seconds=0.5: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "test")
+    monkeypatch.setattr(bench, "make_shapes", lambda: {"T": dict(desc="t", lq=np.array([3, 5]), lk=np.array([3, 5]),
+                                                                  H=2, causal=False, bq=False)})
+    rows = bench.main(["--out", str(tmp_path), "--impls", "fa4,triton,sdpa", "--shapes", "T", "--rounds", "3"])
+    assert calls == ["triton", "sdpa"] * 3  # interleaved; the failing impl is not retried
+    by = {r["impl"]: r for r in rows}
+    assert "error" in by["fa4"] and by["triton"]["fwd_ms_rounds"] == [1.0, 3.0, 2.0]
+    assert by["triton"]["fwd_ms"] == 2.0 and by["triton"]["bwd_ms"] == 4.0 and by["sdpa"]["fwd_ms"] == 4.0
+    table = (tmp_path / "bench.md").read_text()
+    assert "| T | triton | 2.000 |" in table and "100% / 100%" in table and "0% / 0%" in table
