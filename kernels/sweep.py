@@ -12,7 +12,9 @@ list adds the larger tiles worth trying with TMA on Hopper.  --fwd-ws asks for
 Triton's automatic warp specialization of the forward's key loop
 (jfa.FWD_WARP_SPECIALIZE; "+ws" in the path column).  Every forward row also
 records "maxdiff", the largest difference from the shipped forward's output on
-the same inputs, so a variant that is fast but wrong shows.  Kind "gluon" times
+the same inputs, so a variant that is fast but wrong shows; backward rows (kinds
+kv, kvf, q) record the largest difference from the shipped configuration's
+dQ / dK / dV for the same output gradient.  Kind "gluon" times
 the Gluon forward (kernels/gluon_fwd.py) over its configs, with the same column.
 """
 import argparse
@@ -36,7 +38,7 @@ GLUON = [(128, 128, 4, 2, "overlap"), (128, 128, 4, 2, "pingpong"),
 Q = [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3), (128, 128, 8, 2), (64, 128, 4, 2)]
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "sweep_out"))
     ap.add_argument("--shapes", default="S1,S1c,S2")
@@ -48,7 +50,7 @@ def main():
                     help="pointer-path forward with advanced address tiles")
     ap.add_argument("--fwd-ws", default="off", choices=("off", "on", "both"),
                     help="forward key loop with Triton's automatic warp specialization")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     onoff = {"off": (False,), "on": (True,), "both": (False, True)}
     # (FWD_TMA, FWD_PTR_ADVANCE, FWD_WARP_SPECIALIZE) to time; the advance applies to the pointer path only
     fwd_modes = list(dict.fromkeys((t, ad and not t, ws) for t in onoff[a.fwd_tma] for ad in onoff[a.fwd_adv]
@@ -74,6 +76,10 @@ def main():
                                               broadcast_q=sh["bq"])[0]
         with torch.no_grad():
             shipped_out = f().float()
+        # the shipped configuration's gradients, so a backward config that is fast but wrong shows
+        out = f()
+        do_shipped = torch.randn_like(out)
+        shipped_grads = [g.float() for g in torch.autograd.grad(out, (q, k, v), do_shipped)]
         for kind, lst in (("fwd", fwd_default), ("gluon", GLUON), ("kv", KV), ("kvf", KVF), ("q", Q)):
             if kind not in a.kinds.split(","):
                 continue
@@ -95,13 +101,12 @@ def main():
                                 maxdiff = (f().float() - shipped_out).abs().max().item()
                         else:
                             out = f()
-                            do = torch.randn_like(out)
-                            t = do_bench(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True),
+                            t = do_bench(lambda: torch.autograd.grad(out, (q, k, v), do_shipped, retain_graph=True),
                                          warmup=20, rep=60, return_mode="median")
                             tf = 2.5 * flops / t * 1e-9
-                        r = dict(shape=sn, kind=kind, cfg=cfg, ms=t, tflops=tf)
-                        if kind in ("fwd", "gluon"):
-                            r["maxdiff"] = maxdiff
+                            grads = torch.autograd.grad(out, (q, k, v), do_shipped)
+                            maxdiff = max((g.float() - ref).abs().max().item() for g, ref in zip(grads, shipped_grads))
+                        r = dict(shape=sn, kind=kind, cfg=cfg, ms=t, tflops=tf, maxdiff=maxdiff)
                     except Exception as e:
                         r = dict(shape=sn, kind=kind, cfg=cfg, error=f"{type(e).__name__}: {str(e)[:200]}")
                     # requested path, and the one that ran (it differs on a TMA fallback)
