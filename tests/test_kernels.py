@@ -756,6 +756,16 @@ def test_sectioned_items_cut_pairs_by_rows_and_go_heaviest_first_inside():
         sched.sectioned_items(seq, work, 2, lens, 0)
 
 
+def test_sectioned_order_is_the_sequence_order_when_a_pairs_tiles_weigh_the_same():
+    # full non-causal tiles of one sequence all weigh the same (bench shapes S2 and S4a): heaviest-first
+    # inside a section then keeps sequence-major order (PERF.md v8 uses this to read the bench's noise)
+    lens = np.array([768, 256, 512, 128, 1024, 512])
+    seq, blk, work = sched.forward_tiles(lens, lens, 128, False)
+    seq, blk, work = sched.sort_by_work(seq, blk, work=work)
+    assert (sched.sectioned_items(seq, work, 4, lens, 2000).tolist()
+            == sched.sequence_major_items(seq, work, 4).tolist())
+
+
 def test_sectioned_order_removes_the_sequence_orders_tail_on_long_causal_sequences():
     # 8 causal sequences of 4096, 16 heads (bench shape S4b): the list-scheduling model puts the
     # sequence order several % above the lower bound, the sectioned order within 1%
