@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 from collections import OrderedDict
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -288,6 +289,17 @@ def _grids():
     return FWD_GRID, BWD_KV_GRID, PERSISTENT_CTAS_PER_SM, ITEM_ORDER, SECTION_BYTES
 
 
+class LaunchConfig(NamedTuple):
+    """What one call launches (hashable: part of the schedule cache key)."""
+    fwd: tuple  # tl forward (BLOCK_M, BLOCK_N, warps, stages)
+    bwd_kv: tuple  # dK/dV kernel (or the fused dK/dV/dQ kernel when fuse_dq)
+    bwd_q: tuple  # dQ kernel
+    fuse_dq: bool  # BWD_DQ_MODE "atomic" applies to this call
+    fwd_kernel: str  # "triton", "gluon" or "split" after the Gluon checks
+    why_not_gluon: str  # why the Gluon forward was asked for and cannot run ("" otherwise)
+    gluon: Optional[tuple]  # (Gluon config, fewest keys a sequence needs to go to it), or None
+
+
 def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq, hkv, device, row_bytes):
     """Tile lists and launch orders for one call (cached per offsets and switches).  ``row_bytes``:
     bytes one streamed row pair occupies per head (K+V, or Q+dO), which sizes the "section" order."""
@@ -297,9 +309,9 @@ def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq,
     if hit is not None:
         _SCHED_CACHE.move_to_end(key)
         return hit
-    bm_f = cfgs[0][0]
-    bn_kv = cfgs[1][1]
-    bm_q = cfgs[2][0]
+    bm_f = cfgs.fwd[0]
+    bn_kv = cfgs.bwd_kv[1]
+    bm_q = cfgs.bwd_q[0]
 
     def dev(a):
         return torch.as_tensor(np.ascontiguousarray(a, dtype=np.int32)).to(device, non_blocking=True)
@@ -316,8 +328,8 @@ def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq,
         return None
 
     s = {}
-    # forward rows: sequences the Gluon forward takes (cfgs[6]: its config and key threshold) and the rest
-    gluon = cfgs[6] if len(cfgs) > 6 else None
+    # forward rows: the sequences the Gluon forward takes, and the rest
+    gluon = cfgs.gluon
     on_gluon = np.zeros(lens_k.shape[0], dtype=bool) if gluon is None else lens_k >= gluon[1]
     s["fwd_gluon"] = None
     if on_gluon.any():
@@ -487,7 +499,7 @@ def _forward_gluon(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, out, 
     seq_t, blk_t, n_tiles, items = s["fwd_gluon"]
     hq, d = q.shape[1], q.shape[2]
     hkv, dv = k.shape[1], v.shape[2]
-    bm, bn, w, st, schedule = cfgs[6][0]
+    bm, bn, w, st, schedule = cfgs.gluon[0]
     assert bm == gf.BLOCK_M and w == 4, "the Gluon forward is written for 128-row tiles and 4-warp groups"
     qd = gf.descriptor(q.view(q.shape[0], -1), [gf.HALF_M, d])
     kd = gf.descriptor(k.view(k.shape[0], -1), [bn, d])
@@ -518,7 +530,7 @@ def _forward(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, n_out_rows)
         LAST_FWD_PATH = "gluon"
         if n_tiles == 0:
             return out, lse
-    bm, bn, w, st = cfgs[0]
+    bm, bn, w, st = cfgs.fwd
     k_arg, v_arg, use_tma, why = k, v, False, ""
     if FWD_TMA:
         kd, vd, why = _fwd_descs(k, v, bn)
@@ -526,8 +538,8 @@ def _forward(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, n_out_rows)
             k_arg, v_arg, use_tma = kd, vd, True
     ptr_adv = FWD_PTR_ADVANCE and not use_tma
     path = "tma" if use_tma else ("ptr-adv" if ptr_adv else "ptr") + (f" ({why})" if why else "")
-    if cfgs[5]:
-        path += f" (gluon: {cfgs[5]})"
+    if cfgs.why_not_gluon:
+        path += f" (gluon: {cfgs.why_not_gluon})"
     LAST_FWD_PATH = "gluon+" + path if s["fwd_gluon"] is not None else path
     persistent = s["fwd_persistent"]
     grouped = persistent is None and s["fwd_items"] is not None
@@ -563,7 +575,7 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
             delta.stride(0), BLOCK=blk, HEAD_DV=dvd, num_warps=4)
     prec = _dot_prec(q.dtype)
     # dK, dV (and dQ when fused)
-    fuse = cfgs[3]
+    fuse = cfgs.fuse_dq
     seq_t, blk_t, n_kv = s["kv"]
     alloc = torch.zeros if s["kv_needs_zero"] else torch.empty
     dk = alloc(k.shape, device=k.device, dtype=k.dtype)
@@ -573,7 +585,7 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     else:
         dq_acc = dk  # unused pointer
     if n_kv > 0 and hkv > 0:
-        bm, bn, w, st = cfgs[1]
+        bm, bn, w, st = cfgs.bwd_kv
         persistent = s["kv_persistent"]
         grouped = persistent is None and s["kv_items"] is not None
         if persistent is not None:
@@ -602,7 +614,7 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
         if broadcast:
             dq_buf = dq_buf.unsqueeze(0)
     if n_q > 0 and hq > 0:
-        bm, bn, w, st = cfgs[2]
+        bm, bn, w, st = cfgs.bwd_q
         dq3 = dq_buf if dq_buf.dim() == 4 else dq_buf.unsqueeze(0)
         tk._bwd_q_kernel[(n_q * hq,)](
             q, k, v, do, lse, delta, dq3, cu_q, cu_k, blo_t, bhi_t, mblk_t, slot_t,
@@ -668,10 +680,9 @@ def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     k = k if k.stride(-1) == 1 else k.contiguous()
     v = v if v.stride(-1) == 1 else v.contiguous()
     fwd_kernel, why_not_gluon = _pick_fwd_kernel(q, k, v, scale)
-    cfgs = tuple(_cfg(kind, dkey, q.dtype, on_cpu) for kind in ("fwd", "kvf" if fuse else "kv", "q"))
-    # the Gluon forward's config and the fewest keys a sequence needs to go to it
     gluon = None if fwd_kernel == "triton" else (_gluon_cfg(), GLUON_SPLIT_KEYS if fwd_kernel == "split" else 0)
-    cfgs = cfgs + (fuse, fwd_kernel, why_not_gluon, gluon)
+    cfgs = LaunchConfig(_cfg("fwd", dkey, q.dtype, on_cpu), _cfg("kvf" if fuse else "kv", dkey, q.dtype, on_cpu),
+                        _cfg("q", dkey, q.dtype, on_cpu), fuse, fwd_kernel, why_not_gluon, gluon)
     if cu_seqlens_q.device != q.device:
         cu_seqlens_q = cu_seqlens_q.to(q.device)
     if cu_seqlens_k.device != q.device:

@@ -650,7 +650,7 @@ def test_persistent_schedule_lists_cover_every_item_once(monkeypatch):
     lens_q = np.array([40, 0, 33, 7, 64, 19])
     lens_k = np.array([9, 50, 33, 0, 64, 80])
     cu_q, cu_k = (np.concatenate([[0], np.cumsum(x)]).astype(np.int32) for x in (lens_q, lens_k))
-    cfgs = (jfa._CPU_CFG["fwd"], jfa._CPU_CFG["kv"], jfa._CPU_CFG["q"], False)
+    cfgs = jfa.LaunchConfig(jfa._CPU_CFG["fwd"], jfa._CPU_CFG["kv"], jfa._CPU_CFG["q"], False, "triton", "", None)
     s = jfa._build_schedule(cu_q, cu_k, lens_q, lens_k, False, True, cfgs, 4, 2, torch.device("cpu"),
                                row_bytes=256)
     n_fwd, n_kv = s["fwd"][2] * 4, s["kv"][2] * 2
@@ -788,7 +788,7 @@ def test_launch_order_switch_reaches_the_schedule(monkeypatch):
     from kernels import jfa
     lens_q, lens_k = np.array([40, 0, 33, 7, 64, 19]), np.array([9, 50, 33, 0, 64, 80])
     cu_q, cu_k = (np.concatenate([[0], np.cumsum(x)]).astype(np.int32) for x in (lens_q, lens_k))
-    cfgs = (jfa._CPU_CFG["fwd"], jfa._CPU_CFG["kv"], jfa._CPU_CFG["q"], False)
+    cfgs = jfa.LaunchConfig(jfa._CPU_CFG["fwd"], jfa._CPU_CFG["kv"], jfa._CPU_CFG["q"], False, "triton", "", None)
 
     def build(order):
         monkeypatch.setattr(jfa, "ITEM_ORDER", order)
@@ -936,7 +936,7 @@ def test_split_schedule_gives_each_sequence_to_one_kernel_by_its_keys():
     tl_cfg = jfa._CPU_CFG["fwd"]
 
     def build(gluon):
-        cfgs = (tl_cfg, jfa._CPU_CFG["kv"], jfa._CPU_CFG["q"], False, "split", "", gluon)
+        cfgs = jfa.LaunchConfig(tl_cfg, jfa._CPU_CFG["kv"], jfa._CPU_CFG["q"], False, "split", "", gluon)
         return jfa._build_schedule(cu_q, cu_k, lens_q, lens_k, False, True, cfgs, 2, 1, torch.device("cpu"),
                                    row_bytes=64)
 
