@@ -8,10 +8,11 @@
 #                                           orders: the spread between repeats of one call
 #   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on S1 and S3
 #   bash kernels/gpu_run.sh OUT_DIR sweep   forward configs on S3's parts; backward configs on S1 and S3
+#   bash kernels/gpu_run.sh OUT_DIR ncu     Nsight Compute on the tl forward for S3L and S4b (kernels/profile.py)
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|rounds|sdpa|sweep}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|rounds|sdpa|sweep|ncu}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -58,5 +59,15 @@ case $STAGE in
     timeout 280 python3 -m kernels.sweep --out "$OUT_DIR/sweep_bwd" --shapes S1,S3 --kinds kv,q >> "$L" 2>&1
     echo "sweep bwd rc=$?" | tee -a "$L"
     grep -E "^\|" "$L" | tail -40 ;;
+  ncu)
+    NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
+    for shape in S3L S4b; do
+      timeout 240 "$NCU" --profile-from-start off --kernel-name regex:fwd --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        python3 -m kernels.profile --shape "$shape" --impl triton --iters 1 > "$OUT_DIR/ncu_$shape.txt" 2>&1
+      echo "ncu $shape rc=$?" | tee -a "$L"
+      grep -E "Duration|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Block Limit|Stall" \
+        "$OUT_DIR/ncu_$shape.txt" | head -20
+    done ;;
   *) echo "unknown stage $STAGE"; exit 2 ;;
 esac

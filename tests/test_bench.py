@@ -97,3 +97,19 @@ def test_backward_sweep_rows_carry_their_difference_from_the_shipped_gradients(m
     rows = json.loads((tmp_path / "sweep.json").read_text())
     assert [r["kind"] for r in rows] == ["kv", "kv", "q"] and not any("error" in r for r in rows)
     assert all(0.0 <= r["maxdiff"] < 1e-4 for r in rows), rows  # float32: only summation order differs
+
+
+def test_profile_driver_runs_a_bench_shape_and_names_bad_arguments(monkeypatch, capsys):
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        pytest.skip("runs the kernels under the Triton interpreter only")
+    from kernels import bench, profile
+    real_build = bench.build
+    monkeypatch.setattr(bench, "build", lambda shape, D=128: real_build(shape, D=16, dtype=torch.float32, device="cpu"))
+    monkeypatch.setattr(bench, "make_shapes", lambda: {"T": dict(desc="tiny", lq=np.array([20, 3]),
+                                                                  lk=np.array([20, 3]), H=2, causal=True, bq=False)})
+    profile.main(["--shape", "T", "--impl", "triton", "--backward"])
+    assert "profiled 2 x fwd+bwd of T (tiny) with triton; forward path ptr" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--shape must be one of"):
+        profile.main(["--shape", "S9"])
+    with pytest.raises(SystemExit, match="--impl must be one of"):
+        profile.main(["--shape", "T", "--impl", "cuda"])

@@ -1,0 +1,58 @@
+"""Run one bench shape's forward (or forward + backward) a few times inside a CUDA profiler range, so
+Nsight Compute / Nsight Systems capture only those launches, after the compiles and a warm-up:
+
+    ncu --profile-from-start off --section SpeedOfLight --section Occupancy --section WarpStateStats \\
+        python -m kernels.profile --shape S3L --impl triton
+
+``--impl`` names an implementation of ``kernels.bench`` (its switches apply, e.g. ``triton-gluon``).
+Prints the shape, the implementation and the forward path that ran.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from kernels import bench
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="S3L", help="a kernels.bench shape name")
+    ap.add_argument("--impl", default="triton", help="a kernels.bench implementation name")
+    ap.add_argument("--iters", type=int, default=2, help="profiled calls")
+    ap.add_argument("--backward", action="store_true", help="profile forward + backward")
+    a = ap.parse_args(argv)
+    shapes = bench.make_shapes()
+    if a.shape not in shapes:
+        raise SystemExit(f"--shape must be one of {sorted(shapes)}, got {a.shape!r}")
+    if a.impl not in bench.IMPLS:
+        raise SystemExit(f"--impl must be one of {sorted(bench.IMPLS)}, got {a.impl!r}")
+    shape = shapes[a.shape]
+    q, k, v, cu_q, cu_k = bench.build(shape)
+    q, k, v = (t.requires_grad_(a.backward) for t in (q, k, v))
+    fwd = bench.IMPLS[a.impl](shape, q, k, v, cu_q, cu_k)
+
+    def step():
+        with torch.set_grad_enabled(a.backward):
+            out = fwd()
+            if a.backward:
+                torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    for _ in range(3):  # compile and warm up outside the profiled range
+        step()
+    cuda = q.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+    for _ in range(a.iters):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+    from kernels import jfa
+    print(f"profiled {a.iters} x {'fwd+bwd' if a.backward else 'fwd'} of {a.shape} ({shape['desc']}) with "
+          f"{a.impl}; forward path {jfa.LAST_FWD_PATH or '-'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
