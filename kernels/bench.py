@@ -41,6 +41,7 @@ def make_shapes():
     s1 = _uniform_lens(rng, 1024, 1, 1024)
     s2k = _uniform_lens(rng, 1024, 1, 1024)
     s3 = _pareto_lens(rng, 512)
+    longest = int(np.argmax(s3))
     return {
         "S1": dict(desc="jagged self-attn B=1024 U[1,1024) H=4", lq=s1, lk=s1, H=4, causal=False, bq=False),
         "S1c": dict(desc="jagged self-attn B=1024 U[1,1024) H=4 causal", lq=s1, lk=s1, H=4, causal=True, bq=False),
@@ -52,10 +53,10 @@ def make_shapes():
         "S4b": dict(desc="dense B=8 L=4096 H=16 causal", lq=np.full(8, 4096), lk=np.full(8, 4096), H=16,
                     causal=True, bq=False),
         # diagnostics, not targets: S3 split into its longest sequence (over half its FLOPs) and the rest
-        "S3L": dict(desc="S3's longest sequence alone, H=8", lq=s3[[np.argmax(s3)]], lk=s3[[np.argmax(s3)]], H=8,
+        "S3L": dict(desc="S3's longest sequence alone, H=8", lq=s3[[longest]], lk=s3[[longest]], H=8,
                     causal=False, bq=False),
-        "S3R": dict(desc="S3 without its longest sequence, H=8", lq=np.delete(s3, np.argmax(s3)),
-                    lk=np.delete(s3, np.argmax(s3)), H=8, causal=False, bq=False),
+        "S3R": dict(desc="S3 without its longest sequence, H=8", lq=np.delete(s3, longest),
+                    lk=np.delete(s3, longest), H=8, causal=False, bq=False),
     }
 
 
@@ -129,10 +130,7 @@ impl_triton_gluon_persistent = _triton_with(FWD_KERNEL="gluon", FWD_GRID="persis
 impl_triton_work = _triton_with(ITEM_ORDER="work")
 impl_triton_gluon_work = _triton_with(FWD_KERNEL="gluon", ITEM_ORDER="work")
 impl_triton_section = _triton_with(ITEM_ORDER="section")
-impl_triton_gluon_section = _triton_with(FWD_KERNEL="gluon", ITEM_ORDER="section")
 impl_triton_split = _triton_with(FWD_KERNEL="split")
-impl_triton_split_1024 = _triton_with(FWD_KERNEL="split", GLUON_SPLIT_KEYS=1024)
-impl_triton_split_512 = _triton_with(FWD_KERNEL="split", GLUON_SPLIT_KEYS=512)
 
 
 def impl_fa4(shape, q, k, v, cu_q, cu_k):
@@ -237,9 +235,7 @@ def impl_sdpa(shape, q, k, v, cu_q, cu_k):
 IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-persistent": impl_triton_persistent,
          "triton-gluon": impl_triton_gluon, "triton-gluon-persistent": impl_triton_gluon_persistent,
          "triton-work": impl_triton_work, "triton-gluon-work": impl_triton_gluon_work,
-         "triton-section": impl_triton_section, "triton-gluon-section": impl_triton_gluon_section,
-         "triton-split": impl_triton_split, "triton-split-1024": impl_triton_split_1024,
-         "triton-split-512": impl_triton_split_512,
+         "triton-section": impl_triton_section, "triton-split": impl_triton_split,
          "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
 
 

@@ -19,7 +19,6 @@ export PYTHONUNBUFFERED=1
 OUT_DIR=${1:?}; mkdir -p "$OUT_DIR"
 L=$OUT_DIR/log_$STAGE.txt
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader | tee -a "$L"
-git log -1 --format=%h 2>/dev/null | tee -a "$L"
 
 spec() {  # spec(time limit s, name, extra env...): triton-jfa, profile ci, on the GPU
   local t=$1 name=$2; shift 2
