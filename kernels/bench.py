@@ -131,6 +131,8 @@ impl_triton_work = _triton_with(ITEM_ORDER="work")
 impl_triton_gluon_work = _triton_with(FWD_KERNEL="gluon", ITEM_ORDER="work")
 impl_triton_section = _triton_with(ITEM_ORDER="section")
 impl_triton_split = _triton_with(FWD_KERNEL="split")
+# the Gluon forward with P passed to PV through shared memory (PERF.md v9)
+impl_triton_gluon_psmem = _triton_with(FWD_KERNEL="gluon", CONFIG_OVERRIDE={"gluon_fwd": (128, 128, 4, 2, "overlap-psmem")})
 
 
 def impl_fa4(shape, q, k, v, cu_q, cu_k):
@@ -236,6 +238,7 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          "triton-gluon": impl_triton_gluon, "triton-gluon-persistent": impl_triton_gluon_persistent,
          "triton-work": impl_triton_work, "triton-gluon-work": impl_triton_gluon_work,
          "triton-section": impl_triton_section, "triton-split": impl_triton_split,
+         "triton-gluon-psmem": impl_triton_gluon_psmem,
          "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
 
 
@@ -253,7 +256,7 @@ def warm_clocks(seconds=0.5):
         torch.cuda.synchronize()
 
 
-def time_impl(make, shape, tensors, warmup=25, rep=100):
+def time_impl(make, shape, tensors, warmup=25, rep=100, backward=True):
     from triton.testing import do_bench
     q, k, v, cu_q, cu_k = tensors
     q = q.detach().requires_grad_()
@@ -263,6 +266,8 @@ def time_impl(make, shape, tensors, warmup=25, rep=100):
     with torch.no_grad():
         t_f = do_bench(fwd, warmup=warmup, rep=rep, return_mode="median")
     out = fwd()
+    if not backward:
+        return t_f, float("nan"), out.detach()
     do = torch.randn_like(out)
 
     def bwd():
@@ -279,6 +284,8 @@ def main(argv=None):
     ap.add_argument("--tag", default="")
     ap.add_argument("--rounds", type=int, default=1,
                     help="time every impl this many times, interleaved; report the median and the rounds")
+    ap.add_argument("--fwd-only", default="",
+                    help="impls whose backward is not timed (e.g. forward variants that share the shipped backward)")
     ap.add_argument("--cfg", default="", help="json {kind: [BM,BN,warps,stages]} config override for triton")
     ap.add_argument("--fwd-tma", action="store_true",
                     help="triton forward loads K/V through TMA descriptors (jfa.FWD_TMA)")
@@ -314,7 +321,8 @@ def main(argv=None):
                 try:
                     warm_clocks()
                     t0 = time.time()
-                    tf, tb, out = time_impl(IMPLS[name], shape, tensors)
+                    tf, tb, out = time_impl(IMPLS[name], shape, tensors,
+                                            backward=name not in args.fwd_only.split(","))
                     rec.setdefault("fwd_ms_rounds", []).append(tf)
                     rec.setdefault("bwd_ms_rounds", []).append(tb)
                     tf, tb = float(np.median(rec["fwd_ms_rounds"])), float(np.median(rec["bwd_ms_rounds"]))
@@ -350,13 +358,15 @@ def main(argv=None):
             lines.append(f"| {r['shape']} | {r['impl']} | error: {r['error'][:80]} | | | | | | |")
             continue
         fa = by.get((r["shape"], "fa4"))
+        timed_bwd = not np.isnan(r["bwd_ms"])  # --fwd-only impls have no backward time
         rf = rb = ""
         if fa and "error" not in fa:
             rf = f"{r['fwd_tflops'] / fa['fwd_tflops']:.2f}x"
-            rb = f"{r['bwd_tflops'] / fa['bwd_tflops']:.2f}x"
-        lines.append(f"| {r['shape']} | {r['impl']} | {r['fwd_ms']:.3f} | {r['fwd_tflops']:.0f} | "
-                     f"{r['bwd_ms']:.3f} | {r['bwd_tflops']:.0f} | {rf} | {rb} | "
-                     f"{spread(r['fwd_ms_rounds'])} / {spread(r['bwd_ms_rounds'])} |")
+            rb = f"{r['bwd_tflops'] / fa['bwd_tflops']:.2f}x" if timed_bwd else "-"
+        bwd = f"{r['bwd_ms']:.3f} | {r['bwd_tflops']:.0f}" if timed_bwd else "- | -"
+        lines.append(f"| {r['shape']} | {r['impl']} | {r['fwd_ms']:.3f} | {r['fwd_tflops']:.0f} | {bwd} | "
+                     f"{rf} | {rb} | {spread(r['fwd_ms_rounds'])} / "
+                     f"{spread(r['bwd_ms_rounds']) if timed_bwd else '-'} |")
     table = "\n".join(lines)
     print(table)
     with open(os.path.join(args.out, f"bench{tag}.md"), "w") as f:

@@ -4,11 +4,12 @@
 #                                           the shipped kernel, its launch-order / forward-kernel switches,
 #                                           flex_attention, padded SDPA; all six shapes
 #   bash kernels/gpu_run.sh OUT_DIR tests   the GPU kernel tests, then a triton-jfa spec run (profile ci)
-#   bash kernels/gpu_run.sh OUT_DIR rounds  three interleaved rounds of the tl / Gluon forwards and two launch
-#                                           orders: the spread between repeats of one call
+#   bash kernels/gpu_run.sh OUT_DIR rounds  seven interleaved rounds of FA4, the shipped kernel and the Gluon
+#                                           forwards (forward only) on all six shapes: ratios with their spread
 #   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on S1 and S3
 #   bash kernels/gpu_run.sh OUT_DIR sweep   forward configs on S3's parts; backward configs on S1 and S3
-#   bash kernels/gpu_run.sh OUT_DIR ncu     Nsight Compute on the tl forward for S3L and S4b (kernels/profile.py)
+#   bash kernels/gpu_run.sh OUT_DIR ncu     Nsight Compute on the tl and Gluon forwards for S3L and S4b
+#                                           (kernels/profile.py)
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
@@ -42,10 +43,11 @@ case $STAGE in
     echo "pytest rc=$?" | tee -a "$L"; tail -3 "$OUT_DIR/pytest_gpu.txt"
     spec 200 ci-sequence ;;
   rounds)
-    timeout 200 python3 -m kernels.bench --out "$OUT_DIR" --tag v8_rounds --rounds 3 \
-      --impls triton,triton-section,triton-gluon --shapes S4b,S2,S3L,S3R >> "$L" 2>&1
+    timeout 280 python3 -m kernels.bench --out "$OUT_DIR" --tag v9_rounds --rounds 7 \
+      --impls fa4,triton,triton-gluon,triton-gluon-psmem --fwd-only triton-gluon,triton-gluon-psmem \
+      --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
-    cat "$OUT_DIR/bench_v8_rounds.md" 2>/dev/null ;;
+    cat "$OUT_DIR/bench_v9_rounds.md" 2>/dev/null ;;
   sdpa)
     timeout 90 python3 -m kernels.bench --out "$OUT_DIR" --tag v8_sdpa --impls triton,sdpa \
       --shapes S1,S3 >> "$L" 2>&1
@@ -60,13 +62,17 @@ case $STAGE in
     grep -E "^\|" "$L" | tail -40 ;;
   ncu)
     NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
-    for shape in S3L S4b; do
-      timeout 240 "$NCU" --profile-from-start off --kernel-name regex:fwd --launch-count 1 \
-        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-        python3 -m kernels.profile --shape "$shape" --impl triton --iters 1 > "$OUT_DIR/ncu_$shape.txt" 2>&1
-      echo "ncu $shape rc=$?" | tee -a "$L"
-      grep -E "Duration|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Block Limit|Stall" \
-        "$OUT_DIR/ncu_$shape.txt" | head -20
+    for shape in S4b S3L; do
+      for impl in triton triton-gluon; do
+        f=$OUT_DIR/ncu_${shape}_$impl.txt
+        timeout 70 "$NCU" --profile-from-start off --kernel-name regex:fwd --launch-count 1 \
+          --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+          --section ComputeWorkloadAnalysis --section SchedulerStats \
+          python3 -m kernels.profile --shape "$shape" --impl $impl --iters 1 > "$f" 2>&1
+        echo "ncu $shape $impl rc=$?" | tee -a "$L"
+        grep -E "Duration|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Block Limit (Reg|Shared)|Issue Slots Busy|Eligible Warps|No Eligible|Executed Ipc A" \
+          "$f" | head -14
+      done
     done ;;
   *) echo "unknown stage $STAGE"; exit 2 ;;
 esac

@@ -127,8 +127,8 @@ FWD_KERNELS = ("triton", "gluon", "split")
 FWD_KERNEL = os.environ.get("JFA_FWD_KERNEL", "triton")
 # (BLOCK_M, BLOCK_N, warps per consumer warp group, K/V stages, schedule); schedules (gluon_fwd.py):
 # "overlap" softmax(j) while PV(j-1) runs; "pingpong" overlap, and the two consumer groups take turns
-# to issue their MMAs.
-GLUON_SCHEDULES = ("overlap", "pingpong")
+# to issue their MMAs; "-psmem": PV reads P from shared memory instead of registers (PERF.md v9).
+GLUON_SCHEDULES = ("overlap", "pingpong", "overlap-psmem", "pingpong-psmem")
 GLUON_FWD_CFG = (128, 128, 4, 2, "overlap")  # the fastest Gluon choice on the H200 overall (PERF.md v6)
 GLUON_HEAD_DIMS = (64, 128)
 GLUON_SPLIT_KEYS = int(os.environ.get("JFA_GLUON_SPLIT_KEYS", "2048"))  # environment: as JFA_FWD_KERNEL
@@ -471,9 +471,10 @@ def _gluon_cfg():
     if len(cfg) != 5 or cfg[4] not in GLUON_SCHEDULES:
         raise ValueError(f"the Gluon forward config is (BLOCK_M, BLOCK_N, warps, stages, schedule) with "
                          f"schedule one of {GLUON_SCHEDULES}, got {cfg!r}")
-    # two Q buffers of 128 rows and the K/V ring, bf16/fp16, at the largest head dim it serves
+    # two Q buffers of 128 rows and the K/V ring, bf16/fp16, at the largest head dim it serves, and
+    # the "-psmem" schedules' P tile per consumer group
     d = max(GLUON_HEAD_DIMS)
-    smem = 2 * (2 * 128 * d + cfg[3] * cfg[1] * 2 * d)
+    smem = 2 * (2 * 128 * d + cfg[3] * cfg[1] * 2 * d + (128 * cfg[1] if cfg[4].endswith("-psmem") else 0))
     if smem > GLUON_SMEM_BYTES - 1024:
         raise ValueError(f"the Gluon forward config {cfg!r} needs {smem} bytes of shared memory; "
                          f"sm_90 has {GLUON_SMEM_BYTES}")

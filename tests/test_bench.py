@@ -57,13 +57,13 @@ def test_rounds_are_interleaved_and_reported_as_median_and_spread(monkeypatch, t
     from kernels import bench
     calls = []
 
-    def fake_time(make, shape, tensors, warmup=25, rep=100):
+    def fake_time(make, shape, tensors, warmup=25, rep=100, backward=True):
         name = next(n for n, f in bench.IMPLS.items() if f is make)
         if name == "fa4":
             raise ImportError("no flash_attn here")
         calls.append(name)
         t = {"triton": [1.0, 3.0, 2.0], "sdpa": [4.0, 4.0, 4.0]}[name][sum(c == name for c in calls) - 1]
-        return t, 2 * t, tensors[0][:4].float()
+        return t, 2 * t if backward else float("nan"), tensors[0][:4].float()
     real_build = bench.build
     monkeypatch.setattr(bench, "build", lambda shape, D=128: real_build(shape, D=8, dtype=torch.float32, device="cpu"))
     monkeypatch.setattr(bench, "time_impl", fake_time)
@@ -78,6 +78,12 @@ def test_rounds_are_interleaved_and_reported_as_median_and_spread(monkeypatch, t
     assert by["triton"]["fwd_ms"] == 2.0 and by["triton"]["bwd_ms"] == 4.0 and by["sdpa"]["fwd_ms"] == 4.0
     table = (tmp_path / "bench.md").read_text()
     assert "| T | triton | 2.000 |" in table and "100% / 100%" in table and "0% / 0%" in table
+    # --fwd-only: the forward is timed, the backward column says it was not
+    calls.clear()
+    rows = bench.main(["--out", str(tmp_path), "--impls", "triton,sdpa", "--shapes", "T", "--fwd-only", "sdpa"])
+    assert calls == ["triton", "sdpa"]
+    table = (tmp_path / "bench.md").read_text()
+    assert "| T | sdpa | 4.000 | " in table and "| - | - |" in table and "| T | triton | 1.000 |" in table
 
 
 def test_backward_sweep_rows_carry_their_difference_from_the_shipped_gradients(monkeypatch, tmp_path):

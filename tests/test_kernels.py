@@ -988,7 +988,7 @@ def test_gpu_split_forward(causal, monkeypatch):
 
 
 @needs_gluon
-@pytest.mark.parametrize("schedule", ["overlap", "pingpong"])
+@pytest.mark.parametrize("schedule", jfa.GLUON_SCHEDULES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_gluon_schedules(schedule, causal, monkeypatch):
     # every schedule, on tiles with an idle second group (65, 1) and on broadcast-Q; 64-key blocks
@@ -1013,7 +1013,7 @@ def test_bad_gluon_schedule_is_a_clear_error(monkeypatch):
 
 
 @needs_gluon
-@pytest.mark.parametrize("schedule", ["overlap", "pingpong"])
+@pytest.mark.parametrize("schedule", jfa.GLUON_SCHEDULES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_gluon_persistent_grid(schedule, causal, monkeypatch):
     # three programs loop over every item: the K/V ring, the tail barrier, the Q double buffer and the
