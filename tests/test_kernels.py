@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import SUPPORTED_HEAD_DIMS, jagged_flash_attention
+from kernels import SUPPORTED_HEAD_DIMS, jagged_flash_attention, jfa
 from kernels import schedule as sched
 from kernels import triton_kernels as tk
 
