@@ -103,17 +103,11 @@ def impl_triton(shape, q, k, v, cu_q, cu_k):
     return fwd
 
 
-def impl_triton_host_offsets(shape, q, k, v, cu_q, cu_k):
-    """impl_triton with the offsets passed on the host, as a data loader has them: the call then never
-    waits for the GPU (with device offsets it copies them to the host first)."""
-    return impl_triton(shape, q, k, v, cu_q.cpu(), cu_k.cpu())
-
-
-def _triton_with(base=impl_triton, **switches):
-    """``base`` (impl_triton) with module switches of kernels.jfa set (and restored) around each call."""
+def _triton_with(**switches):
+    """impl_triton with module switches of kernels.jfa set (and restored) around each call."""
     def make(shape, q, k, v, cu_q, cu_k):
         from kernels import jfa
-        inner = base(shape, q, k, v, cu_q, cu_k)
+        inner = impl_triton(shape, q, k, v, cu_q, cu_k)
 
         def fwd():
             old = {name: getattr(jfa, name) for name in switches}
@@ -244,8 +238,7 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          "triton-gluon": impl_triton_gluon, "triton-gluon-persistent": impl_triton_gluon_persistent,
          "triton-work": impl_triton_work, "triton-gluon-work": impl_triton_gluon_work,
          "triton-section": impl_triton_section, "triton-split": impl_triton_split,
-         "triton-gluon-psmem": impl_triton_gluon_psmem, "triton-host-offsets": impl_triton_host_offsets,
-         "triton-gluon-host-offsets": _triton_with(impl_triton_host_offsets, FWD_KERNEL="gluon"),
+         "triton-gluon-psmem": impl_triton_gluon_psmem,
          "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
 
 

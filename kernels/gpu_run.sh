@@ -8,14 +8,12 @@
 #                                           forwards (forward only) on all six shapes: ratios with their spread
 #   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on S1 and S3
 #   bash kernels/gpu_run.sh OUT_DIR sweep   forward configs on S3's parts; backward configs on S1 and S3
-#   bash kernels/gpu_run.sh OUT_DIR host    FA4 and the shipped kernel with offsets on the GPU or on the host
-#                                           (five rounds); GPU tests of the host offsets and Gluon schedules
 #   bash kernels/gpu_run.sh OUT_DIR ncu     Nsight Compute on the tl and Gluon forwards for S3L and S4b
 #                                           (kernels/profile.py)
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|rounds|host|sdpa|sweep|ncu}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|rounds|sdpa|sweep|ncu}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -62,15 +60,6 @@ case $STAGE in
     timeout 280 python3 -m kernels.sweep --out "$OUT_DIR/sweep_bwd" --shapes S1,S3 --kinds kv,q >> "$L" 2>&1
     echo "sweep bwd rc=$?" | tee -a "$L"
     grep -E "^\|" "$L" | tail -40 ;;
-  host)
-    timeout 300 python3 -m kernels.bench --out "$OUT_DIR" --tag v9_host --rounds 5 \
-      --impls fa4,triton,triton-host-offsets,triton-gluon-host-offsets \
-      --fwd-only triton-host-offsets,triton-gluon-host-offsets --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
-    echo "bench rc=$?" | tee -a "$L"
-    cat "$OUT_DIR/bench_v9_host.md" 2>/dev/null
-    timeout 200 python3 -m pytest tests/test_kernels.py -q -n 14 -p no:cacheprovider \
-      -k "gpu_host_offsets or gpu_gluon_schedules or gpu_gluon_persistent" > "$OUT_DIR/pytest_gpu_v9.txt" 2>&1
-    echo "pytest rc=$?" | tee -a "$L"; tail -3 "$OUT_DIR/pytest_gpu_v9.txt" ;;
   ncu)
     NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
     for shape in S4b S3L; do

@@ -637,27 +637,6 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     return dq, dk, dv
 
 
-_OFFSETS_CACHE: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
-
-
-def _offsets_on(cu, device):
-    """``cu`` on ``device``.  Offsets given on the host are validated from that copy, and their device
-    copy is kept per content, so such a call never waits for the GPU (offsets on the GPU cost one
-    device-to-host copy, which waits for the work queued before it)."""
-    if cu.device == device:
-        return cu
-    host = cu.detach().to("cpu")
-    key = (host.numpy().tobytes(), host.dtype, str(device))
-    hit = _OFFSETS_CACHE.get(key)
-    if hit is None:
-        hit = _OFFSETS_CACHE[key] = host.to(device)
-        if len(_OFFSETS_CACHE) > 64:
-            _OFFSETS_CACHE.popitem(last=False)
-    else:
-        _OFFSETS_CACHE.move_to_end(key)
-    return hit
-
-
 def triton_cdiv(a, b):
     return (a + b - 1) // b
 
@@ -705,8 +684,10 @@ def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     gluon = None if fwd_kernel == "triton" else (_gluon_cfg(), GLUON_SPLIT_KEYS if fwd_kernel == "split" else 0)
     cfgs = LaunchConfig(_cfg("fwd", dkey, q.dtype, on_cpu), _cfg("kvf" if fuse else "kv", dkey, q.dtype, on_cpu),
                         _cfg("q", dkey, q.dtype, on_cpu), fuse, fwd_kernel, why_not_gluon, gluon)
-    cu_seqlens_q = _offsets_on(cu_seqlens_q, q.device)
-    cu_seqlens_k = _offsets_on(cu_seqlens_k, q.device)
+    if cu_seqlens_q.device != q.device:
+        cu_seqlens_q = cu_seqlens_q.to(q.device)
+    if cu_seqlens_k.device != q.device:
+        cu_seqlens_k = cu_seqlens_k.to(q.device)
     s = _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, bool(broadcast_q), bool(causal), cfgs,
                         q.shape[1], k.shape[1], q.device, row_bytes=2 * dkey * q.element_size())
     n_out_rows = int(lens_q.sum())

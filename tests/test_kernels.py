@@ -94,7 +94,7 @@ LSE_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 
 
 def run_case(lens_q, lens_k, *, hq=2, hkv=2, d=32, dv=None, dtype=torch.float32, causal=False,
-             broadcast=False, scale=None, deterministic=False, seed=0, idx=torch.int32, host_offsets=False):
+             broadcast=False, scale=None, deterministic=False, seed=0, idx=torch.int32):
     dv = dv or d
     q, k, v, cu_q, cu_k = make_inputs(lens_q, lens_k, hq, hkv, d, dv, dtype, broadcast, seed, idx)
     sc = scale if scale is not None else 1.0 / math.sqrt(d)
@@ -106,8 +106,7 @@ def run_case(lens_q, lens_k, *, hq=2, hkv=2, d=32, dv=None, dtype=torch.float32,
     if ref_o.numel():
         ref_o.backward(do.double())
     qd, kd, vd = (t.to(DEVICE).requires_grad_() for t in (q, k, v))
-    on = "cpu" if host_offsets else DEVICE
-    out, lse = jagged_flash_attention(qd, kd, vd, cu_q.to(on), cu_k.to(on),
+    out, lse = jagged_flash_attention(qd, kd, vd, cu_q.to(DEVICE), cu_k.to(DEVICE),
                                       max(lens_q) if lens_q else 0, max(lens_k) if lens_k else 0,
                                       causal=causal, softmax_scale=scale, broadcast_q=broadcast,
                                       deterministic=deterministic)
@@ -346,39 +345,6 @@ def test_schedule_tiles_pruned_and_persistent_lists():
 # GPU-only: lengths spanning several of the GPU kernels' blocks (BLOCK_M 128)
 # ---------------------------------------------------------------------------
 needs_cuda = pytest.mark.skipif(not _HAS_CUDA, reason="needs a CUDA GPU (sizes too big for the interpreter)")
-
-
-def test_host_offsets_get_one_device_copy_per_content():
-    from kernels import jfa
-    a = torch.tensor([0, 3, 7], dtype=torch.int32)
-    first = jfa._offsets_on(a, torch.device("meta"))
-    assert first.device.type == "meta" and first.dtype == torch.int32
-    assert jfa._offsets_on(a.clone(), torch.device("meta")) is first  # same content: the cached copy
-    assert jfa._offsets_on(a.to(torch.int64), torch.device("meta")) is not first  # dtype is part of the key
-    a[1] = 4  # changed in place: a new copy, never the stale one
-    assert jfa._offsets_on(a, torch.device("meta")) is not first
-    dev = torch.zeros(3, dtype=torch.int32, device="meta")
-    assert jfa._offsets_on(dev, torch.device("meta")) is dev
-
-
-@needs_cuda
-@pytest.mark.parametrize("causal", [False, True])
-def test_gpu_host_offsets(causal):
-    # offsets given on the host: the same answers bit for bit, and the forward never waits for the GPU
-    lens_q, lens_k = [300, 0, 513, 129, 64, 700], [257, 5, 513, 400, 0, 200]
-    ref = run_case(lens_q, lens_k, hq=4, hkv=2, d=128, causal=causal, dtype=torch.bfloat16)
-    got = run_case(lens_q, lens_k, hq=4, hkv=2, d=128, causal=causal, dtype=torch.bfloat16, host_offsets=True)
-    assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1])
-    assert all(torch.equal(ref[2][n], got[2][n]) for n in ("dq", "dk", "dv"))
-    q, k, v, cu_q, cu_k = make_inputs(lens_q, lens_k, 4, 2, 128, 128, torch.bfloat16, False, 0, torch.int32)
-    q, k, v = (t.cuda() for t in (q, k, v))
-    jagged_flash_attention(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal)  # fills the caches
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        jagged_flash_attention(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
 
 
 @needs_cuda
