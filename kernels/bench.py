@@ -103,22 +103,38 @@ def impl_triton(shape, q, k, v, cu_q, cu_k):
     return fwd
 
 
-def _triton_with(**switches):
-    """impl_triton with module switches of kernels.jfa set (and restored) around each call."""
+def impl_triton_prepared(shape, q, k, v, cu_q, cu_k):
+    """impl_triton without its host side (validation, which copies the offsets to the host and so waits
+    for the GPU; configs; the cached schedule): done once, then only the launches are timed.  The gap to
+    impl_triton is what the host side costs a call."""
+    from kernels import jfa
+    mq, mk = int(shape["lq"].max()), int(shape["lk"].max())
+    args = jfa._prepare(q, k, v, cu_q, cu_k, mq, mk, shape["causal"], None, shape["bq"], False)
+
+    def fwd():
+        return jfa._JaggedFlashAttention.apply(*args)[0]
+    return fwd
+
+
+def _triton_with(base=None, **switches):
+    """``base`` (impl_triton) with module switches of kernels.jfa set (and restored) around its set-up and
+    around each call."""
+    base = base or impl_triton
+
     def make(shape, q, k, v, cu_q, cu_k):
         from kernels import jfa
-        inner = impl_triton(shape, q, k, v, cu_q, cu_k)
 
-        def fwd():
+        def switched(fn, *args):
             old = {name: getattr(jfa, name) for name in switches}
             for name, value in switches.items():
                 setattr(jfa, name, value)
             try:
-                return inner()
+                return fn(*args)
             finally:
                 for name, value in old.items():
                     setattr(jfa, name, value)
-        return fwd
+        inner = switched(base, shape, q, k, v, cu_q, cu_k)
+        return lambda: switched(inner)
     return make
 
 
@@ -238,7 +254,8 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          "triton-gluon": impl_triton_gluon, "triton-gluon-persistent": impl_triton_gluon_persistent,
          "triton-work": impl_triton_work, "triton-gluon-work": impl_triton_gluon_work,
          "triton-section": impl_triton_section, "triton-split": impl_triton_split,
-         "triton-gluon-psmem": impl_triton_gluon_psmem,
+         "triton-gluon-psmem": impl_triton_gluon_psmem, "triton-prepared": impl_triton_prepared,
+         "triton-gluon-prepared": _triton_with(impl_triton_prepared, FWD_KERNEL="gluon"),
          "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
 
 

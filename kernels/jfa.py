@@ -669,6 +669,14 @@ def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     compatibility: every gradient here is computed without atomics and is
     bitwise reproducible in either mode.
     """
+    return _JaggedFlashAttention.apply(*_prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                 causal, softmax_scale, broadcast_q, deterministic))
+
+
+def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+             broadcast_q, deterministic):
+    """The host side of a call: validation (reads the offsets on the host), launch configs and the
+    cached schedule.  Returns the arguments of _JaggedFlashAttention.apply."""
     cu_q_h, cu_k_h, lens_q, lens_k = _validate(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                                max_seqlen_q, max_seqlen_k, broadcast_q,
                                                softmax_scale)
@@ -691,5 +699,4 @@ def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     s = _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, bool(broadcast_q), bool(causal), cfgs,
                         q.shape[1], k.shape[1], q.device, row_bytes=2 * dkey * q.element_size())
     n_out_rows = int(lens_q.sum())
-    return _JaggedFlashAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, s, cfgs, bool(causal),
-                                       scale, bool(broadcast_q), n_out_rows)
+    return (q, k, v, cu_seqlens_q, cu_seqlens_k, s, cfgs, bool(causal), scale, bool(broadcast_q), n_out_rows)
