@@ -8,12 +8,14 @@
 #                                           forwards (forward only) on all six shapes: ratios with their spread
 #   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on S1 and S3
 #   bash kernels/gpu_run.sh OUT_DIR sweep   forward configs on S3's parts; backward configs on S1 and S3
+#   bash kernels/gpu_run.sh OUT_DIR host    the tl and Gluon forwards with and without their host side
+#                                           (five rounds): what validation and set-up cost a call
 #   bash kernels/gpu_run.sh OUT_DIR ncu     Nsight Compute on the tl and Gluon forwards for S3L and S4b
 #                                           (kernels/profile.py)
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|rounds|sdpa|sweep|ncu}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|rounds|host|sdpa|sweep|ncu}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -60,6 +62,12 @@ case $STAGE in
     timeout 280 python3 -m kernels.sweep --out "$OUT_DIR/sweep_bwd" --shapes S1,S3 --kinds kv,q >> "$L" 2>&1
     echo "sweep bwd rc=$?" | tee -a "$L"
     grep -E "^\|" "$L" | tail -40 ;;
+  host)
+    timeout 300 python3 -m kernels.bench --out "$OUT_DIR" --tag v9_host --rounds 5 \
+      --impls triton,triton-prepared,triton-gluon,triton-gluon-prepared \
+      --fwd-only triton-prepared,triton-gluon,triton-gluon-prepared --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
+    echo "bench rc=$?" | tee -a "$L"
+    cat "$OUT_DIR/bench_v9_host.md" 2>/dev/null ;;
   ncu)
     NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
     for shape in S4b S3L; do
