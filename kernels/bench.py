@@ -103,16 +103,16 @@ def impl_triton(shape, q, k, v, cu_q, cu_k):
     return fwd
 
 
-def impl_triton_prepared(shape, q, k, v, cu_q, cu_k):
-    """impl_triton without its host side (validation, which copies the offsets to the host and so waits
-    for the GPU; configs; the cached schedule): done once, then only the launches are timed.  The gap to
-    impl_triton is what the host side costs a call."""
-    from kernels import jfa
+def impl_triton_plan(shape, q, k, v, cu_q, cu_k):
+    """The shipped kernel through a JaggedPlan made once: validation, configs and schedule happen at
+    planning, so a call only launches (impl_triton reads the offsets on the host at every call, which
+    waits for the GPU)."""
+    from kernels import JaggedPlan
     mq, mk = int(shape["lq"].max()), int(shape["lk"].max())
-    args = jfa._prepare(q, k, v, cu_q, cu_k, mq, mk, shape["causal"], None, shape["bq"], False)
+    plan = JaggedPlan(q, k, v, cu_q, cu_k, mq, mk, causal=shape["causal"], broadcast_q=shape["bq"])
 
     def fwd():
-        return jfa._JaggedFlashAttention.apply(*args)[0]
+        return plan(q, k, v)[0]
     return fwd
 
 
@@ -254,8 +254,8 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          "triton-gluon": impl_triton_gluon, "triton-gluon-persistent": impl_triton_gluon_persistent,
          "triton-work": impl_triton_work, "triton-gluon-work": impl_triton_gluon_work,
          "triton-section": impl_triton_section, "triton-split": impl_triton_split,
-         "triton-gluon-psmem": impl_triton_gluon_psmem, "triton-prepared": impl_triton_prepared,
-         "triton-gluon-prepared": _triton_with(impl_triton_prepared, FWD_KERNEL="gluon"),
+         "triton-gluon-psmem": impl_triton_gluon_psmem, "triton-plan": impl_triton_plan,
+         "triton-gluon-plan": _triton_with(impl_triton_plan, FWD_KERNEL="gluon"),
          "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
 
 

@@ -64,8 +64,8 @@ case $STAGE in
     grep -E "^\|" "$L" | tail -40 ;;
   host)
     timeout 300 python3 -m kernels.bench --out "$OUT_DIR" --tag v9_host --rounds 5 \
-      --impls triton,triton-prepared,triton-gluon,triton-gluon-prepared \
-      --fwd-only triton-prepared,triton-gluon,triton-gluon-prepared --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
+      --impls triton,triton-plan,triton-gluon,triton-gluon-plan \
+      --fwd-only triton-plan,triton-gluon,triton-gluon-plan --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_v9_host.md" 2>/dev/null ;;
   ncu)

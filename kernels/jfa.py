@@ -673,6 +673,46 @@ def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                                  causal, softmax_scale, broadcast_q, deterministic))
 
 
+class JaggedPlan:
+    """One jagged layout, planned once and run many times (for example by every attention layer of a step).
+
+    ``jagged_flash_attention`` reads the offsets on the host at every call, to validate them and to look
+    up its tile schedule; with offsets on the GPU that copy waits for all work queued before it.  A plan
+    does that once: it keeps its own copy of the offsets (so later writes to the caller's offset tensors
+    cannot reach a planned launch), the validation and the schedule.  Calling it launches the kernels
+    without waiting for the GPU::
+
+        plan = JaggedPlan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=True)
+        out, lse = plan(q, k, v)        # same answers, bit for bit, as jagged_flash_attention(...)
+
+    A call takes q, k, v of the planned shapes, dtypes, devices and strides (any values); anything else is a
+    ValueError naming the field.  The plan also fixes the module switches (forward kernel, launch order,
+    configs) in force when it was made.
+    """
+
+    def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                 causal=False, softmax_scale=None, broadcast_q=False, deterministic=False):
+        own = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in (cu_seqlens_q, cu_seqlens_k)]
+        self._args = _prepare(q, k, v, own[0], own[1], max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+                              broadcast_q, deterministic)
+        self._layout = tuple(self._layout_of(name, t) for name, t in zip("qkv", (q, k, v)))
+
+    @staticmethod
+    def _layout_of(name, t):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor")
+        return (("shape", tuple(t.shape)), ("dtype", t.dtype), ("device", t.device), ("stride", t.stride()),
+                ("data_ptr % 16", t.data_ptr() % 16))
+
+    def __call__(self, q, k, v):
+        for name, t, planned in zip("qkv", (q, k, v), self._layout):
+            for (field, want), (_, got) in zip(planned, self._layout_of(name, t)):
+                if got != want:
+                    raise ValueError(f"{name}.{field} is {got}, but the plan was made for {want}")
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))  # as _prepare did
+        return _JaggedFlashAttention.apply(q, k, v, *self._args[3:])
+
+
 def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
              broadcast_q, deterministic):
     """The host side of a call: validation (reads the offsets on the host), launch configs and the

@@ -121,13 +121,13 @@ def test_profile_driver_runs_a_bench_shape_and_names_bad_arguments(monkeypatch, 
         profile.main(["--shape", "T", "--impl", "cuda"])
 
 
-def test_prepared_impls_launch_what_the_full_call_launches():
-    # the "prepared" rows time the launches alone; their answers must be the full call's
+def test_plan_impls_launch_what_the_full_call_launches():
+    # the plan rows time the launches alone; their answers must be the full call's
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         pytest.skip("runs the kernels under the Triton interpreter only")
     from kernels import bench
     shape = dict(desc="t", lq=np.array([20, 3]), lk=np.array([20, 3]), H=2, causal=True, bq=False)
     tensors = bench.build(shape, D=16, dtype=torch.float32, device="cpu")
     full = bench.IMPLS["triton"](shape, *tensors)()
-    for name in ("triton-prepared", "triton-gluon-prepared"):
+    for name in ("triton-plan", "triton-gluon-plan"):
         assert torch.equal(bench.IMPLS[name](shape, *tensors)(), full), name

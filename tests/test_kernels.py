@@ -276,6 +276,44 @@ def _call(**kw):
 
 
 @needs_kernels
+@pytest.mark.parametrize("causal,broadcast", [(False, False), (True, False), (True, True)])
+def test_plan_gives_the_plain_call_bit_for_bit(causal, broadcast):
+    from kernels import JaggedPlan
+    lens_q, lens_k = ([5], [7, 0, 3]) if broadcast else ([7, 0, 3, 20], [9, 2, 3, 20])
+    dtype = torch.float16 if DEVICE == "cuda" else torch.float32
+    q, k, v, cu_q, cu_k = (t.to(DEVICE) for t in make_inputs(lens_q, lens_k, 4, 2, 32, 32, dtype, broadcast))
+    mq, mk = max(lens_q), max(lens_k)
+    plan = JaggedPlan(q, k, v, cu_q, cu_k, mq, mk, causal=causal, broadcast_q=broadcast)
+    runs = []
+    for call in (lambda a, b, c: jagged_flash_attention(a, b, c, cu_q, cu_k, mq, mk, causal=causal,
+                                                        broadcast_q=broadcast),
+                 lambda a, b, c: plan(a, b, c)):
+        a, b, c = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        out, lse = call(a, b, c)
+        out.backward(torch.ones_like(out))
+        runs.append((out, lse, a.grad, b.grad, c.grad))
+    assert all(torch.equal(x, y) for x, y in zip(*runs))
+    # the plan keeps its own offsets: writing the caller's tensors afterwards changes nothing it runs
+    cu_k.fill_(0)
+    assert torch.equal(plan(q, k, v)[0], runs[1][0])
+
+
+@needs_kernels
+def test_plan_refuses_tensors_of_another_layout():
+    from kernels import JaggedPlan
+    q, k, v, cu_q, cu_k = (t.to(DEVICE) for t in make_inputs([7, 3], [7, 3], 2, 2, 32, 32, torch.float32))
+    plan = JaggedPlan(q, k, v, cu_q, cu_k, 7, 7)
+    with pytest.raises(ValueError, match=r"q\.shape"):
+        plan(q[:5], k, v)
+    with pytest.raises(ValueError, match=r"v\.dtype"):
+        plan(q, k, v.half())
+    with pytest.raises(ValueError, match=r"k\.stride"):
+        plan(q, k.transpose(0, 1).contiguous().transpose(0, 1), v)
+    with pytest.raises(ValueError, match="cu_seqlens_k"):  # planning validates like a call
+        JaggedPlan(q, k, v, cu_q, cu_k.flip(0), 7, 7)
+
+
+@needs_kernels
 @pytest.mark.parametrize("bad", [
     dict(max_seqlen_q=6),
     dict(max_seqlen_k=7),
