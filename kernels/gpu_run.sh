@@ -8,8 +8,8 @@
 #                                           forwards (forward only) on all six shapes: ratios with their spread
 #   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on S1 and S3
 #   bash kernels/gpu_run.sh OUT_DIR sweep   forward configs on S3's parts; backward configs on S1 and S3
-#   bash kernels/gpu_run.sh OUT_DIR host    the tl and Gluon forwards with and without their host side
-#                                           (five rounds): what validation and set-up cost a call
+#   bash kernels/gpu_run.sh OUT_DIR host    FA4, the shipped kernel, and its tl / Gluon forwards through a
+#                                           JaggedPlan (five rounds); GPU tests of plans and Gluon schedules
 #   bash kernels/gpu_run.sh OUT_DIR ncu     Nsight Compute on the tl and Gluon forwards for S3L and S4b
 #                                           (kernels/profile.py)
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
@@ -63,11 +63,14 @@ case $STAGE in
     echo "sweep bwd rc=$?" | tee -a "$L"
     grep -E "^\|" "$L" | tail -40 ;;
   host)
-    timeout 300 python3 -m kernels.bench --out "$OUT_DIR" --tag v9_host --rounds 5 \
-      --impls triton,triton-plan,triton-gluon,triton-gluon-plan \
-      --fwd-only triton-plan,triton-gluon,triton-gluon-plan --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
+    timeout 330 python3 -m kernels.bench --out "$OUT_DIR" --tag v9_plan --rounds 5 \
+      --impls fa4,triton,triton-plan,triton-gluon-plan --fwd-only triton-plan,triton-gluon-plan \
+      --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
-    cat "$OUT_DIR/bench_v9_host.md" 2>/dev/null ;;
+    cat "$OUT_DIR/bench_v9_plan.md" 2>/dev/null
+    timeout 150 python3 -m pytest tests/test_kernels.py -q -n 14 -p no:cacheprovider \
+      -k "plan or gpu_gluon_schedules" > "$OUT_DIR/pytest_gpu_v9.txt" 2>&1
+    echo "pytest rc=$?" | tee -a "$L"; tail -3 "$OUT_DIR/pytest_gpu_v9.txt" ;;
   ncu)
     NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
     for shape in S4b S3L; do
