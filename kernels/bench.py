@@ -256,6 +256,9 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          "triton-section": impl_triton_section, "triton-split": impl_triton_split,
          "triton-gluon-psmem": impl_triton_gluon_psmem, "triton-plan": impl_triton_plan,
          "triton-gluon-plan": _triton_with(impl_triton_plan, FWD_KERNEL="gluon"),
+         # sequences with at least N keys on the Gluon forward, the rest on tl (jfa.FWD_KERNEL = "split")
+         **{f"triton-split{n}-plan": _triton_with(impl_triton_plan, FWD_KERNEL="split", GLUON_SPLIT_KEYS=n)
+            for n in (512, 1024, 2048)},
          "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
 
 

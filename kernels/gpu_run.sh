@@ -10,12 +10,14 @@
 #   bash kernels/gpu_run.sh OUT_DIR sweep   forward configs on S3's parts; backward configs on S1 and S3
 #   bash kernels/gpu_run.sh OUT_DIR host    FA4, the shipped kernel, and its tl / Gluon forwards through a
 #                                           JaggedPlan (five rounds); GPU tests of plans and Gluon schedules
+#   bash kernels/gpu_run.sh OUT_DIR split   FA4 and the planned forwards: tl, Gluon, and split at 512 / 1024 /
+#                                           2048 keys (three rounds)
 #   bash kernels/gpu_run.sh OUT_DIR ncu     Nsight Compute on the tl and Gluon forwards for S3L and S4b
 #                                           (kernels/profile.py)
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|rounds|host|sdpa|sweep|ncu}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|rounds|host|split|sdpa|sweep|ncu}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -71,6 +73,13 @@ case $STAGE in
     timeout 150 python3 -m pytest tests/test_kernels.py -q -n 14 -p no:cacheprovider \
       -k "plan or gpu_gluon_schedules" > "$OUT_DIR/pytest_gpu_v9.txt" 2>&1
     echo "pytest rc=$?" | tee -a "$L"; tail -3 "$OUT_DIR/pytest_gpu_v9.txt" ;;
+  split)
+    timeout 330 python3 -m kernels.bench --out "$OUT_DIR" --tag v9_split --rounds 3 \
+      --impls fa4,triton-plan,triton-gluon-plan,triton-split512-plan,triton-split1024-plan,triton-split2048-plan \
+      --fwd-only triton-plan,triton-gluon-plan,triton-split512-plan,triton-split1024-plan,triton-split2048-plan \
+      --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
+    echo "bench rc=$?" | tee -a "$L"
+    cat "$OUT_DIR/bench_v9_split.md" 2>/dev/null ;;
   ncu)
     NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
     for shape in S4b S3L; do
