@@ -11,7 +11,7 @@
 #   bash kernels/gpu_run.sh OUT_DIR host    FA4, the shipped kernel, and its tl / Gluon forwards through a
 #                                           JaggedPlan (five rounds); GPU tests of plans and Gluon schedules
 #   bash kernels/gpu_run.sh OUT_DIR split   FA4 and the planned forwards: tl, Gluon, and split at 512 / 1024 /
-#                                           2048 keys (three rounds)
+#                                           2048 keys (three rounds); the spec with the Gluon forward; split tests
 #   bash kernels/gpu_run.sh OUT_DIR ncu     Nsight Compute on the tl and Gluon forwards for S3L and S4b
 #                                           (kernels/profile.py)
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
@@ -79,7 +79,11 @@ case $STAGE in
       --fwd-only triton-plan,triton-gluon-plan,triton-split512-plan,triton-split1024-plan,triton-split2048-plan \
       --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
-    cat "$OUT_DIR/bench_v9_split.md" 2>/dev/null ;;
+    cat "$OUT_DIR/bench_v9_split.md" 2>/dev/null
+    spec 180 ci-gluon JFA_FWD_KERNEL=gluon
+    timeout 90 python3 -m pytest tests/test_kernels.py -q -n 14 -p no:cacheprovider -k "gpu_split or gpu_gluon_forward" \
+      > "$OUT_DIR/pytest_gpu_split.txt" 2>&1
+    echo "pytest rc=$?" | tee -a "$L"; tail -3 "$OUT_DIR/pytest_gpu_split.txt" ;;
   ncu)
     NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
     for shape in S4b S3L; do
