@@ -119,19 +119,21 @@ SECTION_BYTES = 16 << 20  # a third of H200's 50 MB L2; the tail model is flat h
 #     so the switch never changes which inputs are accepted.
 #   "split": where Gluon can run, the sequences with at least GLUON_SPLIT_KEYS keys go to the Gluon
 #     forward and the rest to the tl kernel (two launches writing disjoint rows).  The Gluon forward
-#     holds one CTA per SM, so a short tile's whole latency chain (barriers, TMA, one MMA round) is
-#     exposed; the tl kernel keeps several short tiles per SM in flight, while on long key ranges the
-#     Gluon pipeline was ahead (PERF.md v7, v8 rounds).  Measured in v8: no gain over the tl kernel
-#     alone that the bench's forward noise can resolve, so it is not the default.
-FWD_KERNELS = ("triton", "gluon", "split")
-FWD_KERNEL = os.environ.get("JFA_FWD_KERNEL", "triton")
+#     holds one CTA per SM and streams 128-key blocks, so short or ragged key ranges waste it; the tl
+#     kernel keeps two tiles per SM in flight on 32-key blocks.
+#   "auto" (the default): "split" where Gluon can run, else "triton", silently (LAST_FWD_PATH names the
+#     kernel that ran).  Measured through plans in PERF.md v9 (same call as FA4): split at 512 keys was
+#     the fastest forward or within 3% of it on all six bench shapes (S4b +40% over tl alone, S3 +13%).
+FWD_KERNELS = ("auto", "triton", "gluon", "split")
+FWD_KERNEL = os.environ.get("JFA_FWD_KERNEL", "auto")
 # (BLOCK_M, BLOCK_N, warps per consumer warp group, K/V stages, schedule); schedules (gluon_fwd.py):
 # "overlap" softmax(j) while PV(j-1) runs; "pingpong" overlap, and the two consumer groups take turns
 # to issue their MMAs; "-psmem": PV reads P from shared memory instead of registers (PERF.md v9).
 GLUON_SCHEDULES = ("overlap", "pingpong", "overlap-psmem", "pingpong-psmem")
 GLUON_FWD_CFG = (128, 128, 4, 2, "overlap")  # the fastest Gluon choice on the H200 overall (PERF.md v6)
 GLUON_HEAD_DIMS = (64, 128)
-GLUON_SPLIT_KEYS = int(os.environ.get("JFA_GLUON_SPLIT_KEYS", "2048"))  # environment: as JFA_FWD_KERNEL
+# 512: of 512 / 1024 / 2048, the best or level on every bench shape (PERF.md v9); environment: as JFA_FWD_KERNEL
+GLUON_SPLIT_KEYS = int(os.environ.get("JFA_GLUON_SPLIT_KEYS", "512"))
 
 
 def _cfg(kind: str, head_dim: int, dtype: torch.dtype, on_cpu: bool):
@@ -482,8 +484,8 @@ def _gluon_cfg():
 
 
 def _pick_fwd_kernel(q, k, v, scale=1.0):
-    """(FWD_KERNEL, "") where it asks for Gluon ("gluon" or "split") and Gluon can run, else
-    ("triton", why not)."""
+    """(kernel, "") with kernel "gluon" or "split" where FWD_KERNEL asks for Gluon and it can run;
+    ("triton", why not) where it was asked for and cannot run; ("triton", "") otherwise."""
     if FWD_KERNEL not in FWD_KERNELS:
         raise ValueError(f"jfa.FWD_KERNEL must be one of {FWD_KERNELS}, got {FWD_KERNEL!r}")
     if FWD_KERNEL == "triton":
@@ -492,6 +494,8 @@ def _pick_fwd_kernel(q, k, v, scale=1.0):
     if not (isinstance(GLUON_SPLIT_KEYS, int) and GLUON_SPLIT_KEYS >= 0):
         raise ValueError(f"jfa.GLUON_SPLIT_KEYS must be an int >= 0, got {GLUON_SPLIT_KEYS!r}")
     why = _gluon_refusal(q, k, v, scale)
+    if FWD_KERNEL == "auto":
+        return ("triton", "") if why else ("split", "")
     return ("triton", why) if why else (FWD_KERNEL, "")
 
 

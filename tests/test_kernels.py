@@ -480,7 +480,9 @@ FWD_PATHS = [pytest.param("tma", marks=needs_tma), "ptr-adv"]
 
 @pytest.fixture
 def fwd_path(request, monkeypatch):
+    # the tl forward's load paths: pinned to the tl kernel (the default sends long sequences to Gluon on sm_90)
     from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_KERNEL", "triton")
     monkeypatch.setattr(jfa, "FWD_TMA", request.param == "tma")
     monkeypatch.setattr(jfa, "FWD_PTR_ADVANCE", request.param == "ptr-adv")
     return request.param
@@ -571,6 +573,7 @@ def test_tma_fallback_on_unaligned_layouts(dtype, monkeypatch):
     """Layouts TMA cannot describe fall back to the pointer path (and say why);
     a strided-row view that TMA can describe uses TMA.  All match the reference."""
     from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_KERNEL", "triton")
     monkeypatch.setattr(jfa, "FWD_TMA", True)
     lens = [13, 0, 29]
     T, H, D = sum(lens), 2, 16
@@ -608,6 +611,7 @@ def test_tma_fallback_on_unaligned_layouts(dtype, monkeypatch):
 def test_gpu_tma_multiblock(cfg, dtype, causal, monkeypatch):
     # the tiles kernels/sweep.py times with TMA, on multi-block jagged lengths
     from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_KERNEL", "triton")
     monkeypatch.setattr(jfa, "FWD_TMA", True)
     monkeypatch.setattr(jfa, "CONFIG_OVERRIDE", {"fwd": cfg})
     run_case([300, 0, 513, 129, 64, 700], [257, 5, 513, 400, 0, 200], hq=4, hkv=2, d=128,
@@ -625,6 +629,7 @@ def test_gpu_warp_specialized_forward(dtype, causal, monkeypatch):
     # Opt-in variant: if this Triton cannot warp-specialize the loop on this GPU, say so; if it can, the
     # answer must be the same as every other path's.
     from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_KERNEL", "triton")
     monkeypatch.setattr(jfa, "FWD_WARP_SPECIALIZE", True)
     try:
         run_case([300, 0, 513, 129, 64, 700], [257, 5, 513, 400, 0, 200], hq=4, hkv=2, d=128,
@@ -966,6 +971,19 @@ def test_split_switch_falls_back_with_its_reason(monkeypatch):
     assert jfa.LAST_FWD_PATH.startswith("ptr (gluon: "), jfa.LAST_FWD_PATH
 
 
+@needs_kernels
+def test_default_forward_picks_silently(monkeypatch):
+    # "auto": Gluon where it can run (sm_90, bf16/fp16, head dims 64/128), else the tl kernel, with no
+    # refusal reason in LAST_FWD_PATH (nothing was asked for that did not happen)
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "FWD_KERNEL", "auto")
+    t = torch.zeros(8, 2, 128, dtype=torch.bfloat16, device=DEVICE)
+    kernel, why = jfa._pick_fwd_kernel(t, t, t)
+    assert why == "" and kernel == ("triton" if jfa._gluon_refusal(t, t, t) else "split")
+    run_case([40, 0, 33], [9, 50, 33], hq=2, hkv=1, d=32, causal=True, dtype=torch.float32)
+    assert jfa.LAST_FWD_PATH == "ptr", jfa.LAST_FWD_PATH
+
+
 def test_split_schedule_gives_each_sequence_to_one_kernel_by_its_keys():
     # the Gluon list holds exactly the tiles of the sequences with >= threshold keys, the tl list the rest
     from kernels import jfa
@@ -1007,6 +1025,17 @@ def test_bad_forward_kernel_switch_is_a_clear_error(monkeypatch):
     t = torch.zeros(4, 1, 16)
     with pytest.raises(ValueError, match="FWD_KERNEL"):
         jfa._pick_fwd_kernel(t, t, t)
+
+
+@needs_gluon
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_default_forward_is_split_at_512_keys(causal):
+    # the shipped default on sm_90: sequences with >= 512 keys on Gluon, the rest on tl, no switch set
+    from kernels import jfa
+    assert jfa.FWD_KERNEL == "auto" and jfa.GLUON_SPLIT_KEYS == 512
+    run_case([300, 0, 513, 129, 64, 700, 3], [257, 5, 513, 400, 0, 200, 600], hq=4, hkv=2, d=128,
+             causal=causal, dtype=torch.bfloat16)
+    _ran("gluon+ptr")
 
 
 @needs_gluon
