@@ -3,7 +3,8 @@
 #   bash kernels/gpu_run.sh OUT_DIR bench   one benchmark table: FA4 first (ratios and max |diff| against it),
 #                                           the shipped kernel, its launch-order / forward-kernel switches,
 #                                           flex_attention, padded SDPA; all six shapes
-#   bash kernels/gpu_run.sh OUT_DIR tests   the GPU kernel tests, then a triton-jfa spec run (profile ci)
+#   bash kernels/gpu_run.sh OUT_DIR tests   the GPU kernel tests (pytest -k gpu)
+#   bash kernels/gpu_run.sh OUT_DIR spec    the spec on triton-jfa as shipped (profile ci, on the GPU)
 #   bash kernels/gpu_run.sh OUT_DIR rounds  seven interleaved rounds of FA4, the shipped kernel and the Gluon
 #                                           forwards (forward only) on all six shapes: ratios with their spread
 #   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on S1 and S3
@@ -17,7 +18,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|rounds|host|split|sdpa|sweep|ncu}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|spec|rounds|host|split|sdpa|sweep|ncu}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -42,10 +43,12 @@ case $STAGE in
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_v8.md" 2>/dev/null ;;
   tests)
-    timeout 320 python3 -m pytest tests/test_kernels.py -q -n 14 -p no:cacheprovider -k gpu \
+    # -rA names every outcome, so a run cut off by the limit still says which tests finished
+    timeout 560 python3 -m pytest tests/test_kernels.py -q -rA -n 14 -p no:cacheprovider -k gpu \
       > "$OUT_DIR/pytest_gpu.txt" 2>&1
-    echo "pytest rc=$?" | tee -a "$L"; tail -3 "$OUT_DIR/pytest_gpu.txt"
-    spec 200 ci-sequence ;;
+    echo "pytest rc=$?" | tee -a "$L"; tail -3 "$OUT_DIR/pytest_gpu.txt" ;;
+  spec)
+    spec 520 ci-default ;;
   rounds)
     timeout 280 python3 -m kernels.bench --out "$OUT_DIR" --tag v9_rounds --rounds 7 \
       --impls fa4,triton,triton-gluon,triton-gluon-psmem --fwd-only triton-gluon,triton-gluon-psmem \
