@@ -690,9 +690,8 @@ class JaggedPlan:
         out, lse = plan(q, k, v)        # same answers, bit for bit, as jagged_flash_attention(...)
 
     A call takes q, k, v of the planned shapes, dtypes, devices and strides (any values); anything else is a
-    ValueError naming the field.  The forward kernel, launch configs, grids and launch order are those
-    in force when the plan was made; the tl forward's load-path switches (FWD_TMA and the like) are read
-    at each call, as in a plain call.
+    ValueError naming the field.  The forward kernel, the launch configs and the tile schedule are fixed
+    when the plan is made; the other module switches are read at each call, as in a plain call.
     """
 
     def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
