@@ -147,8 +147,6 @@ impl_triton_work = _triton_with(ITEM_ORDER="work")
 impl_triton_gluon_work = _triton_with(FWD_KERNEL="gluon", ITEM_ORDER="work")
 impl_triton_section = _triton_with(ITEM_ORDER="section")
 impl_triton_split = _triton_with(FWD_KERNEL="split")
-# the Gluon forward with P passed to PV through shared memory (PERF.md v9)
-impl_triton_gluon_psmem = _triton_with(FWD_KERNEL="gluon", CONFIG_OVERRIDE={"gluon_fwd": (128, 128, 4, 2, "overlap-psmem")})
 
 
 def impl_fa4(shape, q, k, v, cu_q, cu_k):
@@ -254,7 +252,7 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          "triton-gluon": impl_triton_gluon, "triton-gluon-persistent": impl_triton_gluon_persistent,
          "triton-work": impl_triton_work, "triton-gluon-work": impl_triton_gluon_work,
          "triton-section": impl_triton_section, "triton-split": impl_triton_split,
-         "triton-gluon-psmem": impl_triton_gluon_psmem, "triton-plan": impl_triton_plan,
+         "triton-plan": impl_triton_plan,
          "triton-gluon-plan": _triton_with(impl_triton_plan, FWD_KERNEL="gluon"),
          # sequences with at least N keys on the Gluon forward, the rest on tl (jfa.FWD_KERNEL = "split")
          **{f"triton-split{n}-plan": _triton_with(impl_triton_plan, FWD_KERNEL="split", GLUON_SPLIT_KEYS=n)

@@ -261,35 +261,7 @@ def _pipelined_block(j, r, t, acc, p_prev, l_i, m_i, q, k_smem, v_smem, k_ready,
 
 
 @gluon.jit
-def _pipelined_block_psmem(j, r, t, acc, p_buf, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                           turn, offs_m, offs_n, lk, diag, qk_scale,
-                           MASKED: gl.constexpr, CAUSAL: gl.constexpr,
-                           BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
-                           s_layout: gl.constexpr, o_layout: gl.constexpr):
-    # as _pipelined_block, but PV(j-1) reads P from shared memory (wgmma's SS form), so no register of
-    # the MMA in flight is one the softmax writes; P(j) is stored once PV(j-1) has read the buffer
-    s = r % STAGES
-    sp = (r - 1) % STAGES
-    _my_turn(turn, t, WG, PINGPONG)
-    qk = _issue_qk(r, q, k_smem, k_ready, BLOCK_N, STAGES, s_layout)
-    mbarrier.wait(v_ready.index(sp), ((r - 1) // STAGES) & 1)
-    pv = warpgroup_mma(p_buf, v_smem.index(sp), acc, is_async=True)
-    _pass_turn(turn, WG, PINGPONG)
-    scores = warpgroup_mma_wait(1, deps=(qk, ))
-    mbarrier.arrive(k_empty.index(s))
-    p, alpha, l_i, m_new = _softmax_step(scores, m_i, l_i, j, offs_m, offs_n, lk, diag, qk_scale,
-                                         MASKED, CAUSAL, BLOCK_N)
-    p = p.to(v_smem.dtype)
-    acc = warpgroup_mma_wait(0, deps=(pv, ))
-    mbarrier.arrive(v_empty.index(sp))
-    p_buf.store(p)
-    fence_async_shared()
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-    return acc, l_i, m_new
-
-
-@gluon.jit
-def _consumer(q_smem, k_smem, v_smem, p_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
               O, LSE, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
               stride_ot, stride_oh, stride_lh, qk_scale, flags):
     WG: gl.constexpr = flags.WG
@@ -297,8 +269,7 @@ def _consumer(q_smem, k_smem, v_smem, p_smem, q_ready, q_empty, k_ready, v_ready
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     HEAD_DV: gl.constexpr = flags.HEAD_DV
     STAGES: gl.constexpr = flags.STAGES
-    PINGPONG: gl.constexpr = flags.SCHEDULE == "pingpong" or flags.SCHEDULE == "pingpong-psmem"
-    PSMEM: gl.constexpr = flags.SCHEDULE == "overlap-psmem" or flags.SCHEDULE == "pingpong-psmem"
+    PINGPONG: gl.constexpr = flags.SCHEDULE == "pingpong"
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -333,40 +304,21 @@ def _consumer(q_smem, k_smem, v_smem, p_smem, q_ready, q_empty, k_ready, v_ready
                 else:
                     p, alpha, l_i, m_i = _softmax_step(scores, m_i, l_i, 0, offs_m, offs_n, lk, diag,
                                                        qk_scale, True, CAUSAL, BLOCK_N)
-                if PSMEM:
-                    p_buf = p_smem.index(WG)
-                    p_buf.store(p.to(v_smem.dtype))
-                    fence_async_shared()
-                    for j in range(1, n_full):
-                        acc, l_i, m_i = _pipelined_block_psmem(
-                            j, r0 + j, t0 + j, acc, p_buf, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
-                            k_empty, v_empty, turn, offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL,
-                            BLOCK_N, STAGES, WG, PINGPONG, s_layout, o_layout)
-                    for j in range(gl.maximum(n_full, 1), n_blocks):
-                        acc, l_i, m_i = _pipelined_block_psmem(
-                            j, r0 + j, t0 + j, acc, p_buf, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
-                            k_empty, v_empty, turn, offs_m, offs_n, lk, diag, qk_scale, True, CAUSAL,
-                            BLOCK_N, STAGES, WG, PINGPONG, s_layout, o_layout)
-                    last = r0 + n_blocks - 1
-                    _my_turn(turn, t0 + n_blocks, WG, PINGPONG)
-                    mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-                    acc = warpgroup_mma(p_buf, v_smem.index(last % STAGES), acc, is_async=True)
-                else:
-                    p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
-                    for j in range(1, n_full):
-                        acc, p_op, l_i, m_i = _pipelined_block(
-                            j, r0 + j, t0 + j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
-                            k_empty, v_empty, turn, offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL,
-                            BLOCK_N, STAGES, WG, PINGPONG, s_layout, o_layout, p_layout)
-                    for j in range(gl.maximum(n_full, 1), n_blocks):
-                        acc, p_op, l_i, m_i = _pipelined_block(
-                            j, r0 + j, t0 + j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
-                            k_empty, v_empty, turn, offs_m, offs_n, lk, diag, qk_scale, True, CAUSAL,
-                            BLOCK_N, STAGES, WG, PINGPONG, s_layout, o_layout, p_layout)
-                    last = r0 + n_blocks - 1
-                    _my_turn(turn, t0 + n_blocks, WG, PINGPONG)
-                    mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-                    acc = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
+                p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+                for j in range(1, n_full):
+                    acc, p_op, l_i, m_i = _pipelined_block(
+                        j, r0 + j, t0 + j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
+                        k_empty, v_empty, turn, offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL,
+                        BLOCK_N, STAGES, WG, PINGPONG, s_layout, o_layout, p_layout)
+                for j in range(gl.maximum(n_full, 1), n_blocks):
+                    acc, p_op, l_i, m_i = _pipelined_block(
+                        j, r0 + j, t0 + j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
+                        k_empty, v_empty, turn, offs_m, offs_n, lk, diag, qk_scale, True, CAUSAL,
+                        BLOCK_N, STAGES, WG, PINGPONG, s_layout, o_layout, p_layout)
+                last = r0 + n_blocks - 1
+                _my_turn(turn, t0 + n_blocks, WG, PINGPONG)
+                mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+                acc = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
                 _pass_turn(turn, WG, PINGPONG)
                 acc = warpgroup_mma_wait(0, deps=(acc, ))
                 mbarrier.arrive(v_empty.index(last % STAGES))
@@ -423,13 +375,6 @@ def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, I
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    if SCHEDULE == "overlap-psmem" or SCHEDULE == "pingpong-psmem":
-        # one P tile per consumer group, the A operand of its PV wgmma
-        p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 64, BLOCK_N],
-                                           gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16))
-    else:
-        p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 64, 16],
-                                           gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16))
     mbarrier.init(tail_bar, count=1)
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
@@ -442,7 +387,7 @@ def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, I
         mbarrier.init(v_empty.index(i), count=2)
     fence_async_shared()
     # the two consumer groups differ only in which 64 rows they take (the flags' WG)
-    shared = (q_smem, k_smem, v_smem, p_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+    shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
               O, LSE, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, stride_ot, stride_oh, stride_lh,
               qk_scale)
     gl.warp_specialize([

@@ -6,7 +6,7 @@
 #   bash kernels/gpu_run.sh OUT_DIR tests   the GPU kernel tests (pytest -k gpu)
 #   bash kernels/gpu_run.sh OUT_DIR spec    the spec on triton-jfa as shipped (profile ci, on the GPU)
 #   bash kernels/gpu_run.sh OUT_DIR rounds  seven interleaved rounds of FA4, the shipped kernel and the Gluon
-#                                           forwards (forward only) on all six shapes: ratios with their spread
+#                                           forward (forward only) on all six shapes: ratios with their spread
 #   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on S1 and S3
 #   bash kernels/gpu_run.sh OUT_DIR sweep   forward configs on S3's parts; backward configs on S1 and S3
 #   bash kernels/gpu_run.sh OUT_DIR host    FA4, the shipped kernel, and its tl / Gluon forwards through a
@@ -51,7 +51,7 @@ case $STAGE in
     spec 520 ci-default ;;
   rounds)
     timeout 280 python3 -m kernels.bench --out "$OUT_DIR" --tag v9_rounds --rounds 7 \
-      --impls fa4,triton,triton-gluon,triton-gluon-psmem --fwd-only triton-gluon,triton-gluon-psmem \
+      --impls fa4,triton,triton-gluon --fwd-only triton-gluon \
       --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_v9_rounds.md" 2>/dev/null ;;

@@ -128,8 +128,8 @@ FWD_KERNELS = ("auto", "triton", "gluon", "split")
 FWD_KERNEL = os.environ.get("JFA_FWD_KERNEL", "auto")
 # (BLOCK_M, BLOCK_N, warps per consumer warp group, K/V stages, schedule); schedules (gluon_fwd.py):
 # "overlap" softmax(j) while PV(j-1) runs; "pingpong" overlap, and the two consumer groups take turns
-# to issue their MMAs; "-psmem": PV reads P from shared memory instead of registers (PERF.md v9).
-GLUON_SCHEDULES = ("overlap", "pingpong", "overlap-psmem", "pingpong-psmem")
+# to issue their MMAs.  (A third form, PV reading P from shared memory, was no faster: PERF.md v9.)
+GLUON_SCHEDULES = ("overlap", "pingpong")
 GLUON_FWD_CFG = (128, 128, 4, 2, "overlap")  # the fastest Gluon choice on the H200 overall (PERF.md v6)
 GLUON_HEAD_DIMS = (64, 128)
 # 512: of 512 / 1024 / 2048, the best or level on every bench shape (PERF.md v9); environment: as JFA_FWD_KERNEL
@@ -473,10 +473,9 @@ def _gluon_cfg():
     if len(cfg) != 5 or cfg[4] not in GLUON_SCHEDULES:
         raise ValueError(f"the Gluon forward config is (BLOCK_M, BLOCK_N, warps, stages, schedule) with "
                          f"schedule one of {GLUON_SCHEDULES}, got {cfg!r}")
-    # two Q buffers of 128 rows and the K/V ring, bf16/fp16, at the largest head dim it serves, and
-    # the "-psmem" schedules' P tile per consumer group
+    # two Q buffers of 128 rows and the K/V ring, bf16/fp16, at the largest head dim it serves
     d = max(GLUON_HEAD_DIMS)
-    smem = 2 * (2 * 128 * d + cfg[3] * cfg[1] * 2 * d + (128 * cfg[1] if cfg[4].endswith("-psmem") else 0))
+    smem = 2 * (2 * 128 * d + cfg[3] * cfg[1] * 2 * d)
     if smem > GLUON_SMEM_BYTES - 1024:
         raise ValueError(f"the Gluon forward config {cfg!r} needs {smem} bytes of shared memory; "
                          f"sm_90 has {GLUON_SMEM_BYTES}")

@@ -25,7 +25,6 @@ CONFIGS = [
     dict(block_n=64, stages=3, schedule="pingpong", broadcast=True),
     dict(block_n=128, stages=2, schedule="pingpong", head_d=64, head_dv=64, dtype="fp16", grouped=True),
     dict(block_n=128, stages=2, schedule="overlap", head_d=128, head_dv=64),
-    dict(block_n=128, stages=2, schedule="pingpong-psmem", causal=True),
 ]
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gluon_sm90_probe.py")
 
