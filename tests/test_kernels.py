@@ -1039,6 +1039,23 @@ def test_gpu_default_forward_is_split_at_512_keys(causal):
 
 
 @needs_gluon
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_gpu_plan_on_the_split_forward(broadcast):
+    # a plan runs the default forward (Gluon for long sequences, tl for the rest) bit for bit as a plain call
+    from kernels import JaggedPlan, jfa
+    lens_q, lens_k = ([256], [700, 3, 0, 513, 64]) if broadcast else ([700, 3, 513, 64], [700, 600, 513, 64])
+    q, k, v, cu_q, cu_k = (t.cuda() for t in make_inputs(lens_q, lens_k, 4, 2, 128, 128, torch.bfloat16,
+                                                           broadcast))
+    plain = jagged_flash_attention(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                   broadcast_q=broadcast)
+    _ran("gluon+ptr")
+    plan = JaggedPlan(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True, broadcast_q=broadcast)
+    planned = plan(q, k, v)
+    assert jfa.LAST_FWD_PATH == "gluon+ptr"
+    assert torch.equal(plain[0], planned[0]) and torch.equal(plain[1], planned[1])
+
+
+@needs_gluon
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_split_forward(causal, monkeypatch):
     # long sequences on the Gluon forward, short ones on the tl kernel, in one call: every row
