@@ -146,7 +146,8 @@ impl_triton_gluon_persistent = _triton_with(FWD_KERNEL="gluon", FWD_GRID="persis
 impl_triton_work = _triton_with(ITEM_ORDER="work")
 impl_triton_gluon_work = _triton_with(FWD_KERNEL="gluon", ITEM_ORDER="work")
 impl_triton_section = _triton_with(ITEM_ORDER="section")
-impl_triton_split = _triton_with(FWD_KERNEL="split")
+# the tl forward alone (the default before v9; sm_90 now sends sequences with >= 512 keys to Gluon)
+impl_triton_tl = _triton_with(FWD_KERNEL="triton")
 
 
 def impl_fa4(shape, q, k, v, cu_q, cu_k):
@@ -251,12 +252,14 @@ def impl_sdpa(shape, q, k, v, cu_q, cu_k):
 IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-persistent": impl_triton_persistent,
          "triton-gluon": impl_triton_gluon, "triton-gluon-persistent": impl_triton_gluon_persistent,
          "triton-work": impl_triton_work, "triton-gluon-work": impl_triton_gluon_work,
-         "triton-section": impl_triton_section, "triton-split": impl_triton_split,
+         "triton-section": impl_triton_section, "triton-tl": impl_triton_tl,
+         # through a JaggedPlan: the shipped forward, the tl and Gluon forwards alone, and other split points
+         # (sequences with at least N keys on Gluon, the rest on tl; the default is 512)
          "triton-plan": impl_triton_plan,
+         "triton-tl-plan": _triton_with(impl_triton_plan, FWD_KERNEL="triton"),
          "triton-gluon-plan": _triton_with(impl_triton_plan, FWD_KERNEL="gluon"),
-         # sequences with at least N keys on the Gluon forward, the rest on tl (jfa.FWD_KERNEL = "split")
          **{f"triton-split{n}-plan": _triton_with(impl_triton_plan, FWD_KERNEL="split", GLUON_SPLIT_KEYS=n)
-            for n in (512, 1024, 2048)},
+            for n in (1024, 2048)},
          "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
 
 

@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # GPU runs of the kernels, one stage per call (each fits a 10-minute slot on one H200):
 #   bash kernels/gpu_run.sh OUT_DIR bench   one benchmark table: FA4 first (ratios and max |diff| against it),
-#                                           the shipped kernel, its launch-order / forward-kernel switches,
-#                                           flex_attention, padded SDPA; all six shapes
+#                                           the shipped kernel (plain calls and a plan), its tl and Gluon
+#                                           forwards alone, flex_attention, padded SDPA; all six shapes
 #   bash kernels/gpu_run.sh OUT_DIR tests   the GPU kernel tests (pytest -k gpu)
 #   bash kernels/gpu_run.sh OUT_DIR spec    the spec on triton-jfa as shipped (profile ci, on the GPU)
-#   bash kernels/gpu_run.sh OUT_DIR rounds  seven interleaved rounds of FA4, the shipped kernel and the Gluon
-#                                           forward (forward only) on all six shapes: ratios with their spread
+#   bash kernels/gpu_run.sh OUT_DIR rounds  seven interleaved rounds of FA4, the shipped kernel and its tl and
+#                                           Gluon forwards (plain calls) on all six shapes: ratios and spread
 #   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on S1 and S3
 #   bash kernels/gpu_run.sh OUT_DIR sweep   forward configs on S3's parts; backward configs on S1 and S3
-#   bash kernels/gpu_run.sh OUT_DIR host    FA4, the shipped kernel, and its tl / Gluon forwards through a
-#                                           JaggedPlan (five rounds); GPU tests of plans and Gluon schedules
-#   bash kernels/gpu_run.sh OUT_DIR split   FA4 and the planned forwards: tl, Gluon, and split at 512 / 1024 /
-#                                           2048 keys (three rounds); the spec with the Gluon forward; split tests
+#   bash kernels/gpu_run.sh OUT_DIR host    FA4, the shipped kernel plain and through a JaggedPlan, its tl /
+#                                           Gluon forwards through plans (five rounds); GPU tests of plans
+#   bash kernels/gpu_run.sh OUT_DIR split   FA4 and the planned forwards: shipped (split at 512 keys), tl,
+#                                           Gluon, split at 1024 / 2048 (three rounds); the spec with the Gluon
+#                                           forward; split tests
 #   bash kernels/gpu_run.sh OUT_DIR ncu     Nsight Compute on the tl and Gluon forwards for S3L and S4b
 #                                           (kernels/profile.py)
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
@@ -38,7 +39,7 @@ spec() {  # spec(time limit s, name, extra env...): triton-jfa, profile ci, on t
 case $STAGE in
   bench)
     timeout 430 python3 -m kernels.bench --out "$OUT_DIR" --tag v8 \
-      --impls fa4,triton,triton-section,triton-split,triton-gluon,flex,sdpa \
+      --impls fa4,triton,triton-plan,triton-tl-plan,triton-gluon-plan,flex,sdpa \
       --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_v8.md" 2>/dev/null ;;
@@ -51,7 +52,7 @@ case $STAGE in
     spec 520 ci-default ;;
   rounds)
     timeout 280 python3 -m kernels.bench --out "$OUT_DIR" --tag v9_rounds --rounds 7 \
-      --impls fa4,triton,triton-gluon --fwd-only triton-gluon \
+      --impls fa4,triton,triton-tl,triton-gluon --fwd-only triton-tl,triton-gluon \
       --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_v9_rounds.md" 2>/dev/null ;;
@@ -69,7 +70,8 @@ case $STAGE in
     grep -E "^\|" "$L" | tail -40 ;;
   host)
     timeout 330 python3 -m kernels.bench --out "$OUT_DIR" --tag v9_plan --rounds 5 \
-      --impls fa4,triton,triton-plan,triton-gluon-plan --fwd-only triton-plan,triton-gluon-plan \
+      --impls fa4,triton,triton-plan,triton-tl-plan,triton-gluon-plan \
+      --fwd-only triton-plan,triton-tl-plan,triton-gluon-plan \
       --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_v9_plan.md" 2>/dev/null
@@ -78,8 +80,8 @@ case $STAGE in
     echo "pytest rc=$?" | tee -a "$L"; tail -3 "$OUT_DIR/pytest_gpu_v9.txt" ;;
   split)
     timeout 330 python3 -m kernels.bench --out "$OUT_DIR" --tag v9_split --rounds 3 \
-      --impls fa4,triton-plan,triton-gluon-plan,triton-split512-plan,triton-split1024-plan,triton-split2048-plan \
-      --fwd-only triton-plan,triton-gluon-plan,triton-split512-plan,triton-split1024-plan,triton-split2048-plan \
+      --impls fa4,triton-plan,triton-tl-plan,triton-gluon-plan,triton-split1024-plan,triton-split2048-plan \
+      --fwd-only triton-plan,triton-tl-plan,triton-gluon-plan,triton-split1024-plan,triton-split2048-plan \
       --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_v9_split.md" 2>/dev/null

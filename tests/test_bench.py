@@ -129,5 +129,5 @@ def test_plan_impls_launch_what_the_full_call_launches():
     shape = dict(desc="t", lq=np.array([20, 3]), lk=np.array([20, 3]), H=2, causal=True, bq=False)
     tensors = bench.build(shape, D=16, dtype=torch.float32, device="cpu")
     full = bench.IMPLS["triton"](shape, *tensors)()
-    for name in ("triton-plan", "triton-gluon-plan"):
+    for name in ("triton-plan", "triton-tl-plan", "triton-gluon-plan", "triton-split1024-plan"):
         assert torch.equal(bench.IMPLS[name](shape, *tensors)(), full), name
