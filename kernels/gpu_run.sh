@@ -9,17 +9,14 @@
 #                                           Gluon forwards (plain calls) on all six shapes: ratios and spread
 #   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on S1 and S3
 #   bash kernels/gpu_run.sh OUT_DIR sweep   forward configs on S3's parts; backward configs on S1 and S3
-#   bash kernels/gpu_run.sh OUT_DIR host    FA4, the shipped kernel plain and through a JaggedPlan, its tl /
-#                                           Gluon forwards through plans (five rounds); GPU tests of plans
 #   bash kernels/gpu_run.sh OUT_DIR split   FA4 and the planned forwards: shipped (split at 512 keys), tl,
-#                                           Gluon, split at 1024 / 2048 (three rounds); the spec with the Gluon
-#                                           forward; split tests
+#                                           Gluon, split at 1024 / 2048 (three rounds): the split point
 #   bash kernels/gpu_run.sh OUT_DIR ncu     Nsight Compute on the tl and Gluon forwards for S3L and S4b
 #                                           (kernels/profile.py)
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|spec|rounds|host|split|sdpa|sweep|ncu}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|spec|rounds|split|sdpa|sweep|ncu}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -38,11 +35,11 @@ spec() {  # spec(time limit s, name, extra env...): triton-jfa, profile ci, on t
 
 case $STAGE in
   bench)
-    timeout 430 python3 -m kernels.bench --out "$OUT_DIR" --tag v8 \
+    timeout 430 python3 -m kernels.bench --out "$OUT_DIR" --tag table \
       --impls fa4,triton,triton-plan,triton-tl-plan,triton-gluon-plan,flex,sdpa \
       --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
-    cat "$OUT_DIR/bench_v8.md" 2>/dev/null ;;
+    cat "$OUT_DIR/bench_table.md" 2>/dev/null ;;
   tests)
     # -rA names every outcome, so a run cut off by the limit still says which tests finished
     timeout 560 python3 -m pytest tests/test_kernels.py -q -rA -n 14 -p no:cacheprovider -k gpu \
@@ -68,27 +65,13 @@ case $STAGE in
     timeout 280 python3 -m kernels.sweep --out "$OUT_DIR/sweep_bwd" --shapes S1,S3 --kinds kv,q >> "$L" 2>&1
     echo "sweep bwd rc=$?" | tee -a "$L"
     grep -E "^\|" "$L" | tail -40 ;;
-  host)
-    timeout 330 python3 -m kernels.bench --out "$OUT_DIR" --tag v9_plan --rounds 5 \
-      --impls fa4,triton,triton-plan,triton-tl-plan,triton-gluon-plan \
-      --fwd-only triton-plan,triton-tl-plan,triton-gluon-plan \
-      --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
-    echo "bench rc=$?" | tee -a "$L"
-    cat "$OUT_DIR/bench_v9_plan.md" 2>/dev/null
-    timeout 150 python3 -m pytest tests/test_kernels.py -q -n 14 -p no:cacheprovider \
-      -k "plan or gpu_gluon_schedules" > "$OUT_DIR/pytest_gpu_v9.txt" 2>&1
-    echo "pytest rc=$?" | tee -a "$L"; tail -3 "$OUT_DIR/pytest_gpu_v9.txt" ;;
   split)
     timeout 330 python3 -m kernels.bench --out "$OUT_DIR" --tag v9_split --rounds 3 \
       --impls fa4,triton-plan,triton-tl-plan,triton-gluon-plan,triton-split1024-plan,triton-split2048-plan \
       --fwd-only triton-plan,triton-tl-plan,triton-gluon-plan,triton-split1024-plan,triton-split2048-plan \
       --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
-    cat "$OUT_DIR/bench_v9_split.md" 2>/dev/null
-    spec 180 ci-gluon JFA_FWD_KERNEL=gluon
-    timeout 90 python3 -m pytest tests/test_kernels.py -q -n 14 -p no:cacheprovider -k "gpu_split or gpu_gluon_forward" \
-      > "$OUT_DIR/pytest_gpu_split.txt" 2>&1
-    echo "pytest rc=$?" | tee -a "$L"; tail -3 "$OUT_DIR/pytest_gpu_split.txt" ;;
+    cat "$OUT_DIR/bench_v9_split.md" 2>/dev/null ;;
   ncu)
     NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
     for shape in S4b S3L; do
