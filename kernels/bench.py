@@ -141,7 +141,7 @@ def _triton_with(base=None, **switches):
 impl_triton_atomic = _triton_with(BWD_DQ_MODE="atomic")
 impl_triton_persistent = _triton_with(FWD_GRID="persistent", BWD_KV_GRID="persistent")
 impl_triton_gluon = _triton_with(FWD_KERNEL="gluon")
-impl_triton_gluon_persistent = _triton_with(FWD_KERNEL="gluon", FWD_GRID="persistent")
+impl_triton_gluon_persistent = _triton_with(FWD_KERNEL="gluon", GLUON_GRID="persistent")
 # the launch order before v7 (jfa.ITEM_ORDER); the backward keeps the order its forward chose
 impl_triton_work = _triton_with(ITEM_ORDER="work")
 impl_triton_gluon_work = _triton_with(FWD_KERNEL="gluon", ITEM_ORDER="work")
@@ -260,6 +260,8 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          "triton-gluon-plan": _triton_with(impl_triton_plan, FWD_KERNEL="gluon"),
          **{f"triton-split{n}-plan": _triton_with(impl_triton_plan, FWD_KERNEL="split", GLUON_SPLIT_KEYS=n)
             for n in (1024, 2048)},
+         # the shipped forward with the Gluon part on one program per SM (jfa.GLUON_GRID)
+         **{f"triton-plan-gluon-{g}": _triton_with(impl_triton_plan, GLUON_GRID=g) for g in ("persistent", "dynamic")},
          "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
 
 
@@ -307,6 +309,8 @@ def main(argv=None):
                     help="time every impl this many times, interleaved; report the median and the rounds")
     ap.add_argument("--fwd-only", default="",
                     help="impls whose backward is not timed (e.g. forward variants that share the shipped backward)")
+    ap.add_argument("--once", default="",
+                    help="impls timed in the first round only (slow baselines whose spread is not in question)")
     ap.add_argument("--cfg", default="", help="json {kind: [BM,BN,warps,stages]} config override for triton")
     ap.add_argument("--fwd-tma", action="store_true",
                     help="triton forward loads K/V through TMA descriptors (jfa.FWD_TMA)")
@@ -337,7 +341,7 @@ def main(argv=None):
         for rnd in range(args.rounds):  # interleaved rounds: A B C, A B C, ... so drift hits every impl
             for name in impls:
                 rec = shape_rows.setdefault(name, dict(shape=sname, desc=shape["desc"], impl=name))
-                if "error" in rec:
+                if "error" in rec or (rnd > 0 and name in args.once.split(",")):
                     continue
                 try:
                     warm_clocks()

@@ -45,6 +45,8 @@ from triton.language.core import _aggregate as aggregate
 
 # TMA global -> shared copy: Triton 3.6 names it async_copy_global_to_shared, later versions async_load
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+# a barrier over the calling partition's threads: thread_barrier in Triton 3.6, barrier later
+partition_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
 HALF_M = 64  # rows per consumer warp group: one wgmma M-extent
 BLOCK_M = 2 * HALF_M
@@ -73,9 +75,10 @@ class PartitionFlags:
     STAGES: gl.constexpr
     SCHEDULE: gl.constexpr
     GROUPED: gl.constexpr
+    DYNAMIC: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE, GROUPED):
+    def __init__(self, WG, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE, GROUPED, DYNAMIC):
         self.WG = gl.constexpr(WG)
         self.BROADCAST = gl.constexpr(BROADCAST)
         self.CAUSAL = gl.constexpr(CAUSAL)
@@ -85,6 +88,7 @@ class PartitionFlags:
         self.STAGES = gl.constexpr(STAGES)
         self.SCHEDULE = gl.constexpr(SCHEDULE)
         self.GROUPED = gl.constexpr(GROUPED)
+        self.DYNAMIC = gl.constexpr(DYNAMIC)
 
 
 @gluon.jit
@@ -125,6 +129,31 @@ def _tile(pos, ITEMS, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K,
 
 
 @gluon.jit
+def _next_pos(pos, COUNTER, DYNAMIC: gl.constexpr):
+    # the loader's next launch position: round-robin, or (dynamic) the next one nobody has claimed;
+    # the first P positions are the programs' own, so the counter counts from P
+    if DYNAMIC:
+        return gl.num_programs(0) + gl.atomic_add(COUNTER, 1, sem="relaxed")
+    else:
+        return pos + gl.num_programs(0)
+
+
+@gluon.jit
+def _publish_pos(pos_smem, qb, pos):
+    # the loader tells the consumers which launch position Q buffer qb holds (>= n_items: stop); the
+    # q_ready arrive that follows publishes it
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    pos_smem.index(qb).store(gl.full([32], pos, gl.int32, layout))
+    partition_barrier()
+
+
+@gluon.jit
+def _read_pos(pos_smem, qb):
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    return gl.max(pos_smem.index(qb).load(layout), 0)
+
+
+@gluon.jit
 def _zero_rows_from(buf, first_row, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr):
     # One warp rewrites rows >= first_row of a [BLOCK_N, HEAD_DV] shared tile as zeros, 8 rows at a
     # time (the loader partition runs on few registers).
@@ -140,8 +169,8 @@ def _zero_rows_from(buf, first_row, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-            tail_bar, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, flags):
+def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready,
+            k_empty, v_empty, tail_bar, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, flags):
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     HEAD_D: gl.constexpr = flags.HEAD_D
     HEAD_DV: gl.constexpr = flags.HEAD_DV
@@ -149,13 +178,15 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
     r0 = 0  # ring position of the current item's first key block (the ring runs on across items)
     n_tails = 0
     tq = 0  # items so far: Q buffer tq % 2
-    for pos in range(gl.program_id(0), n_items, gl.num_programs(0)):
+    pos = gl.program_id(0)
+    while pos < n_items:
         q_start, o_start, lq, k_start, lk, h, hk, m0, diag, n_full, n_blocks = _tile(
             pos, ITEMS, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, flags.CAUSAL, BLOCK_N,
             flags.GROUPED)
         qb = tq % 2
         # a fresh barrier counts as having completed the phase before 0, so first rounds do not wait
         mbarrier.wait(q_empty.index(qb), ((tq // 2) & 1) ^ 1)
+        _publish_pos(pos_smem, qb, pos)
         mbarrier.expect(q_ready.index(qb), 2 * q_desc.block_type.nbytes)
         tma_load(q_desc, [q_start + m0, h * HEAD_D], q_ready.index(qb), q_smem.index(2 * qb))
         tma_load(q_desc, [q_start + m0 + 64, h * HEAD_D], q_ready.index(qb),
@@ -184,6 +215,12 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
                 n_tails += 1
         r0 += n_blocks
         tq += 1
+        pos = _next_pos(pos, COUNTER, flags.DYNAMIC)
+    # no more items: a Q buffer holding a position past the end stops the consumers
+    qb = tq % 2
+    mbarrier.wait(q_empty.index(qb), ((tq // 2) & 1) ^ 1)
+    _publish_pos(pos_smem, qb, n_items)
+    mbarrier.arrive(q_ready.index(qb))
 
 
 @gluon.jit
@@ -261,8 +298,8 @@ def _pipelined_block(j, r, t, acc, p_prev, l_i, m_i, q, k_smem, v_smem, k_ready,
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
-              O, LSE, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
+def _consumer(q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+              O, LSE, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
               stride_ot, stride_oh, stride_lh, qk_scale, flags):
     WG: gl.constexpr = flags.WG
     CAUSAL: gl.constexpr = flags.CAUSAL
@@ -278,7 +315,10 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empt
     r0 = 0  # ring position of the item's first key block
     t0 = 0  # turns taken so far (ping-pong)
     tq = 0  # items so far: Q buffer tq % 2
-    for pos in range(gl.program_id(0), n_items, gl.num_programs(0)):
+    # the loader names each item it loads (and, last, a position past the end)
+    mbarrier.wait(q_ready.index(0), 0)
+    pos = _read_pos(pos_smem, 0)
+    while pos < n_items:
         q_start, o_start, lq, k_start, lk, h, hk, m0, diag, n_full, n_blocks = _tile(
             pos, ITEMS, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, CAUSAL, BLOCK_N,
             flags.GROUPED)
@@ -290,7 +330,6 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empt
         acc = gl.zeros([64, HEAD_DV], gl.float32, o_layout)
         qb = tq % 2
         q = q_smem.index(2 * qb + WG)
-        mbarrier.wait(q_ready.index(qb), (tq // 2) & 1)
         if first < lq:
             if n_blocks > 0:
                 _my_turn(turn, t0, WG, PINGPONG)
@@ -354,16 +393,20 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empt
         if PINGPONG:
             if n_blocks > 0:
                 t0 += n_blocks + 1
+        mbarrier.wait(q_ready.index(tq % 2), (tq // 2) & 1)
+        pos = _read_pos(pos_smem, tq % 2)
 
 
 @gluon.jit
-def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS,
+def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS, COUNTER,
                stride_ot, stride_oh, stride_lh, qk_scale, H, GROUP, n_items,
                BROADCAST: gl.constexpr, CAUSAL: gl.constexpr,
                BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
-               STAGES: gl.constexpr, SCHEDULE: gl.constexpr, GROUPED: gl.constexpr = False):
+               STAGES: gl.constexpr, SCHEDULE: gl.constexpr, GROUPED: gl.constexpr = False,
+               DYNAMIC: gl.constexpr = False):
     # work items: (128-row query tile, query head), heaviest first (or in ITEMS' order under GROUPED);
-    # program p runs the launch positions p, p + P, ...
+    # program p runs the launch positions p, p + P, ... (DYNAMIC: p, then those it claims from COUNTER,
+    # a zeroed int32)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [4, 64, HEAD_D], q_desc.layout)  # 2 buffers x 2 halves
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DV], v_desc.layout)
@@ -375,6 +418,7 @@ def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, I
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    pos_smem = gl.allocate_shared_memory(gl.int32, [2, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     mbarrier.init(tail_bar, count=1)
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
@@ -387,22 +431,23 @@ def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, I
         mbarrier.init(v_empty.index(i), count=2)
     fence_async_shared()
     # the two consumer groups differ only in which 64 rows they take (the flags' WG)
-    shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
-              O, LSE, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, stride_ot, stride_oh, stride_lh,
+    shared = (q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+              O, LSE, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, stride_ot, stride_oh, stride_lh,
               qk_scale)
     gl.warp_specialize([
         (_consumer, shared + (PartitionFlags(0, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE,
-                                             GROUPED), )),
+                                             GROUPED, DYNAMIC), )),
         (_consumer, shared + (PartitionFlags(1, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE,
-                                             GROUPED), )),
-        (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                   v_empty, tail_bar, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-                   PartitionFlags(2, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE, GROUPED))),
+                                             GROUPED, DYNAMIC), )),
+        (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready,
+                   k_empty, v_empty, tail_bar, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
+                   PartitionFlags(2, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE, GROUPED,
+                                  DYNAMIC))),
     ], [4, 1], [232, 40])
 
 
 def compile_sm90(block_n=128, head_d=128, head_dv=128, stages=2, schedule="overlap", causal=False,
-                 broadcast=False, dtype="bf16", grouped=False):
+                 broadcast=False, dtype="bf16", grouped=False, dynamic=False):
     """Compile ``fwd_kernel`` for sm_90 without a GPU (Triton's bundled ptxas); returns the compiled
     kernel, whose ``asm`` holds the PTX and the cubin.  For checking a Triton upgrade and reading the
     generated code on a machine without a Hopper GPU."""
@@ -418,14 +463,15 @@ def compile_sm90(block_n=128, head_d=128, head_dv=128, stages=2, schedule="overl
     signature = {
         "q_desc": desc(HALF_M, head_d), "k_desc": desc(block_n, head_d), "v_desc": desc(block_n, head_dv),
         "O": "*" + dtype, "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "TILE_SEQ": "*i32", "TILE_BLK": "*i32",
-        "ITEMS": "*i32",
+        "ITEMS": "*i32", "COUNTER": "*i32",
         "stride_ot": "i32", "stride_oh": "i32", "stride_lh": "i32", "qk_scale": "fp32", "H": "i32",
         "GROUP": "i32", "n_items": "i32",
         "BROADCAST": "constexpr", "CAUSAL": "constexpr", "BLOCK_N": "constexpr", "HEAD_D": "constexpr",
         "HEAD_DV": "constexpr", "STAGES": "constexpr", "SCHEDULE": "constexpr", "GROUPED": "constexpr",
+        "DYNAMIC": "constexpr",
     }
     values = dict(BROADCAST=broadcast, CAUSAL=causal, BLOCK_N=block_n, HEAD_D=head_d, HEAD_DV=head_dv,
-                  STAGES=stages, SCHEDULE=schedule, GROUPED=grouped)
+                  STAGES=stages, SCHEDULE=schedule, GROUPED=grouped, DYNAMIC=dynamic)
     names = list(signature)
     constexprs = {(names.index(k),): v for k, v in values.items()}
     return triton.compile(GluonASTSource(fwd_kernel, signature, constexprs),

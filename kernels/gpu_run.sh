@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # GPU runs of the kernels, one stage per call (each fits a 10-minute slot on one H200):
-#   bash kernels/gpu_run.sh OUT_DIR bench   one benchmark table: FA4 first (ratios and max |diff| against it),
-#                                           the shipped kernel (plain calls and a plan), its tl and Gluon
-#                                           forwards alone, flex_attention, padded SDPA; all six shapes
+#   bash kernels/gpu_run.sh OUT_DIR bench   the Gluon grid tests, then one benchmark table (two interleaved
+#                                           rounds): FA4 first (ratios and max |diff| against it), the shipped
+#                                           kernel (plain calls and a plan), the plan with the Gluon forward on
+#                                           the persistent and dynamic grids, flex_attention and padded SDPA
+#                                           (one round); all six shapes
 #   bash kernels/gpu_run.sh OUT_DIR tests   the GPU kernel tests (pytest -k gpu)
 #   bash kernels/gpu_run.sh OUT_DIR spec    the spec on triton-jfa as shipped (profile ci, on the GPU)
+#   bash kernels/gpu_run.sh OUT_DIR verify  spec and tests side by side (8 workers each), one call
 #   bash kernels/gpu_run.sh OUT_DIR rounds  seven interleaved rounds of FA4, the shipped kernel and its tl and
 #                                           Gluon forwards (plain calls) on all six shapes: ratios and spread
 #   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on S1 and S3
@@ -16,7 +19,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|spec|rounds|split|sdpa|sweep|ncu}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|spec|verify|rounds|split|sdpa|sweep|ncu}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -24,29 +27,41 @@ OUT_DIR=${1:?}; mkdir -p "$OUT_DIR"
 L=$OUT_DIR/log_$STAGE.txt
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader | tee -a "$L"
 
-spec() {  # spec(time limit s, name, extra env...): triton-jfa, profile ci, on the GPU
-  local t=$1 name=$2; shift 2
+spec() {  # spec(time limit s, name, workers, extra env...): triton-jfa, profile ci, on the GPU
+  local t=$1 name=$2 n=$3; shift 3
   env "$@" timeout $((t + 30)) python3 -m conformance.cli run --backend triton-jfa --profile ci --device cuda \
-    --no-bench -q -n 14 --timeout "$t" --time-limit "$t" --max-worker-restart 100 \
+    --no-bench -q -n "$n" --timeout "$t" --time-limit "$t" --max-worker-restart 100 \
     --report-dir "$OUT_DIR/spec" --name "$name" >> "$L" 2>&1
   echo "spec $name rc=$?" | tee -a "$L"
   tail -5 "$OUT_DIR/spec/$name/summary.md" 2>/dev/null | tee -a "$L"
 }
 
+gpu_tests() {  # gpu_tests(time limit s, workers): -rA names every outcome, so a run cut off by the limit
+  # still says which tests finished
+  timeout "$1" python3 -m pytest tests/test_kernels.py -q -rA -n "$2" -p no:cacheprovider -k gpu \
+    > "$OUT_DIR/pytest_gpu.txt" 2>&1
+  echo "pytest rc=$?" | tee -a "$L"; tail -3 "$OUT_DIR/pytest_gpu.txt"
+}
+
 case $STAGE in
   bench)
-    timeout 430 python3 -m kernels.bench --out "$OUT_DIR" --tag table \
-      --impls fa4,triton,triton-plan,triton-tl-plan,triton-gluon-plan,flex,sdpa \
+    timeout 110 python3 -m pytest tests/test_kernels.py -q -rA -n 8 -p no:cacheprovider -k gluon_persistent_grid \
+      > "$OUT_DIR/pytest_gluon_grid.txt" 2>&1
+    echo "pytest gluon grids rc=$?" | tee -a "$L"; tail -2 "$OUT_DIR/pytest_gluon_grid.txt"
+    variants=triton-plan-gluon-persistent,triton-plan-gluon-dynamic
+    timeout 450 python3 -m kernels.bench --out "$OUT_DIR" --tag table --rounds 2 --once flex,sdpa,triton \
+      --impls fa4,triton,triton-plan,$variants,flex,sdpa --fwd-only $variants \
       --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_table.md" 2>/dev/null ;;
   tests)
-    # -rA names every outcome, so a run cut off by the limit still says which tests finished
-    timeout 560 python3 -m pytest tests/test_kernels.py -q -rA -n 14 -p no:cacheprovider -k gpu \
-      > "$OUT_DIR/pytest_gpu.txt" 2>&1
-    echo "pytest rc=$?" | tee -a "$L"; tail -3 "$OUT_DIR/pytest_gpu.txt" ;;
+    gpu_tests 560 14 ;;
   spec)
-    spec 520 ci-default ;;
+    spec 520 ci-default 14 ;;
+  verify)
+    spec 530 ci-default 8 &
+    gpu_tests 560 8
+    wait ;;
   rounds)
     timeout 280 python3 -m kernels.bench --out "$OUT_DIR" --tag v9_rounds --rounds 7 \
       --impls fa4,triton,triton-tl,triton-gluon --fwd-only triton-tl,triton-gluon \

@@ -85,13 +85,21 @@ LAST_FWD_PATH = ""
 #     (schedule.persistent_zigzag); the dK/dV pass deals its (tile, kv head)
 #     items block-innermost round-robin (schedule.block_innermost_round_robin).
 # The dQ pass always uses the sorted grid, and FWD_WARP_SPECIALIZE applies to
-# the sorted forward only.  The Gluon forward's persistent grid is one program per SM (one CTA
-# fits), items dealt round-robin from the ITEM_ORDER list.  Either grid computes the same
-# tiles with the same code, so the switch never changes an answer.
+# the sorted forward only.  Either grid computes the same tiles with the same code, so the switch
+# never changes an answer.
 GRIDS = ("sorted", "persistent")
 FWD_GRID = "sorted"
 BWD_KV_GRID = "sorted"
 PERSISTENT_CTAS_PER_SM = 2
+# The Gluon forward's grid (its own switch: one Gluon CTA fills an SM, so it weighs differently):
+#   "sorted": one program per item, in ITEM_ORDER; the hardware hands them out.
+#   "persistent": one program per SM, items dealt round-robin from the ITEM_ORDER list; the loader
+#     fetches the next item's Q and K/V while the consumers finish the current one.
+#   "dynamic": one program per SM, each taking the next unclaimed item of the ITEM_ORDER list from an
+#     atomic counter when its loader is ready for it (persistent overlap, the hardware's balance).
+# Which program runs which item changes nothing in an item's arithmetic: same answers bit for bit.
+GLUON_GRIDS = ("sorted", "persistent", "dynamic")
+GLUON_GRID = os.environ.get("JFA_GLUON_GRID", "sorted")
 
 # Launch order of the sorted grids' (tile, head) items (runtime switch; never changes an answer):
 #   "work": tile-major, heaviest tile first across the batch, heads innermost.  The programs in
@@ -279,16 +287,17 @@ _SCHED_CACHE_SIZE = 32
 
 
 def _grids():
-    for name, value in (("FWD_GRID", FWD_GRID), ("BWD_KV_GRID", BWD_KV_GRID)):
-        if value not in GRIDS:
-            raise ValueError(f"jfa.{name} must be one of {GRIDS}, got {value!r}")
+    for name, value, allowed in (("FWD_GRID", FWD_GRID, GRIDS), ("BWD_KV_GRID", BWD_KV_GRID, GRIDS),
+                                 ("GLUON_GRID", GLUON_GRID, GLUON_GRIDS)):
+        if value not in allowed:
+            raise ValueError(f"jfa.{name} must be one of {allowed}, got {value!r}")
     if not (isinstance(PERSISTENT_CTAS_PER_SM, int) and PERSISTENT_CTAS_PER_SM >= 1):
         raise ValueError(f"jfa.PERSISTENT_CTAS_PER_SM must be a positive int, got {PERSISTENT_CTAS_PER_SM!r}")
     if ITEM_ORDER not in ITEM_ORDERS:
         raise ValueError(f"jfa.ITEM_ORDER must be one of {ITEM_ORDERS}, got {ITEM_ORDER!r}")
     if not (isinstance(SECTION_BYTES, int) and SECTION_BYTES >= 1):
         raise ValueError(f"jfa.SECTION_BYTES must be a positive int, got {SECTION_BYTES!r}")
-    return FWD_GRID, BWD_KV_GRID, PERSISTENT_CTAS_PER_SM, ITEM_ORDER, SECTION_BYTES
+    return FWD_GRID, BWD_KV_GRID, PERSISTENT_CTAS_PER_SM, ITEM_ORDER, SECTION_BYTES, GLUON_GRID
 
 
 class LaunchConfig(NamedTuple):
@@ -318,7 +327,7 @@ def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq,
     def dev(a):
         return torch.as_tensor(np.ascontiguousarray(a, dtype=np.int32)).to(device, non_blocking=True)
 
-    fwd_grid, kv_grid, ctas_per_sm, item_order, section_bytes = grids
+    fwd_grid, kv_grid, ctas_per_sm, item_order, section_bytes, _ = grids
     n_slots = ctas_per_sm * _num_sms(device)
 
     def launch_order(seq, work, n_heads, rows_streamed):
@@ -509,14 +518,17 @@ def _forward_gluon(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, out, 
     kd = gf.descriptor(k.view(k.shape[0], -1), [bn, d])
     vd = gf.descriptor(v.view(v.shape[0], -1), [bn, dv])
     n_items = n_tiles * hq
-    # sorted grid: one program per item; persistent: one per SM (one CTA fits), items dealt round-robin
-    # from the launch order
-    n_programs = min(n_items, _num_sms(q.device)) if FWD_GRID == "persistent" else n_items
+    grid = _grids()[-1]
+    # sorted grid: one program per item; persistent / dynamic: one per SM (one CTA fits)
+    n_programs = n_items if grid == "sorted" else min(n_items, _num_sms(q.device))
+    dynamic = grid == "dynamic" and n_programs < n_items
+    # the dynamic deal's counter of items claimed beyond the first n_programs
+    counter = torch.zeros(1, device=q.device, dtype=torch.int32) if dynamic else seq_t
     gf.fwd_kernel[(n_programs,)](
-        qd, kd, vd, out, lse, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items,
+        qd, kd, vd, out, lse, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
         out.stride(0), out.stride(1), lse.stride(0), scale * tk.LOG2E, hq, hq // hkv, n_items,
         BROADCAST=broadcast, CAUSAL=causal, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dv,
-        STAGES=st, SCHEDULE=schedule, GROUPED=items is not None, num_warps=w)
+        STAGES=st, SCHEDULE=schedule, GROUPED=items is not None, DYNAMIC=dynamic, num_warps=w)
     return out, lse
 
 

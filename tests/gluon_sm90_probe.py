@@ -46,7 +46,7 @@ def probe(cfg):
     ptx = kernel.asm["ptx"]
     return {"shared": kernel.metadata.shared, "setmaxnreg": "setmaxnreg" in ptx,
             "wgmma": "wgmma.mma_async" in ptx, "hgmma": "HGMMA" in sass,
-            "exps_between_waits": exps_between_waits(sass)}
+            "exps_between_waits": exps_between_waits(sass), "atomics": len(re.findall(r"\bATOMG?\.", sass))}
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ CONFIGS = [
     dict(block_n=64, stages=3, schedule="pingpong", broadcast=True),
     dict(block_n=128, stages=2, schedule="pingpong", head_d=64, head_dv=64, dtype="fp16", grouped=True),
     dict(block_n=128, stages=2, schedule="overlap", head_d=128, head_dv=64),
+    dict(block_n=128, stages=2, schedule="pingpong", causal=True, grouped=True, dynamic=True),
 ]
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gluon_sm90_probe.py")
 
@@ -46,6 +47,8 @@ def test_gluon_forward_compiles_for_sm90(probed, i):
     assert result["shared"] <= SMEM_PER_BLOCK
     # the partitions get their registers (setmaxnreg) and the MMAs are Hopper wgmma
     assert result["setmaxnreg"] and result["wgmma"] and result["hgmma"]
+    # the dynamic grid claims its items with one atomic (in the loader); the others use none
+    assert result["atomics"] == (1 if CONFIGS[i].get("dynamic") else 0)
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError,

@@ -711,7 +711,7 @@ def test_persistent_schedule_lists_cover_every_item_once(monkeypatch):
 
 
 @pytest.mark.parametrize("name,value", [("FWD_GRID", "zigzag"), ("BWD_KV_GRID", None),
-                                        ("PERSISTENT_CTAS_PER_SM", 0)])
+                                        ("PERSISTENT_CTAS_PER_SM", 0), ("GLUON_GRID", "persistant")])
 def test_bad_grid_switch_is_a_clear_error(name, value, monkeypatch):
     from kernels import jfa
     monkeypatch.setattr(jfa, name, value)
@@ -1097,21 +1097,32 @@ def test_bad_gluon_schedule_is_a_clear_error(monkeypatch):
 
 
 @needs_gluon
+@pytest.mark.parametrize("grid", ["persistent", "dynamic"])
 @pytest.mark.parametrize("schedule", jfa.GLUON_SCHEDULES)
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_gluon_persistent_grid(schedule, causal, monkeypatch):
-    # three programs loop over every item: the K/V ring, the tail barrier, the Q double buffer and the
-    # turns run on across items, including items with no keys and items whose second group is idle
+def test_gpu_gluon_persistent_grid(schedule, causal, grid, monkeypatch):
+    # three programs loop over every item: the K/V ring, the tail barrier, the Q double buffer, the
+    # item hand-off and the turns run on across items, including items with no keys and items whose
+    # second group is idle; the answers are the sorted grid's bit for bit
     from kernels import jfa
     monkeypatch.setattr(jfa, "FWD_KERNEL", "gluon")
-    monkeypatch.setattr(jfa, "FWD_GRID", "persistent")
     monkeypatch.setattr(jfa, "_num_sms", lambda device: 3)
     monkeypatch.setattr(jfa, "CONFIG_OVERRIDE", {"gluon_fwd": (128, 128, 4, 2, schedule)})
-    run_case([300, 0, 513, 1, 65, 700, 40, 3], [257, 5, 513, 1, 64, 200, 0, 300], hq=4, hkv=2, d=128,
-             causal=causal, dtype=torch.bfloat16)
-    _ran("gluon")
-    run_case([200], [300, 0, 1, 129, 64], hq=2, hkv=2, d=64, causal=causal, dtype=torch.float16, broadcast=True)
-    _ran("gluon")
+    cases = [(([300, 0, 513, 1, 65, 700, 40, 3], [257, 5, 513, 1, 64, 200, 0, 300]),
+              dict(hq=4, hkv=2, d=128, dtype=torch.bfloat16, broadcast=False)),
+             (([200], [300, 0, 1, 129, 64]), dict(hq=2, hkv=2, d=64, dtype=torch.float16, broadcast=True))]
+    for (lens_q, lens_k), kw in cases:
+        monkeypatch.setattr(jfa, "GLUON_GRID", grid)
+        run_case(lens_q, lens_k, causal=causal, **kw)
+        _ran("gluon")
+        q, k, v, cu_q, cu_k = (t.to(DEVICE) for t in make_inputs(lens_q, lens_k, kw["hq"], kw["hkv"], kw["d"],
+                                                                 kw["d"], kw["dtype"], kw["broadcast"], 3))
+        args = (q, k, v, cu_q, cu_k, max(lens_q), max(lens_k))
+        got = jfa.jagged_flash_attention(*args, causal=causal, broadcast_q=kw["broadcast"])
+        monkeypatch.setattr(jfa, "GLUON_GRID", "sorted")
+        want = jfa.jagged_flash_attention(*args, causal=causal, broadcast_q=kw["broadcast"])
+        for g, w in zip(got, want):
+            assert torch.equal(g, w)
 
 
 def test_gluon_config_must_fit_shared_memory(monkeypatch):
