@@ -98,8 +98,11 @@ PERSISTENT_CTAS_PER_SM = 2
 #   "dynamic": one program per SM, each taking the next unclaimed item of the ITEM_ORDER list from an
 #     atomic counter when its loader is ready for it (persistent overlap, the hardware's balance).
 # Which program runs which item changes nothing in an item's arithmetic: same answers bit for bit.
+# "dynamic" is the default (environment: JFA_GLUON_GRID): through plans in one H200 call it was the
+# fastest forward on five of the six bench shapes and level on the sixth (PERF.md v10: S1c +11%, S4a +21%
+# over "sorted"; "persistent" gained on S4a and S2 only).
 GLUON_GRIDS = ("sorted", "persistent", "dynamic")
-GLUON_GRID = os.environ.get("JFA_GLUON_GRID", "sorted")
+GLUON_GRID = os.environ.get("JFA_GLUON_GRID", "dynamic")
 
 # Launch order of the sorted grids' (tile, head) items (runtime switch; never changes an answer):
 #   "work": tile-major, heaviest tile first across the batch, heads innermost.  The programs in
