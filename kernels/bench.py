@@ -139,8 +139,6 @@ def _triton_with(base=None, **switches):
 
 
 impl_triton_atomic = _triton_with(BWD_DQ_MODE="atomic")
-# the dQ kernel on a second stream, alongside dK/dV (jfa.BWD_CONCURRENT)
-impl_triton_concurrent = _triton_with(BWD_CONCURRENT=True)
 impl_triton_persistent = _triton_with(FWD_GRID="persistent", BWD_KV_GRID="persistent")
 impl_triton_gluon = _triton_with(FWD_KERNEL="gluon")
 impl_triton_gluon_persistent = _triton_with(FWD_KERNEL="gluon", GLUON_GRID="persistent")
@@ -251,7 +249,7 @@ def impl_sdpa(shape, q, k, v, cu_q, cu_k):
     return fwd
 
 
-IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-concurrent": impl_triton_concurrent, "triton-persistent": impl_triton_persistent,
+IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-persistent": impl_triton_persistent,
          "triton-gluon": impl_triton_gluon, "triton-gluon-persistent": impl_triton_gluon_persistent,
          "triton-work": impl_triton_work, "triton-gluon-work": impl_triton_gluon_work,
          "triton-section": impl_triton_section, "triton-tl": impl_triton_tl,

@@ -59,12 +59,6 @@ CONFIG_OVERRIDE: dict = {}
 #               summation order not fixed)
 # deterministic=True and broadcast-Q always use "separate".
 BWD_DQ_MODE = "separate"
-# "separate" dQ only: launch the dQ kernel on a second CUDA stream so that it runs alongside the dK/dV
-# kernel (they read the same inputs and write different outputs); the caller's stream waits for both
-# before the gradients are returned.  Same kernels, same answers bit for bit; a switch for benchmarks,
-# read when a call (or a plan) is prepared.
-BWD_CONCURRENT = False
-_SIDE_STREAMS: dict = {}
 
 # Forward K/V loads (runtime switches, for benchmarks; defaults = shipped path):
 #   FWD_TMA: load K/V tiles through TMA tensor descriptors (Hopper or newer, and
@@ -318,7 +312,6 @@ class LaunchConfig(NamedTuple):
     fwd_kernel: str  # "triton", "gluon" or "split" after the Gluon checks
     why_not_gluon: str  # why the Gluon forward was asked for and cannot run ("" otherwise)
     gluon: Optional[tuple]  # (Gluon config, fewest keys a sequence needs to go to it), or None
-    bwd_concurrent: bool = False  # BWD_CONCURRENT applies to this call
 
 
 def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq, hkv, device, row_bytes):
@@ -600,25 +593,8 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
             out, do, delta, n_out, out.stride(0), out.stride(1), do.stride(0), do.stride(1),
             delta.stride(0), BLOCK=blk, HEAD_DV=dvd, num_warps=4)
     prec = _dot_prec(q.dtype)
-    fuse = cfgs.fuse_dq
-    if not fuse:
-        # allocated before either launch, so no block it reuses is still in use by earlier work when the
-        # dQ kernel runs on the side stream
-        blo_t, bhi_t, mblk_t, slot_t, n_q, n_slots = s["q"]
-        if broadcast and n_slots > 1:
-            dq_buf = torch.empty((n_slots,) + tuple(q.shape), device=q.device, dtype=torch.float32)
-        else:
-            dq_buf = torch.empty(q.shape, device=q.device, dtype=torch.float32 if broadcast else q.dtype)
-            if broadcast:
-                dq_buf = dq_buf.unsqueeze(0)
-    side = None
-    if cfgs.bwd_concurrent and q.device.type == "cuda":
-        main = torch.cuda.current_stream(q.device)
-        side = _SIDE_STREAMS.get(q.device)
-        if side is None:
-            side = _SIDE_STREAMS[q.device] = torch.cuda.Stream(q.device)
-        side.wait_stream(main)  # delta is ready; the dK/dV launch below is not waited for
     # dK, dV (and dQ when fused)
+    fuse = cfgs.fuse_dq
     seq_t, blk_t, n_kv = s["kv"]
     alloc = torch.zeros if s["kv_needs_zero"] else torch.empty
     dk = alloc(k.shape, device=k.device, dtype=k.dtype)
@@ -648,30 +624,28 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
             PERSISTENT=persistent is not None, GROUPED=grouped, num_warps=w, num_stages=st)
     if fuse:
         return dq_acc.to(q.dtype), dk, dv
-
-    def launch_dq():
-        if n_q > 0 and hq > 0:
-            bm, bn, w, st = cfgs.bwd_q
-            dq3 = dq_buf if dq_buf.dim() == 4 else dq_buf.unsqueeze(0)
-            tk._bwd_q_kernel[(n_q * hq,)](
-                q, k, v, do, lse, delta, dq3, cu_q, cu_k, blo_t, bhi_t, mblk_t, slot_t,
-                blo_t if s["q_items"] is None else s["q_items"],
-                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                do.stride(0), do.stride(1), dq3.stride(0), dq3.stride(1), dq3.stride(2),
-                lse.stride(0), scale, scale * tk.LOG2E,
-                H=hq, GROUP=hq // hkv, BROADCAST=broadcast, CAUSAL=causal,
-                BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dvd, DOT_PREC=prec,
-                GROUPED=s["q_items"] is not None, num_warps=w, num_stages=st)
-        elif dq_buf.numel() > 0:
-            dq_buf.zero_()
-
     # dQ
-    if side is None:
-        launch_dq()
+    blo_t, bhi_t, mblk_t, slot_t, n_q, n_slots = s["q"]
+    if broadcast and n_slots > 1:
+        dq_buf = torch.empty((n_slots,) + tuple(q.shape), device=q.device, dtype=torch.float32)
     else:
-        with torch.cuda.stream(side):
-            launch_dq()
-        main.wait_stream(side)  # everything after this on the caller's stream sees dQ
+        dq_buf = torch.empty(q.shape, device=q.device, dtype=torch.float32 if broadcast else q.dtype)
+        if broadcast:
+            dq_buf = dq_buf.unsqueeze(0)
+    if n_q > 0 and hq > 0:
+        bm, bn, w, st = cfgs.bwd_q
+        dq3 = dq_buf if dq_buf.dim() == 4 else dq_buf.unsqueeze(0)
+        tk._bwd_q_kernel[(n_q * hq,)](
+            q, k, v, do, lse, delta, dq3, cu_q, cu_k, blo_t, bhi_t, mblk_t, slot_t,
+            blo_t if s["q_items"] is None else s["q_items"],
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), dq3.stride(0), dq3.stride(1), dq3.stride(2),
+            lse.stride(0), scale, scale * tk.LOG2E,
+            H=hq, GROUP=hq // hkv, BROADCAST=broadcast, CAUSAL=causal,
+            BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dvd, DOT_PREC=prec,
+            GROUPED=s["q_items"] is not None, num_warps=w, num_stages=st)
+    elif dq_buf.numel() > 0:
+        dq_buf.zero_()
     if broadcast:
         # fixed-order fp32 reduction over chunk partials: deterministic
         dq = dq_buf.sum(0) if dq_buf.shape[0] > 1 else dq_buf[0]
@@ -775,8 +749,7 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
     fwd_kernel, why_not_gluon = _pick_fwd_kernel(q, k, v, scale)
     gluon = None if fwd_kernel == "triton" else (_gluon_cfg(), GLUON_SPLIT_KEYS if fwd_kernel == "split" else 0)
     cfgs = LaunchConfig(_cfg("fwd", dkey, q.dtype, on_cpu), _cfg("kvf" if fuse else "kv", dkey, q.dtype, on_cpu),
-                        _cfg("q", dkey, q.dtype, on_cpu), fuse, fwd_kernel, why_not_gluon, gluon,
-                        bool(BWD_CONCURRENT) and not fuse)
+                        _cfg("q", dkey, q.dtype, on_cpu), fuse, fwd_kernel, why_not_gluon, gluon)
     if cu_seqlens_q.device != q.device:
         cu_seqlens_q = cu_seqlens_q.to(q.device)
     if cu_seqlens_k.device != q.device:
