@@ -65,10 +65,10 @@ case $STAGE in
     gpu_tests 560 8
     wait ;;
   gbwd)
-    timeout 130 python3 -m pytest tests/test_kernels.py -q -rA -n 8 -p no:cacheprovider -k gluon_backward \
+    timeout 100 python3 -m pytest tests/test_kernels.py -q -rA -n 10 -p no:cacheprovider -k gluon_backward \
       > "$OUT_DIR/pytest_gluon_bwd.txt" 2>&1
     echo "pytest gluon bwd rc=$?" | tee -a "$L"; grep -E "passed|failed|Error" "$OUT_DIR/pytest_gluon_bwd.txt" | tail -4
-    timeout 150 python3 -m kernels.bench --out "$OUT_DIR" --tag gluon_bwd \
+    timeout 125 python3 -m kernels.bench --out "$OUT_DIR" --tag gluon_bwd \
       --impls triton-plan,triton-plan-gluon-bwd --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_gluon_bwd.md" 2>/dev/null ;;
