@@ -260,8 +260,9 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          "triton-gluon-plan": _triton_with(impl_triton_plan, FWD_KERNEL="gluon"),
          **{f"triton-split{n}-plan": _triton_with(impl_triton_plan, FWD_KERNEL="split", GLUON_SPLIT_KEYS=n)
             for n in (256, 1024, 2048)},
-         # the shipped forward with the Gluon part on one program per SM (jfa.GLUON_GRID)
-         **{f"triton-plan-gluon-{g}": _triton_with(impl_triton_plan, GLUON_GRID=g) for g in ("persistent", "dynamic")},
+         # the shipped forward with the Gluon part on each grid (jfa.GLUON_GRID; "dynamic" is the default)
+         **{f"triton-plan-gluon-{g}": _triton_with(impl_triton_plan, GLUON_GRID=g)
+            for g in ("sorted", "persistent", "dynamic")},
          "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
 
 

@@ -3,8 +3,8 @@
 #   bash kernels/gpu_run.sh OUT_DIR bench   the Gluon grid tests, then one benchmark table (two interleaved
 #                                           rounds): FA4 first (ratios and max |diff| against it), the shipped
 #                                           kernel (plain calls and a plan), the plan with the Gluon forward on
-#                                           the persistent and dynamic grids, flex_attention and padded SDPA
-#                                           (one round); all six shapes
+#                                           the sorted and persistent grids (the default is dynamic),
+#                                           flex_attention and padded SDPA (one round); all six shapes
 #   bash kernels/gpu_run.sh OUT_DIR tests   the GPU kernel tests (pytest -k gpu)
 #   bash kernels/gpu_run.sh OUT_DIR spec    the spec on triton-jfa as shipped (profile ci, on the GPU)
 #   bash kernels/gpu_run.sh OUT_DIR verify  spec and tests side by side (8 workers each), one call
@@ -48,7 +48,7 @@ case $STAGE in
     timeout 110 python3 -m pytest tests/test_kernels.py -q -rA -n 8 -p no:cacheprovider -k gluon_persistent_grid \
       > "$OUT_DIR/pytest_gluon_grid.txt" 2>&1
     echo "pytest gluon grids rc=$?" | tee -a "$L"; tail -2 "$OUT_DIR/pytest_gluon_grid.txt"
-    variants=triton-plan-gluon-persistent,triton-plan-gluon-dynamic
+    variants=triton-plan-gluon-sorted,triton-plan-gluon-persistent
     timeout 450 python3 -m kernels.bench --out "$OUT_DIR" --tag table --rounds 2 --once flex,sdpa,triton \
       --impls fa4,triton,triton-plan,$variants,flex,sdpa --fwd-only $variants \
       --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
