@@ -84,6 +84,13 @@ def test_rounds_are_interleaved_and_reported_as_median_and_spread(monkeypatch, t
     assert calls == ["triton", "sdpa"]
     table = (tmp_path / "bench.md").read_text()
     assert "| T | sdpa | 4.000 | " in table and "| - | - |" in table and "| T | triton | 1.000 |" in table
+    # --once: a slow baseline is timed in the first round only, the others in every round
+    calls.clear()
+    rows = bench.main(["--out", str(tmp_path), "--impls", "triton,sdpa", "--shapes", "T", "--rounds", "3",
+                       "--once", "sdpa"])
+    assert calls == ["triton", "sdpa", "triton", "triton"]
+    by = {r["impl"]: r for r in rows}
+    assert by["sdpa"]["fwd_ms_rounds"] == [4.0] and len(by["triton"]["fwd_ms_rounds"]) == 3
 
 
 def test_backward_sweep_rows_carry_their_difference_from_the_shipped_gradients(monkeypatch, tmp_path):
