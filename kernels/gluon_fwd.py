@@ -6,9 +6,11 @@ the way FA3 lays out its Hopper forward:
 
 * A work item is one 128-row query tile of one sequence and one query head; program p takes the
   items p, p + P, p + 2P, ... of the launch order (jfa.ITEM_ORDER: sequence-major, or heaviest
-  tile first; P programs: one per item, or one per SM
-  for the persistent grid, where the loader fetches the next item's Q and K/V while the consumers
-  finish the current one; Q is double-buffered for that).  Two consumer warp groups
+  tile first; P programs: one per item, or one per SM for the persistent grids, where the loader
+  fetches the next item's Q and K/V while the consumers finish the current one; Q is double-buffered
+  for that).  Under ``DYNAMIC`` a program takes p first and then whichever position it claims next
+  from an atomic counter.  The loader names each item to the consumers through a small shared buffer
+  published with the Q buffer, and a position past the end stops them.  Two consumer warp groups
   (4 warps each) take 64 rows each: one is the default partition, one a worker.  They share the
   K/V tiles, and being separate warp groups they can run one's softmax while the other's
   ``wgmma`` keeps the tensor cores busy.
