@@ -300,7 +300,9 @@ def _grids():
         raise ValueError(f"jfa.ITEM_ORDER must be one of {ITEM_ORDERS}, got {ITEM_ORDER!r}")
     if not (isinstance(SECTION_BYTES, int) and SECTION_BYTES >= 1):
         raise ValueError(f"jfa.SECTION_BYTES must be a positive int, got {SECTION_BYTES!r}")
-    return FWD_GRID, BWD_KV_GRID, PERSISTENT_CTAS_PER_SM, ITEM_ORDER, SECTION_BYTES, GLUON_GRID
+    # GLUON_GRID is checked here with the others but left out: it only picks the launch, not the schedule
+    # this tuple keys
+    return FWD_GRID, BWD_KV_GRID, PERSISTENT_CTAS_PER_SM, ITEM_ORDER, SECTION_BYTES
 
 
 class LaunchConfig(NamedTuple):
@@ -330,7 +332,7 @@ def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq,
     def dev(a):
         return torch.as_tensor(np.ascontiguousarray(a, dtype=np.int32)).to(device, non_blocking=True)
 
-    fwd_grid, kv_grid, ctas_per_sm, item_order, section_bytes, _ = grids
+    fwd_grid, kv_grid, ctas_per_sm, item_order, section_bytes = grids
     n_slots = ctas_per_sm * _num_sms(device)
 
     def launch_order(seq, work, n_heads, rows_streamed):
@@ -521,10 +523,10 @@ def _forward_gluon(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, out, 
     kd = gf.descriptor(k.view(k.shape[0], -1), [bn, d])
     vd = gf.descriptor(v.view(v.shape[0], -1), [bn, dv])
     n_items = n_tiles * hq
-    grid = _grids()[-1]
+    _grids()  # a bad GLUON_GRID is a clear error
     # sorted grid: one program per item; persistent / dynamic: one per SM (one CTA fits)
-    n_programs = n_items if grid == "sorted" else min(n_items, _num_sms(q.device))
-    dynamic = grid == "dynamic" and n_programs < n_items
+    n_programs = n_items if GLUON_GRID == "sorted" else min(n_items, _num_sms(q.device))
+    dynamic = GLUON_GRID == "dynamic" and n_programs < n_items
     # the dynamic deal's counter of items claimed beyond the first n_programs
     counter = torch.zeros(1, device=q.device, dtype=torch.int32) if dynamic else seq_t
     gf.fwd_kernel[(n_programs,)](
