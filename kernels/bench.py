@@ -263,6 +263,10 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          # the shipped forward with the Gluon part on each grid (jfa.GLUON_GRID; "dynamic" is the default)
          **{f"triton-plan-gluon-{g}": _triton_with(impl_triton_plan, GLUON_GRID=g)
             for g in ("sorted", "persistent", "dynamic")},
+         # the shipped kernel with the Gluon dK/dV kernel in its backward (jfa.BWD_KV_KERNEL)
+         "triton-plan-gluon-bwd": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon"),
+         **{f"triton-plan-gluon-bwd-s{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon", GLUON_BWD_STAGES=n)
+            for n in (1, 3)},
          "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
 
 

@@ -91,7 +91,8 @@ GRIDS = ("sorted", "persistent")
 FWD_GRID = "sorted"
 BWD_KV_GRID = "sorted"
 PERSISTENT_CTAS_PER_SM = 2
-# The Gluon forward's grid (its own switch: one Gluon CTA fills an SM, so it weighs differently):
+# The Gluon kernels' grid (forward and dK/dV; its own switch: one Gluon CTA fills an SM, so it weighs
+# differently):
 #   "sorted": one program per item, in ITEM_ORDER; the hardware hands them out.
 #   "persistent": one program per SM, items dealt round-robin from the ITEM_ORDER list; the loader
 #     fetches the next item's Q and K/V while the consumers finish the current one.
@@ -137,6 +138,18 @@ SECTION_BYTES = 16 << 20  # a third of H200's 50 MB L2; the tail model is flat h
 #     the fastest forward or within 3% of it on all six bench shapes (S4b +40% over tl alone, S3 +13%).
 FWD_KERNELS = ("auto", "triton", "gluon", "split")
 FWD_KERNEL = os.environ.get("JFA_FWD_KERNEL", "auto")
+# dK/dV kernel of the backward (runtime switch, environment JFA_BWD_KV_KERNEL; opt-in):
+#   "triton": the tl kernel in triton_kernels.py.
+#   "gluon": gluon_bwd.py, written for Hopper like the Gluon forward (same conditions; dO must also be a
+#     layout TMA can describe, checked at the backward).  Anywhere else the tl kernel runs and
+#     LAST_BWD_KV_PATH says why.  dQ stays with the tl dQ kernel, so the backward stays deterministic.
+#     Exact on the H200, and 7-28% slower than the tl kernel on the bench shapes (PERF.md v11), hence off.
+BWD_KV_KERNELS = ("triton", "gluon")
+BWD_KV_KERNEL = os.environ.get("JFA_BWD_KV_KERNEL", "triton")
+# Q/dO blocks in flight (32 rows each), 1..4: two are 20-25% faster than one, three no faster (PERF.md v11)
+GLUON_BWD_STAGES = 2
+GLUON_BWD_BOX_ROWS = (32, 64)  # TMA box rows of its Q / dO blocks and of its K / V halves (gluon_bwd.py)
+LAST_BWD_KV_PATH = ""
 # (BLOCK_M, BLOCK_N, warps per consumer warp group, K/V stages, schedule); schedules (gluon_fwd.py):
 # "overlap" softmax(j) while PV(j-1) runs; "pingpong" overlap, and the two consumer groups take turns
 # to issue their MMAs.  (A third form, PV reading P from shared memory, was no faster: PERF.md v9.)
@@ -314,6 +327,9 @@ class LaunchConfig(NamedTuple):
     fwd_kernel: str  # "triton", "gluon" or "split" after the Gluon checks
     why_not_gluon: str  # why the Gluon forward was asked for and cannot run ("" otherwise)
     gluon: Optional[tuple]  # (Gluon config, fewest keys a sequence needs to go to it), or None
+    bwd_kv_kernel: str = "triton"  # "gluon" where BWD_KV_KERNEL asks for it and q/k/v allow it
+    why_not_gluon_bwd: str = ""  # why it was asked for and cannot run
+    gluon_bwd_stages: int = 1  # GLUON_BWD_STAGES when the Gluon dK/dV kernel was chosen
 
 
 def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq, hkv, device, row_bytes):
@@ -375,6 +391,12 @@ def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq,
         order, _, _ = sched.block_innermost_round_robin(seq[tile] * hkv + head, blk[tile], work[tile], n_programs)
         s["kv_persistent"] = (dev((tile * hkv + head)[order]), int(tile.shape[0]), n_programs)
     s["kv_needs_zero"] = bool(np.any((lens_q == 0) & (lens_k > 0)))
+    s["kv_gluon"] = None
+    if cfgs.bwd_kv_kernel == "gluon":
+        from .gluon_bwd import BLOCK_N as GLUON_BWD_BLOCK_N
+        seq, blk, work = sched.kv_tiles(lens_q, lens_k, GLUON_BWD_BLOCK_N.value, causal)
+        seq, blk, work = sched.sort_by_work(seq, blk, work=work)
+        s["kv_gluon"] = (dev(seq), dev(blk), int(seq.shape[0]), launch_order(seq, work, hkv, lens_q))
     if not broadcast:
         seq, blk, work = sched.forward_tiles(lens_q, lens_k, bm_q, causal)
         seq, blk, work = sched.sort_by_work(seq, blk, work=work)
@@ -453,8 +475,9 @@ def _fwd_descs(k, v, block_n):
     return kd, vd, ""
 
 
-def _gluon_refusal(q, k, v, scale=1.0) -> str:
-    """Why the Gluon forward cannot run these tensors ("" if it can)."""
+def _gluon_refusal(q, k, v, scale=1.0, block_rows=None) -> str:
+    """Why the Gluon kernels cannot run these tensors ("" if they can); ``block_rows``: the (q, k/v)
+    TMA box rows, by default the forward's."""
     if not scale > 0:  # the spec's validator rejects these; this module also runs without it
         return "the Gluon forward folds a positive softmax scale into its row maximum"
     if _INTERPRET:
@@ -471,8 +494,8 @@ def _gluon_refusal(q, k, v, scale=1.0) -> str:
         from . import gluon_fwd  # noqa: F401
     except Exception as exc:  # an older Triton without Gluon's Hopper API
         return f"this Triton has no Gluon Hopper API ({type(exc).__name__}: {exc})"
-    block_n = _gluon_cfg()[1]
-    for name, t, rows in (("q", q, 64), ("k", k, block_n), ("v", v, block_n)):
+    q_rows, kv_rows = block_rows or (64, _gluon_cfg()[1])
+    for name, t, rows in (("q", q, q_rows), ("k", k, kv_rows), ("v", v, kv_rows)):
         why = _tma_refusal(t, rows)
         if why:
             return f"{name}: {why}"
@@ -605,7 +628,17 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
         dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     else:
         dq_acc = dk  # unused pointer
-    if n_kv > 0 and hkv > 0:
+    global LAST_BWD_KV_PATH
+    why = cfgs.why_not_gluon_bwd
+    if cfgs.bwd_kv_kernel == "gluon":
+        why = _tma_refusal(do, GLUON_BWD_BOX_ROWS[0])
+        why = f"dO: {why}" if why else ""
+    LAST_BWD_KV_PATH = "gluon" if cfgs.bwd_kv_kernel == "gluon" and not why else (
+        f"triton (gluon: {why})" if why else "triton")
+    if LAST_BWD_KV_PATH == "gluon":
+        _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, scale, broadcast,
+                           cfgs.gluon_bwd_stages)
+    elif n_kv > 0 and hkv > 0:
         bm, bn, w, st = cfgs.bwd_kv
         persistent = s["kv_persistent"]
         grouped = persistent is None and s["kv_items"] is not None
@@ -655,6 +688,33 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     else:
         dq = dq_buf
     return dq, dk, dv
+
+
+def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, scale, broadcast, stages):
+    from . import gluon_bwd as gb
+    from .gluon_fwd import descriptor
+    assert (gb.BLOCK_M.value, gb.HALF_N.value) == GLUON_BWD_BOX_ROWS
+    seq_t, blk_t, n_tiles, items = s["kv_gluon"]
+    hq, d = q.shape[1], q.shape[2]
+    hkv, dvd = k.shape[1], v.shape[2]
+    n_items = n_tiles * hkv
+    if n_items == 0:
+        return
+    rows_q, rows_kv = GLUON_BWD_BOX_ROWS
+    qd = descriptor(q.view(q.shape[0], -1), [rows_q, d])
+    kd = descriptor(k.view(k.shape[0], -1), [rows_kv, d])
+    vd = descriptor(v.view(v.shape[0], -1), [rows_kv, dvd])
+    dod = descriptor(do.view(do.shape[0], -1), [rows_q, dvd])
+    grid = _grids()[-1]
+    n_programs = n_items if grid == "sorted" else min(n_items, _num_sms(q.device))
+    dynamic = grid == "dynamic" and n_programs < n_items
+    counter = torch.zeros(1, device=q.device, dtype=torch.int32) if dynamic else seq_t
+    gb.dkdv_kernel[(n_programs,)](
+        qd, kd, vd, dod, dk, dv, lse, delta, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
+        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0), scale, scale * tk.LOG2E,
+        hkv, hq // hkv, n_items,
+        BROADCAST=broadcast, CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=stages,
+        GROUPED=items is not None, DYNAMIC=dynamic, num_warps=4)
 
 
 def triton_cdiv(a, b):
@@ -750,8 +810,18 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
     v = v if v.stride(-1) == 1 else v.contiguous()
     fwd_kernel, why_not_gluon = _pick_fwd_kernel(q, k, v, scale)
     gluon = None if fwd_kernel == "triton" else (_gluon_cfg(), GLUON_SPLIT_KEYS if fwd_kernel == "split" else 0)
+    if BWD_KV_KERNEL not in BWD_KV_KERNELS:
+        raise ValueError(f"jfa.BWD_KV_KERNEL must be one of {BWD_KV_KERNELS}, got {BWD_KV_KERNEL!r}")
+    why_not_gluon_bwd = ""
+    if BWD_KV_KERNEL == "gluon":
+        if not (isinstance(GLUON_BWD_STAGES, int) and 1 <= GLUON_BWD_STAGES <= 4):
+            raise ValueError(f"jfa.GLUON_BWD_STAGES must be an int in 1..4, got {GLUON_BWD_STAGES!r}")
+        why_not_gluon_bwd = ("the fused atomic dQ mode has its own dK/dV kernel" if fuse
+                             else _gluon_refusal(q, k, v, scale, block_rows=GLUON_BWD_BOX_ROWS))
     cfgs = LaunchConfig(_cfg("fwd", dkey, q.dtype, on_cpu), _cfg("kvf" if fuse else "kv", dkey, q.dtype, on_cpu),
-                        _cfg("q", dkey, q.dtype, on_cpu), fuse, fwd_kernel, why_not_gluon, gluon)
+                        _cfg("q", dkey, q.dtype, on_cpu), fuse, fwd_kernel, why_not_gluon, gluon,
+                        "gluon" if BWD_KV_KERNEL == "gluon" and not why_not_gluon_bwd else "triton",
+                        why_not_gluon_bwd, GLUON_BWD_STAGES)
     if cu_seqlens_q.device != q.device:
         cu_seqlens_q = cu_seqlens_q.to(q.device)
     if cu_seqlens_k.device != q.device:

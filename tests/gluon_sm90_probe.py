@@ -3,6 +3,7 @@
 Run as a subprocess by tests/test_gluon_compile.py: the test session sets TRITON_INTERPRET=1, under which
 Gluon functions cannot be compiled, so the compile happens here with the variable removed.
     python tests/gluon_sm90_probe.py '<json list of compile_sm90 keyword dicts>'
+("kernel": "bwd" in a dict compiles the dK/dV kernel of kernels/gluon_bwd.py instead of the forward.)
 """
 import json
 import os
@@ -14,7 +15,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import triton  # noqa: E402
 
-from kernels import gluon_fwd  # noqa: E402
+from kernels import gluon_bwd, gluon_fwd  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
@@ -34,8 +35,10 @@ def exps_between_waits(sass):
 
 
 def probe(cfg):
+    cfg = dict(cfg)
+    module = {"fwd": gluon_fwd, "bwd": gluon_bwd}[cfg.pop("kernel", "fwd")]
     try:
-        kernel = gluon_fwd.compile_sm90(**cfg)
+        kernel = module.compile_sm90(**cfg)
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {str(exc)[-600:]}"}
     with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
@@ -46,7 +49,8 @@ def probe(cfg):
     ptx = kernel.asm["ptx"]
     return {"shared": kernel.metadata.shared, "setmaxnreg": "setmaxnreg" in ptx,
             "wgmma": "wgmma.mma_async" in ptx, "hgmma": "HGMMA" in sass,
-            "exps_between_waits": exps_between_waits(sass), "atomics": len(re.findall(r"\bATOMG?\.", sass))}
+            "exps_between_waits": exps_between_waits(sass), "atomics": len(re.findall(r"\bATOMG?\.", sass)),
+            "spill_stores": len(re.findall(r"\bSTL\b", sass))}
 
 
 if __name__ == "__main__":

@@ -954,6 +954,71 @@ def test_gpu_gluon_rows_past_lk_never_leak(poison, causal, monkeypatch):
     _ran("gluon")
 
 
+@needs_gluon
+@pytest.mark.parametrize("stages", [1, 3])
+@pytest.mark.parametrize("case", range(len(GLUON_CASES)))
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_gluon_backward(case, causal, stages, monkeypatch):
+    # the Gluon dK/dV kernel against the float64 reference's gradients, on few programs so that each
+    # claims many items (ring, K/V double buffer and item hand-off running on across items); the ring
+    # depth matters: a separate unmasked path went wrong from two stages on when D == Dv (PERF.md v11)
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "gluon")
+    monkeypatch.setattr(jfa, "GLUON_BWD_STAGES", stages)
+    monkeypatch.setattr(jfa, "_num_sms", lambda device: 3)
+    lens_q, lens_k, hq, hkv, d, dv, broadcast = GLUON_CASES[case]
+    dtype = torch.float16 if case == 2 else torch.bfloat16
+    run_case(lens_q, lens_k, hq=hq, hkv=hkv, d=d, dv=dv, causal=causal, dtype=dtype, broadcast=broadcast)
+    assert jfa.LAST_BWD_KV_PATH == "gluon", jfa.LAST_BWD_KV_PATH
+
+
+@needs_gluon
+@pytest.mark.parametrize("poison", ["inf", "nan"])
+def test_gpu_gluon_backward_rows_past_the_end_never_leak(poison, monkeypatch):
+    """A ragged last query block reads the next sequence's Q and dO rows, a ragged key block its K and
+    V rows: none of them may reach the first sequence's gradients."""
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "gluon")
+    la, lb, d = 150, 140, 64
+    q, k, v, cu_q, cu_k = make_inputs([la, lb], [la, lb], 2, 2, d, d, torch.bfloat16, seed=4)
+    do = torch.randn(la + lb, 2, d, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    for t in (q, k, v, do):
+        t[la:] = float(poison)
+    qd, kd, vd = (t.to(DEVICE).requires_grad_() for t in (q, k, v))
+    out, _ = jagged_flash_attention(qd, kd, vd, cu_q.to(DEVICE), cu_k.to(DEVICE), la, la)
+    out.backward(do.to(DEVICE))
+    assert jfa.LAST_BWD_KV_PATH == "gluon", jfa.LAST_BWD_KV_PATH
+    q64, k64, v64 = (t[:la].double().requires_grad_() for t in (q, k, v))
+    cu_a = torch.tensor([0, la], dtype=torch.int32)
+    ref_o, _ = reference(q64, k64, v64, cu_a, cu_a, False, 1 / math.sqrt(d), False)
+    ref_o.backward(do[:la].double())
+    for name, got, want in (("dq", qd.grad, q64.grad), ("dk", kd.grad, k64.grad), ("dv", vd.grad, v64.grad)):
+        got = got[:la].cpu()
+        assert torch.isfinite(got).all(), name
+        assert rel(got, want) < TOL[torch.bfloat16], name
+
+
+@needs_kernels
+def test_gluon_backward_switch_falls_back_with_its_reason(monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "gluon")
+    run_case([40, 0, 33], [9, 50, 33], hq=2, hkv=1, d=32, causal=True, dtype=torch.float32)
+    assert jfa.LAST_BWD_KV_PATH.startswith("triton (gluon: "), jfa.LAST_BWD_KV_PATH
+    monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "cutlass")
+    with pytest.raises(ValueError, match="BWD_KV_KERNEL"):
+        run_case([4], [4], dtype=torch.float32)
+
+
+@needs_kernels
+@pytest.mark.parametrize("stages", [0, 5, 2.0])
+def test_gluon_backward_stage_count_is_checked(stages, monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "gluon")
+    monkeypatch.setattr(jfa, "GLUON_BWD_STAGES", stages)
+    with pytest.raises(ValueError, match="GLUON_BWD_STAGES"):
+        run_case([4], [4], dtype=torch.float32)
+
+
 @needs_kernels
 def test_gluon_switch_falls_back_with_its_reason(monkeypatch):
     # where Gluon cannot run (here: fp32, or the interpreter, or no sm_90), the tl kernel answers

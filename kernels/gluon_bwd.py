@@ -1,0 +1,321 @@
+"""Hopper (sm_90) dK/dV pass written in Gluon, laid out like kernels/gluon_fwd.py.
+
+* A work item is one 128-key block of one sequence and one kv head.  The two consumer warp groups
+  own 64 keys each: their K and V halves stay in shared memory for the whole item, and their dK / dV
+  accumulators in registers.  For every query head of the kv head's group and every 32-row query
+  block that sees the keys, a one-warp loader streams the Q block and the dO block through TMA into a
+  ring of ``STAGES`` buffers shared by both groups (ready / empty mbarriers, empty needs both).
+* Per block and group (keys x rows, all transposed so the keys stay the MMA's M extent):
+  S^T = K Q^T, P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)), dV += P^T dO, dP^T = V dO^T,
+  dS^T = P^T (dP^T - delta), dK += dS^T Q; dK is scaled once at the end.  dQ is left to the tl dQ
+  kernel (kernels/triton_kernels.py), so the backward stays deterministic.
+* Items are claimed as in the forward (``DYNAMIC``: an atomic counter; else round-robin), and the
+  loader names each item to the consumers through shared memory; K/V are double-buffered across
+  items, so the loader fetches the next item's K/V while the consumers finish the current one.
+* Rows past a sequence end: the descriptors cover the packed 2-D views, so a ragged last query block
+  reads the next sequence's rows (or zero fill past the tensor end).  P^T is masked to 0 there, and the
+  loader zeroes the Q and dO rows past the end before publishing the block, since ``0 * inf`` inside an
+  MMA is NaN.  Key rows past the end are computed and never stored (each key's dK / dV row depends on
+  that key's row of S^T only).
+
+Status (H200, PERF.md v11): exact against the tl dK/dV kernel at 1, 2 and 3 stages, once every block
+runs the masked code (see _block).  It is 15-41% slower than the tl dK/dV kernel on the bench shapes, so
+it is opt-in (jfa.BWD_KV_KERNEL).
+
+Conventions as the rest of kernels/: natural-log LSE [Hq, rows] with -inf for rows that see no key,
+bottom-right causal, broadcast-Q output (and dO) row b * Lq + i.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.language.core import _aggregate as aggregate
+
+from .gluon_fwd import _next_pos, _publish_pos, _read_pos, _zero_rows_from, tma_load
+
+# (constexpr globals: the jitted code reads them; the host reads .value)
+HALF_N = gl.constexpr(64)  # keys per consumer warp group: one wgmma M-extent
+BLOCK_N = gl.constexpr(128)  # keys per item
+BLOCK_M = gl.constexpr(32)  # query rows per streamed block
+LOG2E = gl.constexpr(1.4426950408889634)
+
+
+@aggregate
+class BwdFlags:
+    """Compile-time flags for the partitions (worker partitions receive only IR values)."""
+    WG: gl.constexpr
+    BROADCAST: gl.constexpr
+    CAUSAL: gl.constexpr
+    HEAD_D: gl.constexpr
+    HEAD_DV: gl.constexpr
+    STAGES: gl.constexpr
+    GROUPED: gl.constexpr
+    DYNAMIC: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, WG, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC):
+        self.WG = gl.constexpr(WG)
+        self.BROADCAST = gl.constexpr(BROADCAST)
+        self.CAUSAL = gl.constexpr(CAUSAL)
+        self.HEAD_D = gl.constexpr(HEAD_D)
+        self.HEAD_DV = gl.constexpr(HEAD_DV)
+        self.STAGES = gl.constexpr(STAGES)
+        self.GROUPED = gl.constexpr(GROUPED)
+        self.DYNAMIC = gl.constexpr(DYNAMIC)
+
+
+@gluon.jit
+def _kv_item(pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K,
+             BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, GROUPED: gl.constexpr):
+    # where the item at launch position ``pos`` (item = tile * HKV + kv head) reads and writes, and
+    # the query blocks it visits: m_lo, m_lo + BLOCK_M, ... below lq
+    if GROUPED:
+        item = gl.load(ITEMS + pos)
+    else:
+        item = pos
+    tile = item // HKV
+    hk = item % HKV
+    b = gl.load(TILE_SEQ + tile)
+    nblk = gl.load(TILE_BLK + tile)
+    k_start = gl.load(CU_K + b).to(gl.int32)
+    lk = gl.load(CU_K + b + 1).to(gl.int32) - k_start
+    if BROADCAST:
+        q_start = k_start * 0
+        lq = gl.load(CU_Q + 1).to(gl.int32)
+        o_start = lq * b
+    else:
+        q_start = gl.load(CU_Q + b).to(gl.int32)
+        lq = gl.load(CU_Q + b + 1).to(gl.int32) - q_start
+        o_start = q_start
+    n0 = nblk * BLOCK_N
+    diag = lk - lq
+    if CAUSAL:
+        # rows below n0 - diag see none of these keys
+        m_lo = (gl.maximum(n0 - diag, 0) // BLOCK_M) * BLOCK_M
+    else:
+        m_lo = n0 * 0
+    n_steps = gl.maximum(lq - m_lo + BLOCK_M - 1, 0) // BLOCK_M
+    return q_start, o_start, lq, k_start, lk, hk, n0, diag, m_lo, n_steps
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, pos_smem,
+            kv_ready, kv_empty, qdo_ready, qdo_empty, tail_bar,
+            ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items, flags):
+    HEAD_D: gl.constexpr = flags.HEAD_D
+    HEAD_DV: gl.constexpr = flags.HEAD_DV
+    STAGES: gl.constexpr = flags.STAGES
+    r = 0  # ring position of the next Q/dO block (runs on across items)
+    n_tails = 0
+    tk = 0  # items so far: K/V buffer tk % 2
+    pos = gl.program_id(0)
+    while pos < n_items:
+        q_start, o_start, lq, k_start, lk, hk, n0, diag, m_lo, n_steps = _kv_item(
+            pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, flags.CAUSAL, flags.GROUPED)
+        kb = tk % 2
+        # a fresh barrier counts as having completed the phase before 0, so first rounds do not wait
+        mbarrier.wait(kv_empty.index(kb), ((tk // 2) & 1) ^ 1)
+        _publish_pos(pos_smem, kb, pos)
+        mbarrier.expect(kv_ready.index(kb), 2 * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
+        for half in gl.static_range(2):
+            tma_load(k_desc, [k_start + n0 + half * HALF_N, hk * HEAD_D], kv_ready.index(kb),
+                     k_smem.index(2 * kb + half))
+            tma_load(v_desc, [k_start + n0 + half * HALF_N, hk * HEAD_DV], kv_ready.index(kb),
+                     v_smem.index(2 * kb + half))
+        for g in range(GROUP):
+            h = hk * GROUP + g
+            for j in range(n_steps):
+                m = m_lo + j * BLOCK_M
+                s = r % STAGES
+                mbarrier.wait(qdo_empty.index(s), ((r // STAGES) & 1) ^ 1)
+                if m + BLOCK_M <= lq:
+                    mbarrier.expect(qdo_ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+                    tma_load(q_desc, [q_start + m, h * HEAD_D], qdo_ready.index(s), q_smem.index(s))
+                    tma_load(do_desc, [o_start + m, h * HEAD_DV], qdo_ready.index(s), do_smem.index(s))
+                else:
+                    # the ragged last block (one per query head and item): zero the rows past lq
+                    mbarrier.expect(tail_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+                    tma_load(q_desc, [q_start + m, h * HEAD_D], tail_bar, q_smem.index(s))
+                    tma_load(do_desc, [o_start + m, h * HEAD_DV], tail_bar, do_smem.index(s))
+                    mbarrier.wait(tail_bar, n_tails & 1)
+                    _zero_rows_from(q_smem.index(s), lq - m, BLOCK_M, HEAD_D)
+                    _zero_rows_from(do_smem.index(s), lq - m, BLOCK_M, HEAD_DV)
+                    fence_async_shared()
+                    mbarrier.arrive(qdo_ready.index(s))
+                    n_tails += 1
+                r += 1
+        tk += 1
+        pos = _next_pos(pos, COUNTER, flags.DYNAMIC)
+    # no more items: a K/V buffer holding a position past the end stops the consumers
+    kb = tk % 2
+    mbarrier.wait(kv_empty.index(kb), ((tk // 2) & 1) ^ 1)
+    _publish_pos(pos_smem, kb, n_items)
+    mbarrier.arrive(kv_ready.index(kb))
+
+
+@gluon.jit
+def _block(dk, dv, k_half, v_half, q_s, do_s, LSE, DELTA, lse_base, keys, rows, lq, diag, qk_scale,
+           CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
+           ds_layout: gl.constexpr):
+    # one query block against this group's 64 keys: S^T and dP^T first (both only read shared
+    # memory), then the two accumulating MMAs
+    st = warpgroup_mma(k_half, q_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
+                       use_acc=False, is_async=True)
+    dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
+                        use_acc=False, is_async=True)
+    row_ok = rows < lq
+    lse = gl.load(LSE + lse_base + rows, mask=row_ok, other=float("inf"))
+    # rows that see no key carry -inf: their P must be 0
+    lse2 = gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+    delta = gl.load(DELTA + lse_base + rows, mask=row_ok, other=0.0)
+    st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
+    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
+    # Every block is masked, also those that need no mask: with a separate unmasked path, Triton 3.6
+    # compiled that path wrong on the H200 once the Q/dO ring had two or more stages and D == Dv
+    # (PERF.md v11); the selects cost little next to the four MMAs.
+    keep = gl.expand_dims(row_ok, 0)
+    if CAUSAL:
+        keep = keep & (gl.expand_dims(keys, 1) <= gl.expand_dims(rows, 0) + diag)
+    pt = gl.where(keep, pt, 0.0)
+    p_op = gl.convert_layout(pt.to(do_s.dtype), p_layout)
+    dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
+    dst = pt * (dpt - gl.expand_dims(delta, 0))
+    ds_op = gl.convert_layout(dst.to(q_s.dtype), ds_layout)
+    dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
+    dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
+    return dk, dv
+
+
+@gluon.jit
+def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
+              DK, DV, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
+              stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale, flags):
+    WG: gl.constexpr = flags.WG
+    CAUSAL: gl.constexpr = flags.CAUSAL
+    HEAD_D: gl.constexpr = flags.HEAD_D
+    HEAD_DV: gl.constexpr = flags.HEAD_DV
+    STAGES: gl.constexpr = flags.STAGES
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    dk_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_D, 16])
+    dv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DV, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dv_layout, k_width=2)
+    ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk_layout, k_width=2)
+    r = 0
+    tk = 0
+    mbarrier.wait(kv_ready.index(0), 0)
+    pos = _read_pos(pos_smem, 0)
+    while pos < n_items:
+        q_start, o_start, lq, k_start, lk, hk, n0, diag, m_lo, n_steps = _kv_item(
+            pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, CAUSAL, flags.GROUPED)
+        kb = tk % 2
+        k_half = k_smem.index(2 * kb + WG)
+        v_half = v_smem.index(2 * kb + WG)
+        kw = n0 + WG * HALF_N  # this group's first key
+        keys = kw + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
+        dk = gl.zeros([HALF_N, HEAD_D], gl.float32, dk_layout)
+        dv = gl.zeros([HALF_N, HEAD_DV], gl.float32, dv_layout)
+        for g in range(GROUP):
+            lse_base = (hk * GROUP + g).to(gl.int64) * stride_lh + o_start.to(gl.int64)
+            for j in range(n_steps):
+                m = m_lo + j * BLOCK_M
+                s = r % STAGES
+                mbarrier.wait(qdo_ready.index(s), (r // STAGES) & 1)
+                rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+                dk, dv = _block(dk, dv, k_half, v_half, q_smem.index(s), do_smem.index(s), LSE, DELTA,
+                                lse_base, keys, rows, lq, diag, qk_scale, CAUSAL, s_layout, p_layout,
+                                ds_layout)
+                mbarrier.arrive(qdo_empty.index(s))
+                r += 1
+        mbarrier.arrive(kv_empty.index(kb))  # every MMA reading this item's K/V is done
+        dk = dk * sm_scale
+        rows_k = kw + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, dk_layout))
+        cols_k = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, dk_layout))
+        k_ptrs = (DK + gl.expand_dims((k_start + rows_k).to(gl.int64) * stride_dkt, 1) + hk * stride_dkh
+                  + gl.expand_dims(cols_k, 0))
+        gl.store(k_ptrs, dk.to(DK.dtype.element_ty),
+                 mask=gl.expand_dims(rows_k < lk, 1) & gl.expand_dims(cols_k < HEAD_D, 0))
+        rows_v = kw + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, dv_layout))
+        cols_v = gl.arange(0, HEAD_DV, layout=gl.SliceLayout(0, dv_layout))
+        v_ptrs = (DV + gl.expand_dims((k_start + rows_v).to(gl.int64) * stride_dvt, 1) + hk * stride_dvh
+                  + gl.expand_dims(cols_v, 0))
+        gl.store(v_ptrs, dv.to(DV.dtype.element_ty),
+                 mask=gl.expand_dims(rows_v < lk, 1) & gl.expand_dims(cols_v < HEAD_DV, 0))
+        tk += 1
+        mbarrier.wait(kv_ready.index(tk % 2), (tk // 2) & 1)
+        pos = _read_pos(pos_smem, tk % 2)
+
+
+@gluon.jit
+def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS,
+                COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale,
+                HKV, GROUP, n_items,
+                BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
+                STAGES: gl.constexpr, GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False):
+    # work items: (128-key block, kv head) in ITEMS' order under GROUPED (else heaviest first);
+    # program p runs the launch positions p, then p + P, ... (DYNAMIC: those it claims from COUNTER)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DV], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [4, HALF_N, HEAD_D], k_desc.layout)  # 2 buffers x 2 halves
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [4, HALF_N, HEAD_DV], v_desc.layout)
+    pos_smem = gl.allocate_shared_memory(gl.int32, [2, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    tail_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(tail_bar, count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(kv_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=2)  # both consumer groups release a K/V buffer
+    for i in gl.static_range(STAGES):
+        mbarrier.init(qdo_ready.index(i), count=1)
+        mbarrier.init(qdo_empty.index(i), count=2)  # ... and every Q/dO buffer
+    fence_async_shared()
+    shared = (q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
+              DK, DV, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
+              stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale)
+    gl.warp_specialize([
+        (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC), )),
+        (_consumer, shared + (BwdFlags(1, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC), )),
+        (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, pos_smem,
+                   kv_ready, kv_empty, qdo_ready, qdo_empty, tail_bar,
+                   ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
+                   BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC))),
+    ], [4, 1], [232, 40])
+
+
+def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=False, dtype="bf16",
+                 grouped=False, dynamic=False):
+    """Compile ``dkdv_kernel`` for sm_90 without a GPU (Triton's bundled ptxas), as
+    gluon_fwd.compile_sm90 does for the forward."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+
+    def desc(rows, cols):
+        return f"tensordesc<{dtype}[{rows}, {cols}],{gl.NVMMASharedLayout.get_default_for([rows, cols], gdt)!r}>"
+
+    signature = {
+        "q_desc": desc(BLOCK_M.value, head_d), "k_desc": desc(HALF_N.value, head_d),
+        "v_desc": desc(HALF_N.value, head_dv), "do_desc": desc(BLOCK_M.value, head_dv), "DK": "*" + dtype, "DV": "*" + dtype, "LSE": "*fp32", "DELTA": "*fp32",
+        "CU_Q": "*i32", "CU_K": "*i32", "TILE_SEQ": "*i32", "TILE_BLK": "*i32", "ITEMS": "*i32", "COUNTER": "*i32",
+        "stride_dkt": "i32", "stride_dkh": "i32", "stride_dvt": "i32", "stride_dvh": "i32", "stride_lh": "i32",
+        "sm_scale": "fp32", "qk_scale": "fp32", "HKV": "i32", "GROUP": "i32", "n_items": "i32",
+        "BROADCAST": "constexpr", "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr",
+        "STAGES": "constexpr", "GROUPED": "constexpr", "DYNAMIC": "constexpr",
+    }
+    values = dict(BROADCAST=broadcast, CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages,
+                  GROUPED=grouped, DYNAMIC=dynamic)
+    names = list(signature)
+    constexprs = {(names.index(k),): v for k, v in values.items()}
+    return triton.compile(GluonASTSource(dkdv_kernel, signature, constexprs),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
