@@ -55,10 +55,9 @@ class BwdFlags:
     STAGES: gl.constexpr
     GROUPED: gl.constexpr
     DYNAMIC: gl.constexpr
-    OVERLAP: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP):
+    def __init__(self, WG, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC):
         self.WG = gl.constexpr(WG)
         self.BROADCAST = gl.constexpr(BROADCAST)
         self.CAUSAL = gl.constexpr(CAUSAL)
@@ -67,7 +66,6 @@ class BwdFlags:
         self.STAGES = gl.constexpr(STAGES)
         self.GROUPED = gl.constexpr(GROUPED)
         self.DYNAMIC = gl.constexpr(DYNAMIC)
-        self.OVERLAP = gl.constexpr(OVERLAP)
 
 
 @gluon.jit
@@ -193,78 +191,6 @@ def _block(dk, dv, k_half, v_half, q_s, do_s, LSE, DELTA, lse_base, keys, rows, 
 
 
 @gluon.jit
-def _sequential_blocks(dk, dv, r, k_half, v_half, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, hk, GROUP,
-                       stride_lh, o_start, m_lo, n_steps, keys, lq, diag, qk_scale, STAGES: gl.constexpr,
-                       CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                       ds_layout: gl.constexpr):
-    # the item's blocks one after another, each finished before the next is started
-    for g in range(GROUP):
-        lse_base = (hk * GROUP + g).to(gl.int64) * stride_lh + o_start.to(gl.int64)
-        for j in range(n_steps):
-            m = m_lo + j * BLOCK_M
-            s = r % STAGES
-            mbarrier.wait(qdo_ready.index(s), (r // STAGES) & 1)
-            rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-            dk, dv = _block(dk, dv, k_half, v_half, q_smem.index(s), do_smem.index(s), LSE, DELTA,
-                            lse_base, keys, rows, lq, diag, qk_scale, CAUSAL, s_layout, p_layout,
-                            ds_layout)
-            mbarrier.arrive(qdo_empty.index(s))
-            r += 1
-    return dk, dv, r
-
-
-@gluon.jit
-def _issue_s_dp(k_half, v_half, q_s, do_s, s_layout: gl.constexpr):
-    # S^T = K Q^T and dP^T = V dO^T of one block, both in flight on return
-    st = warpgroup_mma(k_half, q_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
-                       use_acc=False, is_async=True)
-    dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
-                        use_acc=False, is_async=True)
-    return st, dpt
-
-
-@gluon.jit
-def _overlapped_step(t, r, st, dpt, dk, dv, p_op, ds_op, k_half, v_half, q_smem, do_smem, qdo_ready, qdo_empty,
-                     LSE, DELTA, lse_row0, stride_lh, o_start, m_lo, n_steps, keys, lq, diag, qk_scale,
-                     STAGES: gl.constexpr, CAUSAL: gl.constexpr, ISSUE_NEXT: gl.constexpr,
-                     s_layout: gl.constexpr, p_layout: gl.constexpr, ds_layout: gl.constexpr):
-    # Block t of the item (ring position r + t), its S^T / dP^T already issued: wait for them and for
-    # block t - 1's dV / dK, free block t - 1's buffers, issue block t + 1's S^T / dP^T so that they run
-    # while this block's P and dS are computed, then issue this block's dV / dK.
-    g = t // n_steps
-    m = m_lo + (t - g * n_steps) * BLOCK_M
-    rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-    row_ok = rows < lq
-    lse_base = lse_row0 + g.to(gl.int64) * stride_lh + o_start.to(gl.int64)
-    lse = gl.load(LSE + lse_base + rows, mask=row_ok, other=float("inf"))
-    delta = gl.load(DELTA + lse_base + rows, mask=row_ok, other=0.0)
-    st, dpt, dk, dv, p_op, ds_op = warpgroup_mma_wait(0, deps=(st, dpt, dk, dv, p_op, ds_op))
-    if t > 0:
-        mbarrier.arrive(qdo_empty.index((r + t - 1) % STAGES))
-    s = (r + t) % STAGES
-    if ISSUE_NEXT:
-        s_next = (r + t + 1) % STAGES
-        mbarrier.wait(qdo_ready.index(s_next), ((r + t + 1) // STAGES) & 1)
-        st_next, dpt_next = _issue_s_dp(k_half, v_half, q_smem.index(s_next), do_smem.index(s_next), s_layout)
-    # rows that see no key carry -inf: their P must be 0; every block is masked (see _block)
-    lse2 = gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
-    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
-    keep = gl.expand_dims(row_ok, 0)
-    if CAUSAL:
-        keep = keep & (gl.expand_dims(keys, 1) <= gl.expand_dims(rows, 0) + diag)
-    pt = gl.where(keep, pt, 0.0)
-    p_op = gl.convert_layout(pt.to(q_smem.dtype), p_layout)
-    dst = pt * (dpt - gl.expand_dims(delta, 0))
-    ds_op = gl.convert_layout(dst.to(q_smem.dtype), ds_layout)
-    dv = warpgroup_mma(p_op, do_smem.index(s), dv, is_async=True)
-    dk = warpgroup_mma(ds_op, q_smem.index(s), dk, is_async=True)
-    if ISSUE_NEXT:
-        return st_next, dpt_next, dk, dv, p_op, ds_op
-    else:
-        return st, dpt, dk, dv, p_op, ds_op
-
-
-@gluon.jit
 def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
               DK, DV, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
               stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale, flags):
@@ -295,44 +221,18 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo
         keys = kw + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
         dk = gl.zeros([HALF_N, HEAD_D], gl.float32, dk_layout)
         dv = gl.zeros([HALF_N, HEAD_DV], gl.float32, dv_layout)
-        if flags.OVERLAP:
-            n_blocks = GROUP * n_steps
-            if n_blocks > 0:
-                lse_row0 = (hk * GROUP).to(gl.int64) * stride_lh
-                s0 = r % STAGES
-                mbarrier.wait(qdo_ready.index(s0), (r // STAGES) & 1)
-                st, dpt = _issue_s_dp(k_half, v_half, q_smem.index(s0), do_smem.index(s0), s_layout)
-                p_op = gl.zeros([HALF_N, BLOCK_M], q_smem.dtype, p_layout)
-                ds_op = gl.zeros([HALF_N, BLOCK_M], q_smem.dtype, ds_layout)
-                # the first and the last block are peeled: dK / dV enter the loop as MMAs in flight, and the
-                # last block has no next one to issue
-                if n_blocks == 1:
-                    st_end, dpt_end, dk, dv, p_op, ds_op = _overlapped_step(
-                        0, r, st, dpt, dk, dv, p_op, ds_op, k_half, v_half, q_smem, do_smem, qdo_ready, qdo_empty,
-                        LSE, DELTA, lse_row0, stride_lh, o_start, m_lo, n_steps, keys, lq, diag, qk_scale,
-                        STAGES, CAUSAL, False, s_layout, p_layout, ds_layout)
-                    dk, dv, p_op, ds_op = warpgroup_mma_wait(0, deps=(dk, dv, p_op, ds_op))
-                else:
-                    st_1, dpt_1, dk_1, dv_1, p_op, ds_op = _overlapped_step(
-                        0, r, st, dpt, dk, dv, p_op, ds_op, k_half, v_half, q_smem, do_smem, qdo_ready, qdo_empty,
-                        LSE, DELTA, lse_row0, stride_lh, o_start, m_lo, n_steps, keys, lq, diag, qk_scale,
-                        STAGES, CAUSAL, True, s_layout, p_layout, ds_layout)
-                    for t in range(1, n_blocks - 1):
-                        st_1, dpt_1, dk_1, dv_1, p_op, ds_op = _overlapped_step(
-                            t, r, st_1, dpt_1, dk_1, dv_1, p_op, ds_op, k_half, v_half, q_smem, do_smem, qdo_ready,
-                            qdo_empty, LSE, DELTA, lse_row0, stride_lh, o_start, m_lo, n_steps, keys, lq, diag,
-                            qk_scale, STAGES, CAUSAL, True, s_layout, p_layout, ds_layout)
-                    st_end, dpt_end, dk_1, dv_1, p_op, ds_op = _overlapped_step(
-                        n_blocks - 1, r, st_1, dpt_1, dk_1, dv_1, p_op, ds_op, k_half, v_half, q_smem, do_smem,
-                        qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, o_start, m_lo, n_steps, keys, lq,
-                        diag, qk_scale, STAGES, CAUSAL, False, s_layout, p_layout, ds_layout)
-                    dk, dv, p_op, ds_op = warpgroup_mma_wait(0, deps=(dk_1, dv_1, p_op, ds_op))
-                mbarrier.arrive(qdo_empty.index((r + n_blocks - 1) % STAGES))
-                r += n_blocks
-        else:
-            dk, dv, r = _sequential_blocks(dk, dv, r, k_half, v_half, q_smem, do_smem, qdo_ready, qdo_empty, LSE,
-                                           DELTA, hk, GROUP, stride_lh, o_start, m_lo, n_steps, keys, lq, diag,
-                                           qk_scale, STAGES, CAUSAL, s_layout, p_layout, ds_layout)
+        for g in range(GROUP):
+            lse_base = (hk * GROUP + g).to(gl.int64) * stride_lh + o_start.to(gl.int64)
+            for j in range(n_steps):
+                m = m_lo + j * BLOCK_M
+                s = r % STAGES
+                mbarrier.wait(qdo_ready.index(s), (r // STAGES) & 1)
+                rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+                dk, dv = _block(dk, dv, k_half, v_half, q_smem.index(s), do_smem.index(s), LSE, DELTA,
+                                lse_base, keys, rows, lq, diag, qk_scale, CAUSAL, s_layout, p_layout,
+                                ds_layout)
+                mbarrier.arrive(qdo_empty.index(s))
+                r += 1
         mbarrier.arrive(kv_empty.index(kb))  # every MMA reading this item's K/V is done
         dk = dk * sm_scale
         rows_k = kw + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, dk_layout))
@@ -357,8 +257,7 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
                 COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale,
                 HKV, GROUP, n_items,
                 BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
-                STAGES: gl.constexpr, GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
-                OVERLAP: gl.constexpr = False):
+                STAGES: gl.constexpr, GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False):
     # work items: (128-key block, kv head) in ITEMS' order under GROUPED (else heaviest first);
     # program p runs the launch positions p, then p + P, ... (DYNAMIC: those it claims from COUNTER)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
@@ -383,17 +282,17 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
               DK, DV, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
               stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale)
     gl.warp_specialize([
-        (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP), )),
-        (_consumer, shared + (BwdFlags(1, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP), )),
+        (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC), )),
+        (_consumer, shared + (BwdFlags(1, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC), )),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, pos_smem,
                    kv_ready, kv_empty, qdo_ready, qdo_empty, tail_bar,
                    ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
-                   BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP))),
-    ], [4, 1], [240 if OVERLAP else 232, 24 if OVERLAP else 40])  # overlap: consumers spill below 240
+                   BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC))),
+    ], [4, 1], [232, 40])
 
 
 def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=False, dtype="bf16",
-                 grouped=False, dynamic=False, overlap=False):
+                 grouped=False, dynamic=False):
     """Compile ``dkdv_kernel`` for sm_90 without a GPU (Triton's bundled ptxas), as
     gluon_fwd.compile_sm90 does for the forward."""
     import triton
@@ -412,10 +311,10 @@ def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=Fals
         "stride_dkt": "i32", "stride_dkh": "i32", "stride_dvt": "i32", "stride_dvh": "i32", "stride_lh": "i32",
         "sm_scale": "fp32", "qk_scale": "fp32", "HKV": "i32", "GROUP": "i32", "n_items": "i32",
         "BROADCAST": "constexpr", "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr",
-        "STAGES": "constexpr", "GROUPED": "constexpr", "DYNAMIC": "constexpr", "OVERLAP": "constexpr",
+        "STAGES": "constexpr", "GROUPED": "constexpr", "DYNAMIC": "constexpr",
     }
     values = dict(BROADCAST=broadcast, CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages,
-                  GROUPED=grouped, DYNAMIC=dynamic, OVERLAP=overlap)
+                  GROUPED=grouped, DYNAMIC=dynamic)
     names = list(signature)
     constexprs = {(names.index(k),): v for k, v in values.items()}
     return triton.compile(GluonASTSource(dkdv_kernel, signature, constexprs),
