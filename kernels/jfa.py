@@ -143,7 +143,8 @@ FWD_KERNEL = os.environ.get("JFA_FWD_KERNEL", "auto")
 #   "gluon": gluon_bwd.py, written for Hopper like the Gluon forward (same conditions; dO must also be a
 #     layout TMA can describe, checked at the backward).  Anywhere else the tl kernel runs and
 #     LAST_BWD_KV_PATH says why.  dQ stays with the tl dQ kernel, so the backward stays deterministic.
-#     Exact on the H200, and 7-28% slower than the tl kernel on the bench shapes (PERF.md v11), hence off.
+#     Exact on the H200, and 7-28% slower than the tl kernel on the bench shapes (PERF.md v11, run on the
+#     persistent grid only), hence off.
 BWD_KV_KERNELS = ("triton", "gluon")
 BWD_KV_KERNEL = os.environ.get("JFA_BWD_KV_KERNEL", "triton")
 # Q/dO blocks in flight (32 rows each), 1..4: two are 20-25% faster than one, three no faster (PERF.md v11)
@@ -318,6 +319,21 @@ def _grids():
     return FWD_GRID, BWD_KV_GRID, PERSISTENT_CTAS_PER_SM, ITEM_ORDER, SECTION_BYTES
 
 
+def _gluon_grid(n_items, device):
+    """(programs, dynamic) for a Gluon kernel's n_items under GLUON_GRID: "sorted" runs one program per
+    item; "persistent" and "dynamic" one per SM (one such CTA fills it), and "dynamic" deals by counter
+    only when some program gets more than one item."""
+    _grids()  # a bad GLUON_GRID is a clear error
+    n_programs = n_items if GLUON_GRID == "sorted" else min(n_items, _num_sms(device))
+    return n_programs, GLUON_GRID == "dynamic" and n_programs < n_items
+
+
+def _gluon_bwd_stages():
+    if not (isinstance(GLUON_BWD_STAGES, int) and 1 <= GLUON_BWD_STAGES <= 4):
+        raise ValueError(f"jfa.GLUON_BWD_STAGES must be an int in 1..4, got {GLUON_BWD_STAGES!r}")
+    return GLUON_BWD_STAGES
+
+
 class LaunchConfig(NamedTuple):
     """What one call launches (hashable: part of the schedule cache key)."""
     fwd: tuple  # tl forward (BLOCK_M, BLOCK_N, warps, stages)
@@ -329,7 +345,6 @@ class LaunchConfig(NamedTuple):
     gluon: Optional[tuple]  # (Gluon config, fewest keys a sequence needs to go to it), or None
     bwd_kv_kernel: str = "triton"  # "gluon" where BWD_KV_KERNEL asks for it and q/k/v allow it
     why_not_gluon_bwd: str = ""  # why it was asked for and cannot run
-    gluon_bwd_stages: int = 1  # GLUON_BWD_STAGES when the Gluon dK/dV kernel was chosen
 
 
 def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq, hkv, device, row_bytes):
@@ -546,10 +561,7 @@ def _forward_gluon(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, out, 
     kd = gf.descriptor(k.view(k.shape[0], -1), [bn, d])
     vd = gf.descriptor(v.view(v.shape[0], -1), [bn, dv])
     n_items = n_tiles * hq
-    _grids()  # a bad GLUON_GRID is a clear error
-    # sorted grid: one program per item; persistent / dynamic: one per SM (one CTA fits)
-    n_programs = n_items if GLUON_GRID == "sorted" else min(n_items, _num_sms(q.device))
-    dynamic = GLUON_GRID == "dynamic" and n_programs < n_items
+    n_programs, dynamic = _gluon_grid(n_items, q.device)
     # the dynamic deal's counter of items claimed beyond the first n_programs
     counter = torch.zeros(1, device=q.device, dtype=torch.int32) if dynamic else seq_t
     gf.fwd_kernel[(n_programs,)](
@@ -636,8 +648,7 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     LAST_BWD_KV_PATH = "gluon" if cfgs.bwd_kv_kernel == "gluon" and not why else (
         f"triton (gluon: {why})" if why else "triton")
     if LAST_BWD_KV_PATH == "gluon":
-        _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, scale, broadcast,
-                           cfgs.gluon_bwd_stages)
+        _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, scale, broadcast)
     elif n_kv > 0 and hkv > 0:
         bm, bn, w, st = cfgs.bwd_kv
         persistent = s["kv_persistent"]
@@ -690,7 +701,7 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     return dq, dk, dv
 
 
-def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, scale, broadcast, stages):
+def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, scale, broadcast):
     from . import gluon_bwd as gb
     from .gluon_fwd import descriptor
     assert (gb.BLOCK_M.value, gb.HALF_N.value) == GLUON_BWD_BOX_ROWS
@@ -705,15 +716,13 @@ def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, s
     kd = descriptor(k.view(k.shape[0], -1), [rows_kv, d])
     vd = descriptor(v.view(v.shape[0], -1), [rows_kv, dvd])
     dod = descriptor(do.view(do.shape[0], -1), [rows_q, dvd])
-    grid = _grids()[-1]
-    n_programs = n_items if grid == "sorted" else min(n_items, _num_sms(q.device))
-    dynamic = grid == "dynamic" and n_programs < n_items
+    n_programs, dynamic = _gluon_grid(n_items, q.device)
     counter = torch.zeros(1, device=q.device, dtype=torch.int32) if dynamic else seq_t
     gb.dkdv_kernel[(n_programs,)](
         qd, kd, vd, dod, dk, dv, lse, delta, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0), scale, scale * tk.LOG2E,
         hkv, hq // hkv, n_items,
-        BROADCAST=broadcast, CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=stages,
+        BROADCAST=broadcast, CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=_gluon_bwd_stages(),
         GROUPED=items is not None, DYNAMIC=dynamic, num_warps=4)
 
 
@@ -814,14 +823,13 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
         raise ValueError(f"jfa.BWD_KV_KERNEL must be one of {BWD_KV_KERNELS}, got {BWD_KV_KERNEL!r}")
     why_not_gluon_bwd = ""
     if BWD_KV_KERNEL == "gluon":
-        if not (isinstance(GLUON_BWD_STAGES, int) and 1 <= GLUON_BWD_STAGES <= 4):
-            raise ValueError(f"jfa.GLUON_BWD_STAGES must be an int in 1..4, got {GLUON_BWD_STAGES!r}")
+        _gluon_bwd_stages()  # a bad value is a clear error before the forward runs
         why_not_gluon_bwd = ("the fused atomic dQ mode has its own dK/dV kernel" if fuse
                              else _gluon_refusal(q, k, v, scale, block_rows=GLUON_BWD_BOX_ROWS))
     cfgs = LaunchConfig(_cfg("fwd", dkey, q.dtype, on_cpu), _cfg("kvf" if fuse else "kv", dkey, q.dtype, on_cpu),
                         _cfg("q", dkey, q.dtype, on_cpu), fuse, fwd_kernel, why_not_gluon, gluon,
                         "gluon" if BWD_KV_KERNEL == "gluon" and not why_not_gluon_bwd else "triton",
-                        why_not_gluon_bwd, GLUON_BWD_STAGES)
+                        why_not_gluon_bwd)
     if cu_seqlens_q.device != q.device:
         cu_seqlens_q = cu_seqlens_q.to(q.device)
     if cu_seqlens_k.device != q.device:

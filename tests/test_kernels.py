@@ -955,16 +955,17 @@ def test_gpu_gluon_rows_past_lk_never_leak(poison, causal, monkeypatch):
 
 
 @needs_gluon
-@pytest.mark.parametrize("stages", [1, 3])
+@pytest.mark.parametrize("stages, grid", [(1, "persistent"), (3, "persistent"), (2, "dynamic"), (2, "sorted")])
 @pytest.mark.parametrize("case", range(len(GLUON_CASES)))
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_gluon_backward(case, causal, stages, monkeypatch):
+def test_gpu_gluon_backward(case, causal, stages, grid, monkeypatch):
     # the Gluon dK/dV kernel against the float64 reference's gradients, on few programs so that each
     # claims many items (ring, K/V double buffer and item hand-off running on across items); the ring
     # depth matters: a separate unmasked path went wrong from two stages on when D == Dv (PERF.md v11)
     from kernels import jfa
     monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "gluon")
     monkeypatch.setattr(jfa, "GLUON_BWD_STAGES", stages)
+    monkeypatch.setattr(jfa, "GLUON_GRID", grid)
     monkeypatch.setattr(jfa, "_num_sms", lambda device: 3)
     lens_q, lens_k, hq, hkv, d, dv, broadcast = GLUON_CASES[case]
     dtype = torch.float16 if case == 2 else torch.bfloat16
@@ -1007,6 +1008,21 @@ def test_gluon_backward_switch_falls_back_with_its_reason(monkeypatch):
     monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "cutlass")
     with pytest.raises(ValueError, match="BWD_KV_KERNEL"):
         run_case([4], [4], dtype=torch.float32)
+
+
+@needs_kernels
+@pytest.mark.parametrize("grid, n_items, want", [("sorted", 500, (500, False)), ("persistent", 500, (132, False)),
+                                                 ("dynamic", 500, (132, True)), ("dynamic", 100, (100, False))])
+def test_gluon_grid_is_what_the_switch_names(grid, n_items, want, monkeypatch):
+    # both Gluon kernels launch through this: one program per item, or one per SM dealt round-robin or
+    # by counter (the counter only when some program gets a second item)
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "GLUON_GRID", grid)
+    monkeypatch.setattr(jfa, "_num_sms", lambda device: 132)
+    assert jfa._gluon_grid(n_items, "cpu") == want
+    monkeypatch.setattr(jfa, "GLUON_GRID", "round-robin")
+    with pytest.raises(ValueError, match="GLUON_GRID"):
+        jfa._gluon_grid(n_items, "cpu")
 
 
 @needs_kernels
