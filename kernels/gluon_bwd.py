@@ -18,9 +18,9 @@
   MMA is NaN.  Key rows past the end are computed and never stored (each key's dK / dV row depends on
   that key's row of S^T only).
 
-Status (H200, PERF.md v11): exact against the tl dK/dV kernel at 1, 2 and 3 stages, once every block
-runs the masked code (see _block).  It is 15-41% slower than the tl dK/dV kernel on the bench shapes, so
-it is opt-in (jfa.BWD_KV_KERNEL).
+Status (H200, PERF.md v11, persistent grid): exact against the tl dK/dV kernel at 1, 2 and 3 stages,
+once every block runs the masked code (see _block).  At the default two stages it is 7-28% slower than
+the tl dK/dV kernel on the bench shapes, so it is opt-in (jfa.BWD_KV_KERNEL).
 
 Conventions as the rest of kernels/: natural-log LSE [Hq, rows] with -inf for rows that see no key,
 bottom-right causal, broadcast-Q output (and dO) row b * Lq + i.
