@@ -9,7 +9,12 @@
 #   bash kernels/gpu_run.sh OUT_DIR spec    the spec on triton-jfa as shipped (profile ci, on the GPU)
 #   bash kernels/gpu_run.sh OUT_DIR verify  spec and tests side by side (8 workers each), one call
 #   bash kernels/gpu_run.sh OUT_DIR gbwd    the Gluon dK/dV kernel: its GPU tests, then the shipped backward
-#                                           against it at 1, 2 and 3 Q/dO stages (one round, six shapes, no FA4)
+#                                           against it in both block orders (one round, six shapes, no FA4)
+#   bash kernels/gpu_run.sh OUT_DIR gdq     the Gluon dQ kernel: its GPU tests, then the shipped backward against
+#                                           it, alone and with the Gluon dK/dV kernel (one round, five shapes)
+#   bash kernels/gpu_run.sh OUT_DIR dqtma   the fused atomic dQ mode: its GPU tests, then the shipped backward
+#                                           against it with TMA or element adds and other fused tiles
+#                                           (one round, the five non-broadcast shapes, no FA4)
 #   bash kernels/gpu_run.sh OUT_DIR rounds  seven interleaved rounds of FA4, the shipped kernel and its tl and
 #                                           Gluon forwards (plain calls) on all six shapes: ratios and spread
 #   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on S1 and S3
@@ -21,7 +26,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|spec|verify|gbwd|rounds|split|sdpa|sweep|ncu}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|spec|verify|gbwd|gdq|dqtma|rounds|split|sdpa|sweep|ncu}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -65,13 +70,31 @@ case $STAGE in
     gpu_tests 560 8
     wait ;;
   gbwd)
-    timeout 150 python3 -m pytest tests/test_kernels.py -q -rA -n 10 -p no:cacheprovider -k gluon_backward \
+    timeout 240 python3 -m pytest tests/test_kernels.py -q -rA -n 12 -p no:cacheprovider -k gluon_backward \
       > "$OUT_DIR/pytest_gluon_bwd.txt" 2>&1
     echo "pytest gluon bwd rc=$?" | tee -a "$L"; grep -E "passed|failed|Error" "$OUT_DIR/pytest_gluon_bwd.txt" | tail -4
     timeout 330 python3 -m kernels.bench --out "$OUT_DIR" --tag gluon_bwd --shapes S4b,S1,S1c,S2,S4a,S3 \
-      --impls triton-plan,triton-plan-gluon-bwd-s1,triton-plan-gluon-bwd,triton-plan-gluon-bwd-s3 >> "$L" 2>&1
+      --impls triton-plan,triton-plan-gluon-bwd,triton-plan-gluon-bwd-lag-s2,triton-plan-gluon-bwd-lag-s3 >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_gluon_bwd.md" 2>/dev/null ;;
+  gdq)
+    timeout 200 python3 -m pytest tests/test_kernels.py -q -rA -n 12 -p no:cacheprovider -k "gluon_dq" \
+      > "$OUT_DIR/pytest_gluon_dq.txt" 2>&1
+    echo "pytest gluon dq rc=$?" | tee -a "$L"; grep -E "passed|failed|Error" "$OUT_DIR/pytest_gluon_dq.txt" | tail -4
+    timeout 300 python3 -m kernels.bench --out "$OUT_DIR" --tag gluon_dq --shapes S4b,S1,S1c,S4a,S3 \
+      --impls triton-plan,triton-plan-gluon-dq,triton-plan-gluon-bwd-dq >> "$L" 2>&1
+    echo "bench rc=$?" | tee -a "$L"
+    cat "$OUT_DIR/bench_gluon_dq.md" 2>/dev/null ;;
+  dqtma)
+    timeout 150 python3 -m pytest tests/test_kernels.py -q -rA -n 12 -p no:cacheprovider -k "atomic" \
+      > "$OUT_DIR/pytest_atomic.txt" 2>&1
+    echo "pytest atomic rc=$?" | tee -a "$L"; grep -E "passed|failed|Error" "$OUT_DIR/pytest_atomic.txt" | tail -4
+    kvf=triton-plan-atomic-kvf32x64w4s3,triton-plan-atomic-kvf32x64w4s2,triton-plan-atomic-kvf64x64w4s2
+    kvf=$kvf,triton-plan-atomic-kvf64x128w8s2,triton-plan-atomic-kvf32x128w8s2
+    timeout 420 python3 -m kernels.bench --out "$OUT_DIR" --tag dq_tma --shapes S4b,S1,S1c,S4a,S3 \
+      --impls triton-plan,triton-plan-atomic,triton-plan-atomic-element,$kvf >> "$L" 2>&1
+    echo "bench rc=$?" | tee -a "$L"
+    cat "$OUT_DIR/bench_dq_tma.md" 2>/dev/null ;;
   rounds)
     timeout 280 python3 -m kernels.bench --out "$OUT_DIR" --tag v9_rounds --rounds 7 \
       --impls fa4,triton,triton-tl,triton-gluon --fwd-only triton-tl,triton-gluon \

@@ -59,6 +59,14 @@ CONFIG_OVERRIDE: dict = {}
 #               summation order not fixed)
 # deterministic=True and broadcast-Q always use "separate".
 BWD_DQ_MODE = "separate"
+# How the "atomic" mode adds a dQ block (runtime switch, for benchmarks):
+#   "tma": one bulk reduce-add of the block through a TMA descriptor of the fp32 accumulator, where the
+#     GPU has TMA (sm_90 or newer); elsewhere, and under the interpreter (no TMA reduce there), "element".
+#   "element": one relaxed fp32 atomic per element.
+# LAST_BWD_DQ_PATH names what the latest backward did: "separate", "atomic-tma" or "atomic-element".
+BWD_DQ_REDUCES = ("tma", "element")
+BWD_DQ_REDUCE = "tma"
+LAST_BWD_DQ_PATH = ""
 
 # Forward K/V loads (runtime switches, for benchmarks; defaults = shipped path):
 #   FWD_TMA: load K/V tiles through TMA tensor descriptors (Hopper or newer, and
@@ -149,6 +157,22 @@ BWD_KV_KERNELS = ("triton", "gluon")
 BWD_KV_KERNEL = os.environ.get("JFA_BWD_KV_KERNEL", "triton")
 # Q/dO blocks in flight (32 rows each), 1..4: two are 20-25% faster than one, three no faster (PERF.md v11)
 GLUON_BWD_STAGES = 2
+# Order of one 32-row block inside each consumer group (runtime switch):
+#   "plain": S^T and dP^T, wait, P and dS, dV and dK, wait (gluon_bwd._block).
+#   "lagged": the tl dK/dV kernel's order: S^T, wait, P, dV and dP^T, wait, dS, dK left running until the
+#     next block's first wait (gluon_bwd._block_lagged); needs two stages or more.
+GLUON_BWD_ORDERS = ("plain", "lagged")
+GLUON_BWD_ORDER = "plain"
+# dQ kernel of the backward (runtime switch, environment JFA_BWD_Q_KERNEL; opt-in):
+#   "triton": the tl dQ kernel in triton_kernels.py.
+#   "gluon": gluon_dq.py, written for Hopper like the Gluon forward (same conditions; dO must be a layout
+#     TMA can describe, checked at the backward; not for broadcast-Q, whose dQ sums over the batch, nor
+#     with the fused atomic dQ mode).  Anywhere else the tl dQ kernel runs and LAST_BWD_DQ_PATH says why.
+#     One writer per dQ element, so deterministic like the tl kernel.
+BWD_Q_KERNELS = ("triton", "gluon")
+BWD_Q_KERNEL = os.environ.get("JFA_BWD_Q_KERNEL", "triton")
+GLUON_DQ_STAGES = 2  # K/V blocks in flight (64 keys each); two fill sm_90's shared memory at head dim 128
+GLUON_DQ_BOX_ROWS = (64, 64)  # TMA box rows of its Q / dO halves and of its K / V blocks (gluon_dq.py)
 GLUON_BWD_BOX_ROWS = (32, 64)  # TMA box rows of its Q / dO blocks and of its K / V halves (gluon_bwd.py)
 LAST_BWD_KV_PATH = ""
 # (BLOCK_M, BLOCK_N, warps per consumer warp group, K/V stages, schedule); schedules (gluon_fwd.py):
@@ -331,6 +355,11 @@ def _gluon_grid(n_items, device):
 def _gluon_bwd_stages():
     if not (isinstance(GLUON_BWD_STAGES, int) and 1 <= GLUON_BWD_STAGES <= 4):
         raise ValueError(f"jfa.GLUON_BWD_STAGES must be an int in 1..4, got {GLUON_BWD_STAGES!r}")
+    if GLUON_BWD_ORDER not in GLUON_BWD_ORDERS:
+        raise ValueError(f"jfa.GLUON_BWD_ORDER must be one of {GLUON_BWD_ORDERS}, got {GLUON_BWD_ORDER!r}")
+    if GLUON_BWD_ORDER == "lagged" and GLUON_BWD_STAGES < 2:
+        # a group would wait for the next block in the one buffer its own lagging dK still holds
+        raise ValueError("jfa.GLUON_BWD_ORDER 'lagged' needs jfa.GLUON_BWD_STAGES >= 2")
     return GLUON_BWD_STAGES
 
 
@@ -345,6 +374,8 @@ class LaunchConfig(NamedTuple):
     gluon: Optional[tuple]  # (Gluon config, fewest keys a sequence needs to go to it), or None
     bwd_kv_kernel: str = "triton"  # "gluon" where BWD_KV_KERNEL asks for it and q/k/v allow it
     why_not_gluon_bwd: str = ""  # why it was asked for and cannot run
+    bwd_q_kernel: str = "triton"  # "gluon" where BWD_Q_KERNEL asks for it and the call allows it
+    why_not_gluon_dq: str = ""  # why it was asked for and cannot run
 
 
 def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq, hkv, device, row_bytes):
@@ -412,6 +443,11 @@ def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq,
         seq, blk, work = sched.kv_tiles(lens_q, lens_k, GLUON_BWD_BLOCK_N.value, causal)
         seq, blk, work = sched.sort_by_work(seq, blk, work=work)
         s["kv_gluon"] = (dev(seq), dev(blk), int(seq.shape[0]), launch_order(seq, work, hkv, lens_q))
+    s["q_gluon"] = None
+    if cfgs.bwd_q_kernel == "gluon":  # the forward's 128-row tiles
+        seq, blk, work = sched.forward_tiles(lens_q, lens_k, 128, causal)
+        seq, blk, work = sched.sort_by_work(seq, blk, work=work)
+        s["q_gluon"] = (dev(seq), dev(blk), int(seq.shape[0]), launch_order(seq, work, hq, lens_k))
     if not broadcast:
         seq, blk, work = sched.forward_tiles(lens_q, lens_k, bm_q, causal)
         seq, blk, work = sched.sort_by_work(seq, blk, work=work)
@@ -636,10 +672,24 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     alloc = torch.zeros if s["kv_needs_zero"] else torch.empty
     dk = alloc(k.shape, device=k.device, dtype=k.dtype)
     dv = alloc(v.shape, device=v.device, dtype=v.dtype)
+    dq_tma = False
     if fuse:
         dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        dq_tma = _dq_reduce_by_tma(q)
+        dq_arg = (_descriptor(dq_acc.view(dq_acc.shape[0], -1), [cfgs.bwd_kv[0], d]) if dq_tma and n_kv > 0
+                  else dq_acc)
     else:
-        dq_acc = dk  # unused pointer
+        dq_acc = dq_arg = dk  # unused pointer
+    global LAST_BWD_DQ_PATH
+    LAST_BWD_DQ_PATH = ("atomic-tma" if dq_tma else "atomic-element") if fuse else "separate"
+    why_not_gluon_dq = cfgs.why_not_gluon_dq
+    if cfgs.bwd_q_kernel == "gluon":
+        why_not_gluon_dq = _tma_refusal(do, GLUON_DQ_BOX_ROWS[0])
+        why_not_gluon_dq = f"dO: {why_not_gluon_dq}" if why_not_gluon_dq else ""
+    if why_not_gluon_dq:
+        LAST_BWD_DQ_PATH = f"separate (gluon: {why_not_gluon_dq})"
+    elif cfgs.bwd_q_kernel == "gluon":
+        LAST_BWD_DQ_PATH = "gluon"
     global LAST_BWD_KV_PATH
     why = cfgs.why_not_gluon_bwd
     if cfgs.bwd_kv_kernel == "gluon":
@@ -660,17 +710,19 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
             n_items, n_programs, grid = 0, 1, (n_kv * hkv,)  # unused
             items = s["kv_items"] if grouped else seq_t
         tk._bwd_kv_kernel[grid](
-            q, k, v, do, lse, delta, dk, dv, dq_acc, cu_q, cu_k, seq_t, blk_t, items, n_items, n_programs,
+            q, k, v, do, lse, delta, dk, dv, dq_arg, cu_q, cu_k, seq_t, blk_t, items, n_items, n_programs,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
             dq_acc.stride(0), dq_acc.stride(1),
             lse.stride(0), scale, scale * tk.LOG2E,
             HKV=hkv, GROUP=hq // hkv, BROADCAST=broadcast, CAUSAL=causal, FUSE_DQ=fuse,
             BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dvd, DOT_PREC=prec,
-            PERSISTENT=persistent is not None, GROUPED=grouped, num_warps=w, num_stages=st)
+            PERSISTENT=persistent is not None, GROUPED=grouped, DQ_TMA=dq_tma, num_warps=w, num_stages=st)
     if fuse:
         return dq_acc.to(q.dtype), dk, dv
     # dQ
+    if LAST_BWD_DQ_PATH == "gluon":
+        return _backward_q_gluon(q, k, v, do, lse, delta, cu_q, cu_k, s, causal, scale), dk, dv
     blo_t, bhi_t, mblk_t, slot_t, n_q, n_slots = s["q"]
     if broadcast and n_slots > 1:
         dq_buf = torch.empty((n_slots,) + tuple(q.shape), device=q.device, dtype=torch.float32)
@@ -723,7 +775,45 @@ def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, s
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0), scale, scale * tk.LOG2E,
         hkv, hq // hkv, n_items,
         BROADCAST=broadcast, CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=_gluon_bwd_stages(),
-        GROUPED=items is not None, DYNAMIC=dynamic, num_warps=4)
+        GROUPED=items is not None, DYNAMIC=dynamic, LAGGED=GLUON_BWD_ORDER == "lagged", num_warps=4)
+
+
+def _backward_q_gluon(q, k, v, do, lse, delta, cu_q, cu_k, s, causal, scale):
+    from . import gluon_dq as gd
+    from .gluon_fwd import descriptor
+    assert (gd.HALF_M.value, gd.BLOCK_N.value) == GLUON_DQ_BOX_ROWS
+    seq_t, blk_t, n_tiles, items = s["q_gluon"]
+    hq, d = q.shape[1], q.shape[2]
+    hkv, dvd = k.shape[1], v.shape[2]
+    dq = torch.empty_like(q)  # every row of a sequence with queries is in exactly one tile
+    n_items = n_tiles * hq
+    if n_items == 0:
+        return dq
+    rows_q, rows_kv = GLUON_DQ_BOX_ROWS
+    qd = descriptor(q.view(q.shape[0], -1), [rows_q, d])
+    kd = descriptor(k.view(k.shape[0], -1), [rows_kv, d])
+    vd = descriptor(v.view(v.shape[0], -1), [rows_kv, dvd])
+    dod = descriptor(do.view(do.shape[0], -1), [rows_q, dvd])
+    n_programs, dynamic = _gluon_grid(n_items, q.device)
+    counter = torch.zeros(1, device=q.device, dtype=torch.int32) if dynamic else seq_t
+    gd.dq_kernel[(n_programs,)](
+        qd, kd, vd, dod, dq, lse, delta, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
+        dq.stride(0), dq.stride(1), lse.stride(0), scale, scale * tk.LOG2E, hq, hq // hkv, n_items,
+        CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=GLUON_DQ_STAGES, GROUPED=items is not None,
+        DYNAMIC=dynamic, num_warps=4)
+    return dq
+
+
+def _dq_reduce_by_tma(q):
+    if BWD_DQ_REDUCE not in BWD_DQ_REDUCES:
+        raise ValueError(f"jfa.BWD_DQ_REDUCE must be one of {BWD_DQ_REDUCES}, got {BWD_DQ_REDUCE!r}")
+    return (BWD_DQ_REDUCE == "tma" and not _INTERPRET and q.device.type == "cuda"
+            and torch.cuda.get_device_capability(q.device) >= (9, 0))
+
+
+def _descriptor(t2d, block):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return TensorDescriptor.from_tensor(t2d, block)
 
 
 def triton_cdiv(a, b):
@@ -826,10 +916,21 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
         _gluon_bwd_stages()  # a bad value is a clear error before the forward runs
         why_not_gluon_bwd = ("the fused atomic dQ mode has its own dK/dV kernel" if fuse
                              else _gluon_refusal(q, k, v, scale, block_rows=GLUON_BWD_BOX_ROWS))
+    if BWD_Q_KERNEL not in BWD_Q_KERNELS:
+        raise ValueError(f"jfa.BWD_Q_KERNEL must be one of {BWD_Q_KERNELS}, got {BWD_Q_KERNEL!r}")
+    why_not_gluon_dq = ""
+    if BWD_Q_KERNEL == "gluon":
+        if not (isinstance(GLUON_DQ_STAGES, int) and 1 <= GLUON_DQ_STAGES <= 2):
+            raise ValueError(f"jfa.GLUON_DQ_STAGES must be 1 or 2, got {GLUON_DQ_STAGES!r}")
+        why_not_gluon_dq = ("broadcast-Q sums dQ over the batch (the tl chunked dQ kernel does)" if broadcast_q
+                            else "the fused atomic dQ mode computes dQ in its dK/dV kernel" if fuse
+                            else _gluon_refusal(q, k, v, scale, block_rows=GLUON_DQ_BOX_ROWS))
     cfgs = LaunchConfig(_cfg("fwd", dkey, q.dtype, on_cpu), _cfg("kvf" if fuse else "kv", dkey, q.dtype, on_cpu),
                         _cfg("q", dkey, q.dtype, on_cpu), fuse, fwd_kernel, why_not_gluon, gluon,
                         "gluon" if BWD_KV_KERNEL == "gluon" and not why_not_gluon_bwd else "triton",
-                        why_not_gluon_bwd)
+                        why_not_gluon_bwd,
+                        "gluon" if BWD_Q_KERNEL == "gluon" and not why_not_gluon_dq else "triton",
+                        why_not_gluon_dq)
     if cu_seqlens_q.device != q.device:
         cu_seqlens_q = cu_seqlens_q.to(q.device)
     if cu_seqlens_k.device != q.device:

@@ -252,9 +252,9 @@ def _bwd_preprocess(O, DO, DELTA, n_rows, stride_ot, stride_oh, stride_dot, stri
 # query-head group and the query blocks that see the key block)
 # ----------------------------------------------------------------------------
 @triton.jit
-def _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+def _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, dq_row, dq_col,
                   stride_qt, stride_dot, stride_dqt, offs_n, lo, hi, lq, diag, qk_scale, sm_scale,
-                  MASKED: tl.constexpr, FUSE_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
+                  MASKED: tl.constexpr, FUSE_DQ: tl.constexpr, DQ_TMA: tl.constexpr, BLOCK_M: tl.constexpr,
                   HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, DOT_PREC: tl.constexpr):
     offs_d = tl.arange(0, HEAD_D)
     offs_dv = tl.arange(0, HEAD_DV)
@@ -279,8 +279,16 @@ def _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
         if FUSE_DQ:
             # dQ[rows] += scale * dS @ K, fp32 atomics (non-deterministic order)
             dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PREC) * sm_scale
-            tl.atomic_add(dq_base + r64[:, None] * stride_dqt + offs_d[None, :], dq,
-                          mask=rok[:, None], sem="relaxed")
+            if DQ_TMA:
+                # one bulk reduce-add of the whole block through TMA (dq_base: a descriptor of the
+                # packed [rows, heads * D] accumulator).  Its rows past lq land on the next sequence's
+                # rows, so they are set to exact zeros (also where this sequence's K is not finite);
+                # TMA drops rows past the tensor's end.
+                dq = tl.where(rok[:, None], dq, 0.0)
+                dq_base.atomic_add([(dq_row + start_m).to(tl.int32), dq_col], dq)
+            else:
+                tl.atomic_add(dq_base + r64[:, None] * stride_dqt + offs_d[None, :], dq,
+                              mask=rok[:, None], sem="relaxed")
     return dk, dv
 
 
@@ -290,7 +298,7 @@ def _bwd_kv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, b, nblk, hk,
                  stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
                  stride_dqt, stride_dqh, stride_lh,
                  sm_scale, qk_scale, GROUP,
-                 BROADCAST: tl.constexpr, CAUSAL: tl.constexpr, FUSE_DQ: tl.constexpr,
+                 BROADCAST: tl.constexpr, CAUSAL: tl.constexpr, FUSE_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
                  DOT_PREC: tl.constexpr):
@@ -324,16 +332,21 @@ def _bwd_kv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, b, nblk, hk,
         do_base = DO + o_start * stride_dot + h * stride_doh
         lse_base = LSE + h * stride_lh + o_start
         delta_base = DELTA + h * stride_lh + o_start
-        dq_base = DQ + q_start * stride_dqt + h * stride_dqh
+        if DQ_TMA:
+            dq_base = DQ
+        else:
+            dq_base = DQ + q_start * stride_dqt + h * stride_dqh
         if CAUSAL:
             dk, dv = _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                                   q_start, h * HEAD_D,
                                    stride_qt, stride_dot, stride_dqt, offs_n, m_lo, m_full, lq, diag,
                                    qk_scale, sm_scale,
-                                   True, FUSE_DQ, BLOCK_M, HEAD_D, HEAD_DV, DOT_PREC)
+                                   True, FUSE_DQ, DQ_TMA, BLOCK_M, HEAD_D, HEAD_DV, DOT_PREC)
         dk, dv = _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                               q_start, h * HEAD_D,
                                stride_qt, stride_dot, stride_dqt, offs_n, m_full, lq, lq, diag,
                                qk_scale, sm_scale,
-                               False, FUSE_DQ, BLOCK_M, HEAD_D, HEAD_DV, DOT_PREC)
+                               False, FUSE_DQ, DQ_TMA, BLOCK_M, HEAD_D, HEAD_DV, DOT_PREC)
     dk = dk * sm_scale
     tl.store(DK + (k_start + n64[:, None]) * stride_dkt + hk * stride_dkh + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=nok[:, None])
@@ -352,7 +365,8 @@ def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, TILE_SEQ, TI
                    BROADCAST: tl.constexpr, CAUSAL: tl.constexpr, FUSE_DQ: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
-                   DOT_PREC: tl.constexpr, PERSISTENT: tl.constexpr = False, GROUPED: tl.constexpr = False):
+                   DOT_PREC: tl.constexpr, PERSISTENT: tl.constexpr = False, GROUPED: tl.constexpr = False,
+                   DQ_TMA: tl.constexpr = False):
     # Sorted grid (default): one program per (tile, kv head), heaviest tiles first; GROUPED: program
     # p runs item ITEMS[p] (sequence-major launch order).
     # PERSISTENT: N_PROGRAMS programs deal the items ITEMS[i] (= tile * HKV + kv head, in
@@ -369,7 +383,7 @@ def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, TILE_SEQ, TI
                          stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                          stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
                          stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, GROUP,
-                         BROADCAST, CAUSAL, FUSE_DQ, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC)
+                         BROADCAST, CAUSAL, FUSE_DQ, DQ_TMA, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC)
     else:
         item = _launched_item(ITEMS, pid, GROUPED)
         tile = item // HKV
@@ -380,7 +394,7 @@ def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, TILE_SEQ, TI
                      stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                      stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
                      stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, GROUP,
-                     BROADCAST, CAUSAL, FUSE_DQ, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC)
+                     BROADCAST, CAUSAL, FUSE_DQ, DQ_TMA, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC)
 
 
 # ----------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 Run as a subprocess by tests/test_gluon_compile.py: the test session sets TRITON_INTERPRET=1, under which
 Gluon functions cannot be compiled, so the compile happens here with the variable removed.
     python tests/gluon_sm90_probe.py '<json list of compile_sm90 keyword dicts>'
-("kernel": "bwd" in a dict compiles the dK/dV kernel of kernels/gluon_bwd.py instead of the forward.)
+("kernel": "bwd" in a dict compiles the dK/dV kernel of kernels/gluon_bwd.py instead of the forward, "dq" the
+dQ kernel of kernels/gluon_dq.py.)
 """
 import json
 import os
@@ -15,7 +16,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import triton  # noqa: E402
 
-from kernels import gluon_bwd, gluon_fwd  # noqa: E402
+from kernels import gluon_bwd, gluon_dq, gluon_fwd  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
@@ -36,7 +37,7 @@ def exps_between_waits(sass):
 
 def probe(cfg):
     cfg = dict(cfg)
-    module = {"fwd": gluon_fwd, "bwd": gluon_bwd}[cfg.pop("kernel", "fwd")]
+    module = {"fwd": gluon_fwd, "bwd": gluon_bwd, "dq": gluon_dq}[cfg.pop("kernel", "fwd")]
     try:
         kernel = module.compile_sm90(**cfg)
     except Exception as exc:

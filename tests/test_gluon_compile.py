@@ -1,6 +1,7 @@
 """The Gluon forward compiled for sm_90 on any machine (Triton's bundled ptxas, no GPU needed).
 
-Covers the forward (kernels/gluon_fwd.py) and the dK/dV kernel (kernels/gluon_bwd.py).  Catches Gluon API
+Covers the forward (kernels/gluon_fwd.py), the dK/dV kernel (kernels/gluon_bwd.py) and the dQ kernel
+(kernels/gluon_dq.py).  Catches Gluon API
 drift between Triton versions before a GPU run does, and pins a known defect of the
 generated code: in the pipelined schedules, ptxas places the wait for PV(j-1) before block j's
 exponentials, so the softmax does not overlap the MMA in flight (kernels/PERF.md v6).
@@ -31,6 +32,11 @@ CONFIGS = [
     dict(kernel="bwd", stages=3),
     dict(kernel="bwd", stages=3, causal=True, grouped=True, dynamic=True),
     dict(kernel="bwd", stages=4, broadcast=True, head_d=64, head_dv=64, dtype="fp16"),
+    dict(kernel="bwd", stages=2, lagged=True, causal=True, dynamic=True),
+    # the dQ kernel (kernels/gluon_dq.py)
+    dict(kernel="dq", stages=2),
+    dict(kernel="dq", stages=2, causal=True, grouped=True, dynamic=True),
+    dict(kernel="dq", stages=1, head_d=64, head_dv=64, dtype="fp16"),
 ]
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gluon_sm90_probe.py")
 
@@ -54,7 +60,7 @@ def test_gluon_forward_compiles_for_sm90(probed, i):
     assert result["setmaxnreg"] and result["wgmma"] and result["hgmma"]
     # the dynamic grid claims its items with one atomic (in the loader); the others use none
     assert result["atomics"] == (1 if CONFIGS[i].get("dynamic") else 0)
-    if CONFIGS[i].get("kernel") == "bwd":
+    if CONFIGS[i].get("kernel") in ("bwd", "dq"):
         # two fp32 accumulators per consumer group leave little room: a few spill stores at most
         # (Triton 3.6: 2-18, 3.9: 15-33), not the hundreds a 64-row query block or 32-bit store
         # offsets gave

@@ -27,6 +27,7 @@ from kernels import triton_kernels as tk
 
 DEVICE = "cuda" if _HAS_CUDA else "cpu"
 INTERPRET = tk.INTERPRET
+_HAS_SM90 = _HAS_CUDA and not INTERPRET and torch.cuda.get_device_capability() >= (9, 0)  # TMA
 BF16_INTERP_SKIP = pytest.mark.skipif(
     INTERPRET,
     reason="Triton interpreter tl.dot on bfloat16 multiplies raw bit patterns "
@@ -238,6 +239,8 @@ def test_fused_atomic_dq_mode(dtype, monkeypatch):
     from kernels import jfa
     monkeypatch.setattr(jfa, "BWD_DQ_MODE", "atomic")
     run_case([5, 0, 37, 3, 0, 20], [9, 4, 30, 0, 0, 41], dtype=dtype, d=32)
+    # TMA reduce-adds where the GPU has TMA; element atomics elsewhere (the interpreter has no TMA reduce)
+    assert jfa.LAST_BWD_DQ_PATH == ("atomic-tma" if _HAS_SM90 else "atomic-element"), jfa.LAST_BWD_DQ_PATH
     run_case([40, 12, 7, 33, 5], [9, 50, 0, 33, 1], dtype=dtype, d=32, causal=True, hq=4, hkv=2)
     # deterministic=True / broadcast-Q fall back to the separate dQ kernel
     run_case([40], [50, 0, 13], broadcast=True, causal=True, dtype=dtype)
@@ -395,6 +398,35 @@ def test_gpu_multiblock(dtype, causal, mode, monkeypatch):
     run_case([300, 0, 513, 129, 64, 700], [257, 5, 513, 400, 0, 200], hq=4, hkv=2, d=128,
              causal=causal, dtype=dtype)
     run_case([129, 384], [700, 1], hq=2, hkv=2, d=64, causal=causal, dtype=dtype)
+
+
+@needs_cuda
+@pytest.mark.parametrize("reduce", ["tma", "element"])
+@pytest.mark.parametrize("poison", ["inf", "nan"])
+def test_gpu_atomic_dq_keeps_sequences_apart(reduce, poison, monkeypatch):
+    """The fused dQ adds whole blocks: a ragged last block's rows past its sequence land on the next
+    sequence's rows and must add nothing there, even when this sequence's inputs are not finite."""
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_DQ_MODE", "atomic")
+    monkeypatch.setattr(jfa, "BWD_DQ_REDUCE", reduce)
+    la, lb, d = 150, 140, 128
+    q, k, v, cu_q, cu_k = make_inputs([la, lb], [la, lb], 2, 2, d, d, torch.bfloat16, seed=4)
+    do = torch.randn(la + lb, 2, d, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    for t in (q, k, v, do):
+        t[:la] = float(poison)
+    qd, kd, vd = (t.to(DEVICE).requires_grad_() for t in (q, k, v))
+    out, _ = jagged_flash_attention(qd, kd, vd, cu_q.to(DEVICE), cu_k.to(DEVICE), la, la)
+    out.backward(do.to(DEVICE))
+    want_path = "atomic-tma" if reduce == "tma" and _HAS_SM90 else "atomic-element"
+    assert jfa.LAST_BWD_DQ_PATH == want_path, jfa.LAST_BWD_DQ_PATH
+    q64, k64, v64 = (t[la:].double().requires_grad_() for t in (q, k, v))
+    cu_b = torch.tensor([0, lb], dtype=torch.int32)
+    ref_o, _ = reference(q64, k64, v64, cu_b, cu_b, False, 1 / math.sqrt(d), False)
+    ref_o.backward(do[la:].double())
+    for name, got, want in (("dq", qd.grad, q64.grad), ("dk", kd.grad, k64.grad), ("dv", vd.grad, v64.grad)):
+        got = got[la:].cpu()
+        assert torch.isfinite(got).all(), name
+        assert rel(got, want) < 2 * TOL[torch.bfloat16], name
 
 
 @needs_cuda
@@ -955,22 +987,87 @@ def test_gpu_gluon_rows_past_lk_never_leak(poison, causal, monkeypatch):
 
 
 @needs_gluon
-@pytest.mark.parametrize("stages, grid", [(1, "persistent"), (3, "persistent"), (2, "dynamic"), (2, "sorted")])
+@pytest.mark.parametrize("stages, grid, order", [
+    (1, "persistent", "plain"), (3, "persistent", "plain"), (2, "dynamic", "plain"), (2, "sorted", "plain"),
+    (2, "dynamic", "lagged"), (3, "persistent", "lagged"), (2, "sorted", "lagged")])
 @pytest.mark.parametrize("case", range(len(GLUON_CASES)))
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_gluon_backward(case, causal, stages, grid, monkeypatch):
+def test_gpu_gluon_backward(case, causal, stages, grid, order, monkeypatch):
     # the Gluon dK/dV kernel against the float64 reference's gradients, on few programs so that each
     # claims many items (ring, K/V double buffer and item hand-off running on across items); the ring
     # depth matters: a separate unmasked path went wrong from two stages on when D == Dv (PERF.md v11)
     from kernels import jfa
     monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "gluon")
     monkeypatch.setattr(jfa, "GLUON_BWD_STAGES", stages)
+    monkeypatch.setattr(jfa, "GLUON_BWD_ORDER", order)
     monkeypatch.setattr(jfa, "GLUON_GRID", grid)
     monkeypatch.setattr(jfa, "_num_sms", lambda device: 3)
     lens_q, lens_k, hq, hkv, d, dv, broadcast = GLUON_CASES[case]
     dtype = torch.float16 if case == 2 else torch.bfloat16
     run_case(lens_q, lens_k, hq=hq, hkv=hkv, d=d, dv=dv, causal=causal, dtype=dtype, broadcast=broadcast)
     assert jfa.LAST_BWD_KV_PATH == "gluon", jfa.LAST_BWD_KV_PATH
+
+
+@needs_gluon
+@pytest.mark.parametrize("grid", ["dynamic", "persistent", "sorted"])
+@pytest.mark.parametrize("case", [c for c in range(len(GLUON_CASES)) if not GLUON_CASES[c][6]])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_gluon_dq(case, causal, grid, monkeypatch):
+    # the Gluon dQ kernel against the float64 reference's gradients, on few programs so that each takes
+    # many items (K/V ring and Q/dO double buffer running on across items); every dQ row has one writer,
+    # so the answer is also bitwise the same on every grid
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_Q_KERNEL", "gluon")
+    monkeypatch.setattr(jfa, "GLUON_GRID", grid)
+    monkeypatch.setattr(jfa, "_num_sms", lambda device: 3)
+    lens_q, lens_k, hq, hkv, d, dv, _ = GLUON_CASES[case]
+    dtype = torch.float16 if case == 2 else torch.bfloat16
+    grads = run_case(lens_q, lens_k, hq=hq, hkv=hkv, d=d, dv=dv, causal=causal, dtype=dtype)[2]
+    assert jfa.LAST_BWD_DQ_PATH == "gluon", jfa.LAST_BWD_DQ_PATH
+    monkeypatch.setattr(jfa, "GLUON_GRID", "sorted")
+    again = run_case(lens_q, lens_k, hq=hq, hkv=hkv, d=d, dv=dv, causal=causal, dtype=dtype)[2]
+    assert torch.equal(again["dq"], grads["dq"])
+
+
+@needs_gluon
+@pytest.mark.parametrize("poison", ["inf", "nan"])
+def test_gpu_gluon_dq_rows_past_the_end_never_leak(poison, monkeypatch):
+    """A ragged last key block reads the next sequence's K and V rows, a ragged query tile its Q and dO
+    rows: none of them may reach the first sequence's dQ."""
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_Q_KERNEL", "gluon")
+    la, lb, d = 150, 140, 64
+    q, k, v, cu_q, cu_k = make_inputs([la, lb], [la, lb], 2, 2, d, d, torch.bfloat16, seed=4)
+    do = torch.randn(la + lb, 2, d, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    for t in (q, k, v, do):
+        t[la:] = float(poison)
+    qd, kd, vd = (t.to(DEVICE).requires_grad_() for t in (q, k, v))
+    out, _ = jagged_flash_attention(qd, kd, vd, cu_q.to(DEVICE), cu_k.to(DEVICE), la, la)
+    out.backward(do.to(DEVICE))
+    assert jfa.LAST_BWD_DQ_PATH == "gluon", jfa.LAST_BWD_DQ_PATH
+    q64, k64, v64 = (t[:la].double().requires_grad_() for t in (q, k, v))
+    cu_a = torch.tensor([0, la], dtype=torch.int32)
+    ref_o, _ = reference(q64, k64, v64, cu_a, cu_a, False, 1 / math.sqrt(d), False)
+    ref_o.backward(do[:la].double())
+    got = qd.grad[:la].cpu()
+    assert torch.isfinite(got).all()
+    assert rel(got, q64.grad) < TOL[torch.bfloat16]
+
+
+@needs_kernels
+def test_gluon_dq_switch_falls_back_with_its_reason(monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_Q_KERNEL", "gluon")
+    run_case([40, 0, 33], [9, 50, 33], hq=2, hkv=1, d=32, causal=True, dtype=torch.float32)
+    assert jfa.LAST_BWD_DQ_PATH.startswith("separate (gluon: "), jfa.LAST_BWD_DQ_PATH
+    run_case([20], [9, 50, 33], hq=2, hkv=1, d=32, broadcast=True, dtype=torch.float32)
+    assert "broadcast-Q" in jfa.LAST_BWD_DQ_PATH, jfa.LAST_BWD_DQ_PATH
+    monkeypatch.setattr(jfa, "GLUON_DQ_STAGES", 3)
+    with pytest.raises(ValueError, match="GLUON_DQ_STAGES"):
+        run_case([4], [4], dtype=torch.float32)
+    monkeypatch.setattr(jfa, "BWD_Q_KERNEL", "cutlass")
+    with pytest.raises(ValueError, match="BWD_Q_KERNEL"):
+        run_case([4], [4], dtype=torch.float32)
 
 
 @needs_gluon
@@ -1026,12 +1123,15 @@ def test_gluon_grid_is_what_the_switch_names(grid, n_items, want, monkeypatch):
 
 
 @needs_kernels
-@pytest.mark.parametrize("stages", [0, 5, 2.0])
-def test_gluon_backward_stage_count_is_checked(stages, monkeypatch):
+@pytest.mark.parametrize("stages, order, field", [(0, "plain", "GLUON_BWD_STAGES"), (5, "plain", "GLUON_BWD_STAGES"),
+                                                  (2.0, "plain", "GLUON_BWD_STAGES"),
+                                                  (2, "fa3", "GLUON_BWD_ORDER"), (1, "lagged", "GLUON_BWD_STAGES")])
+def test_gluon_backward_stage_count_and_order_are_checked(stages, order, field, monkeypatch):
     from kernels import jfa
     monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "gluon")
     monkeypatch.setattr(jfa, "GLUON_BWD_STAGES", stages)
-    with pytest.raises(ValueError, match="GLUON_BWD_STAGES"):
+    monkeypatch.setattr(jfa, "GLUON_BWD_ORDER", order)
+    with pytest.raises(ValueError, match=field):
         run_case([4], [4], dtype=torch.float32)
 
 

@@ -1,0 +1,256 @@
+"""Hopper (sm_90) dQ pass written in Gluon, laid out like kernels/gluon_fwd.py (opt-in: jfa.BWD_Q_KERNEL).
+
+* A work item is one 128-row query tile of one sequence and one query head (the forward's tiles).  The
+  two consumer warp groups own 64 rows each: their Q and dO halves stay in shared memory for the whole
+  item (double-buffered across items), their dQ accumulator in registers, their LSE and delta rows too.
+  A one-warp loader streams the item's 64-key K and V blocks through TMA into a ring of ``STAGES``
+  buffers shared by both groups (ready / empty mbarriers; empty needs both groups).
+* Per key block and group: S = Q K^T and dP = dO V^T issued together; one wait, which also retires
+  the previous block's dQ MMA (so that block's K buffer is freed there); P = exp2(S * scale * log2(e)
+  - LSE * log2(e)), dS = P (dP - delta), masked to 0 outside the sequence and the causal triangle;
+  dQ += dS K issued and left running into the next block.  dQ is scaled once and stored by its one
+  owner: no atomics, deterministic, the same answer for any grid.
+* Only rows and keys inside the sequence reach dQ: the selects zero dS outside it, and the loader zeroes
+  the K rows past a ragged key end before publishing the block (dS is 0 there, but 0 * inf inside an
+  MMA is NaN).  Q / dO rows past the sequence end only feed rows that are masked and never stored.
+* Every block is masked (no separate unmasked path): gluon_bwd.py's note on Triton 3.6.
+
+Conventions as the rest of kernels/: natural-log LSE [Hq, rows], bottom-right causal.  Not for
+broadcast-Q (its dQ sums over the batch: the tl chunked kernel does that).
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+from triton.language.core import _aggregate as aggregate
+
+from .gluon_fwd import _next_pos, _publish_pos, _read_pos, _tile, _zero_rows_from, tma_load
+
+HALF_M = gl.constexpr(64)  # query rows per consumer warp group: one wgmma M-extent
+BLOCK_N = gl.constexpr(64)  # keys per streamed block
+LOG2E = gl.constexpr(1.4426950408889634)
+
+
+@aggregate
+class DqFlags:
+    """Compile-time flags for the partitions (worker partitions receive only IR values)."""
+    WG: gl.constexpr
+    CAUSAL: gl.constexpr
+    HEAD_D: gl.constexpr
+    HEAD_DV: gl.constexpr
+    STAGES: gl.constexpr
+    GROUPED: gl.constexpr
+    DYNAMIC: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, WG, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC):
+        self.WG = gl.constexpr(WG)
+        self.CAUSAL = gl.constexpr(CAUSAL)
+        self.HEAD_D = gl.constexpr(HEAD_D)
+        self.HEAD_DV = gl.constexpr(HEAD_DV)
+        self.STAGES = gl.constexpr(STAGES)
+        self.GROUPED = gl.constexpr(GROUPED)
+        self.DYNAMIC = gl.constexpr(DYNAMIC)
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, pos_smem,
+            q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, tail_bar,
+            ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, flags):
+    HEAD_D: gl.constexpr = flags.HEAD_D
+    HEAD_DV: gl.constexpr = flags.HEAD_DV
+    STAGES: gl.constexpr = flags.STAGES
+    r0 = 0  # ring position of the item's first key block (runs on across items)
+    n_tails = 0
+    tq = 0  # items so far: Q/dO buffer tq % 2
+    pos = gl.program_id(0)
+    while pos < n_items:
+        q_start, o_start, lq, k_start, lk, h, hk, m0, diag, n_full, n_blocks = _tile(
+            pos, ITEMS, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K, False, flags.CAUSAL, BLOCK_N, flags.GROUPED)
+        qb = tq % 2
+        # a fresh barrier counts as having completed the phase before 0, so first rounds do not wait
+        mbarrier.wait(q_empty.index(qb), ((tq // 2) & 1) ^ 1)
+        _publish_pos(pos_smem, qb, pos)
+        mbarrier.expect(q_ready.index(qb), 2 * (q_desc.block_type.nbytes + do_desc.block_type.nbytes))
+        for half in gl.static_range(2):
+            tma_load(q_desc, [q_start + m0 + half * HALF_M, h * HEAD_D], q_ready.index(qb),
+                     q_smem.index(2 * qb + half))
+            tma_load(do_desc, [q_start + m0 + half * HALF_M, h * HEAD_DV], q_ready.index(qb),
+                     do_smem.index(2 * qb + half))
+        for j in range(n_blocks):
+            r = r0 + j
+            s = r % STAGES
+            ph = (r // STAGES) & 1
+            start = j * BLOCK_N
+            mbarrier.wait(v_empty.index(s), ph ^ 1)
+            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            tma_load(v_desc, [k_start + start, hk * HEAD_DV], v_ready.index(s), v_smem.index(s))
+            mbarrier.wait(k_empty.index(s), ph ^ 1)
+            if start + BLOCK_N <= lk:
+                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+                tma_load(k_desc, [k_start + start, hk * HEAD_D], k_ready.index(s), k_smem.index(s))
+            else:
+                # the ragged last block (at most one per item): zero the key rows past lk
+                mbarrier.expect(tail_bar, k_desc.block_type.nbytes)
+                tma_load(k_desc, [k_start + start, hk * HEAD_D], tail_bar, k_smem.index(s))
+                mbarrier.wait(tail_bar, n_tails & 1)
+                _zero_rows_from(k_smem.index(s), lk - start, BLOCK_N, HEAD_D)
+                fence_async_shared()
+                mbarrier.arrive(k_ready.index(s))
+                n_tails += 1
+        r0 += n_blocks
+        tq += 1
+        pos = _next_pos(pos, COUNTER, flags.DYNAMIC)
+    # no more items: a Q buffer holding a position past the end stops the consumers
+    qb = tq % 2
+    mbarrier.wait(q_empty.index(qb), ((tq // 2) & 1) ^ 1)
+    _publish_pos(pos_smem, qb, n_items)
+    mbarrier.arrive(q_ready.index(qb))
+
+
+@gluon.jit
+def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+              DQ, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
+              stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, flags):
+    WG: gl.constexpr = flags.WG
+    CAUSAL: gl.constexpr = flags.CAUSAL
+    HEAD_D: gl.constexpr = flags.HEAD_D
+    STAGES: gl.constexpr = flags.STAGES
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_D, 16])
+    ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
+    r0 = 0
+    tq = 0
+    mbarrier.wait(q_ready.index(0), 0)
+    pos = _read_pos(pos_smem, 0)
+    while pos < n_items:
+        q_start, o_start, lq, k_start, lk, h, hk, m0, diag, n_full, n_blocks = _tile(
+            pos, ITEMS, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K, False, CAUSAL, BLOCK_N, flags.GROUPED)
+        qb = tq % 2
+        q = q_smem.index(2 * qb + WG)
+        do = do_smem.index(2 * qb + WG)
+        first = m0 + WG * HALF_M
+        rows = first + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))
+        row_ok = rows < lq
+        lse_ptrs = h.to(gl.int64) * stride_lh + o_start + rows
+        lse = gl.load(LSE + lse_ptrs, mask=row_ok, other=float("inf"))
+        # rows that see no key carry -inf: their P must be 0
+        lse2 = gl.expand_dims(gl.where(lse == float("-inf"), float("inf"), lse * LOG2E), 1)
+        delta = gl.expand_dims(gl.load(DELTA + lse_ptrs, mask=row_ok, other=0.0), 1)
+        cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        dq = warpgroup_mma_init(gl.zeros([HALF_M, HEAD_D], gl.float32, dq_layout))  # carried in flight
+        ds_prev = gl.zeros([HALF_M, BLOCK_N], q_smem.dtype, ds_layout)
+        for j in range(n_blocks):
+            r = r0 + j
+            s = r % STAGES
+            mbarrier.wait(k_ready.index(s), (r // STAGES) & 1)
+            st = warpgroup_mma(q, k_smem.index(s).permute((1, 0)),
+                               gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(s), (r // STAGES) & 1)
+            dp = warpgroup_mma(do, v_smem.index(s).permute((1, 0)),
+                               gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+            st, dp, dq, ds_prev = warpgroup_mma_wait(0, deps=(st, dp, dq, ds_prev))
+            mbarrier.arrive(v_empty.index(s))
+            if j > 0:  # the previous block's dQ MMA, the last reader of its K buffer, is done
+                mbarrier.arrive(k_empty.index((r + STAGES - 1) % STAGES))
+            cols = j * BLOCK_N + cols0
+            keep = gl.expand_dims(row_ok, 1) & gl.expand_dims(cols < lk, 0)
+            if CAUSAL:
+                keep = keep & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + diag)
+            p = gl.exp2(st * qk_scale - lse2)
+            ds = gl.where(keep, p * (dp - delta), 0.0)
+            ds_op = gl.convert_layout(ds.to(q_smem.dtype), ds_layout)
+            dq = warpgroup_mma(ds_op, k_smem.index(s), dq, is_async=True)
+            ds_prev = ds_op
+        dq, ds_prev = warpgroup_mma_wait(0, deps=(dq, ds_prev))
+        if n_blocks > 0:
+            mbarrier.arrive(k_empty.index((r0 + n_blocks - 1) % STAGES))
+        mbarrier.arrive(q_empty.index(qb))  # every MMA reading this item's Q / dO is done
+        dq = dq * sm_scale
+        rows_o = first + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, dq_layout))
+        cols_o = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, dq_layout))
+        ptrs = (DQ + gl.expand_dims((q_start + rows_o).to(gl.int64) * stride_dqt, 1) + h * stride_dqh
+                + gl.expand_dims(cols_o, 0))
+        gl.store(ptrs, dq.to(DQ.dtype.element_ty),
+                 mask=gl.expand_dims(rows_o < lq, 1) & gl.expand_dims(cols_o < HEAD_D, 0))
+        r0 += n_blocks
+        tq += 1
+        mbarrier.wait(q_ready.index(tq % 2), (tq // 2) & 1)
+        pos = _read_pos(pos_smem, tq % 2)
+
+
+@gluon.jit
+def dq_kernel(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS, COUNTER,
+              stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, H, GROUP, n_items,
+              CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
+              GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False):
+    # work items: (128-row query tile, query head) in ITEMS' order under GROUPED (else heaviest first);
+    # program p runs the launch positions p, then p + P, ... (DYNAMIC: those it claims from COUNTER)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [4, HALF_M, HEAD_D], q_desc.layout)  # 2 buffers x 2 halves
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [4, HALF_M, HEAD_DV], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DV], v_desc.layout)
+    pos_smem = gl.allocate_shared_memory(gl.int32, [2, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    tail_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(tail_bar, count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)  # both consumer groups release a Q/dO buffer
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # ... and every K and V buffer
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=2)
+    fence_async_shared()
+    shared = (q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+              DQ, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
+              stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale)
+    gl.warp_specialize([
+        (_consumer, shared + (DqFlags(0, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC), )),
+        (_consumer, shared + (DqFlags(1, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC), )),
+        (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, pos_smem,
+                   q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, tail_bar,
+                   ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
+                   DqFlags(2, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC))),
+    ], [4, 1], [232, 40])
+
+
+def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, dtype="bf16", grouped=False, dynamic=False):
+    """Compile ``dq_kernel`` for sm_90 without a GPU (Triton's bundled ptxas), as
+    gluon_fwd.compile_sm90 does for the forward."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+
+    def desc(rows, cols):
+        return f"tensordesc<{dtype}[{rows}, {cols}],{gl.NVMMASharedLayout.get_default_for([rows, cols], gdt)!r}>"
+
+    signature = {
+        "q_desc": desc(HALF_M.value, head_d), "k_desc": desc(BLOCK_N.value, head_d),
+        "v_desc": desc(BLOCK_N.value, head_dv), "do_desc": desc(HALF_M.value, head_dv), "DQ": "*" + dtype,
+        "LSE": "*fp32", "DELTA": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "TILE_SEQ": "*i32", "TILE_BLK": "*i32",
+        "ITEMS": "*i32", "COUNTER": "*i32", "stride_dqt": "i32", "stride_dqh": "i32", "stride_lh": "i32",
+        "sm_scale": "fp32", "qk_scale": "fp32", "H": "i32", "GROUP": "i32", "n_items": "i32",
+        "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr", "STAGES": "constexpr",
+        "GROUPED": "constexpr", "DYNAMIC": "constexpr",
+    }
+    values = dict(CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages, GROUPED=grouped, DYNAMIC=dynamic)
+    names = list(signature)
+    constexprs = {(names.index(k),): v for k, v in values.items()}
+    return triton.compile(GluonASTSource(dq_kernel, signature, constexprs),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
