@@ -267,12 +267,13 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          "triton-plan-gluon-bwd": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon"),
          **{f"triton-plan-gluon-bwd-s{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon", GLUON_BWD_STAGES=n)
             for n in (1, 3)},
-         **{f"triton-plan-gluon-bwd-lag-s{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon",
-                                                          GLUON_BWD_ORDER="lagged", GLUON_BWD_STAGES=n)
+         **{f"triton-plan-gluon-bwd-ovl-s{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon",
+                                                          GLUON_BWD_ORDER="overlap", GLUON_BWD_STAGES=n)
             for n in (2, 3)},
          # the Gluon dQ kernel (jfa.BWD_Q_KERNEL), alone and with the Gluon dK/dV kernel
          "triton-plan-gluon-dq": _triton_with(impl_triton_plan, BWD_Q_KERNEL="gluon"),
-         "triton-plan-gluon-bwd-dq": _triton_with(impl_triton_plan, BWD_Q_KERNEL="gluon", BWD_KV_KERNEL="gluon"),
+         "triton-plan-gluon-bwd-dq": _triton_with(impl_triton_plan, BWD_Q_KERNEL="gluon", BWD_KV_KERNEL="gluon",
+                                                  GLUON_BWD_ORDER="overlap", GLUON_BWD_STAGES=3),
          # dQ fused into the dK/dV kernel (jfa.BWD_DQ_MODE "atomic"): blocks added through TMA (the default
          # reduce on sm_90) or per element; -kvf<BM>x<BN>w<warps>s<stages>: other fused-kernel tiles
          "triton-plan-atomic": _triton_with(impl_triton_plan, BWD_DQ_MODE="atomic"),

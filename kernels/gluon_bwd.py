@@ -31,7 +31,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
     warpgroup_mma,
-    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 from triton.language.core import _aggregate as aggregate
@@ -56,10 +55,10 @@ class BwdFlags:
     STAGES: gl.constexpr
     GROUPED: gl.constexpr
     DYNAMIC: gl.constexpr
-    LAGGED: gl.constexpr
+    OVERLAP: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, LAGGED):
+    def __init__(self, WG, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP):
         self.WG = gl.constexpr(WG)
         self.BROADCAST = gl.constexpr(BROADCAST)
         self.CAUSAL = gl.constexpr(CAUSAL)
@@ -68,7 +67,7 @@ class BwdFlags:
         self.STAGES = gl.constexpr(STAGES)
         self.GROUPED = gl.constexpr(GROUPED)
         self.DYNAMIC = gl.constexpr(DYNAMIC)
-        self.LAGGED = gl.constexpr(LAGGED)
+        self.OVERLAP = gl.constexpr(OVERLAP)
 
 
 @gluon.jit
@@ -194,36 +193,75 @@ def _block(dk, dv, k_half, v_half, q_s, do_s, LSE, DELTA, lse_base, keys, rows, 
 
 
 @gluon.jit
-def _block_lagged(dk, ds_prev, dv, k_half, v_half, q_s, do_s, LSE, DELTA, lse_base, keys, rows, lq, diag,
-                  qk_scale, prev_empty, held, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
-                  p_layout: gl.constexpr, ds_layout: gl.constexpr):
-    # the tl kernel's order: S^T alone; one wait, which also retires the previous block's dK (left
-    # running across the block boundary) and so frees that block's Q/dO buffer; P; dV and dP^T
-    # together; a second wait; dS; dK issued and not waited for.  ds_prev (the previous dK's register
-    # operand) is passed through the first wait so its registers stay untouched until that MMA is done.
-    st = warpgroup_mma(k_half, q_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
-                       use_acc=False, is_async=True)
+def _p_ds(st, dpt, LSE, DELTA, lse_base, keys, rows, lq, diag, qk_scale, dtype: gl.constexpr,
+          CAUSAL: gl.constexpr, p_layout: gl.constexpr, ds_layout: gl.constexpr):
+    # P^T and dS^T of one block as the dV and dK MMAs' register operands (every block masked, as in _block)
     row_ok = rows < lq
     lse = gl.load(LSE + lse_base + rows, mask=row_ok, other=float("inf"))
     lse2 = gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
     delta = gl.load(DELTA + lse_base + rows, mask=row_ok, other=0.0)
-    st, dk, ds_prev = warpgroup_mma_wait(0, deps=(st, dk, ds_prev))
-    if held:
-        mbarrier.arrive(prev_empty)
     pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
-    keep = gl.expand_dims(row_ok, 0)  # every block masked, as in _block
+    keep = gl.expand_dims(row_ok, 0)
     if CAUSAL:
         keep = keep & (gl.expand_dims(keys, 1) <= gl.expand_dims(rows, 0) + diag)
     pt = gl.where(keep, pt, 0.0)
-    p_op = gl.convert_layout(pt.to(do_s.dtype), p_layout)
-    dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
+    dst = pt * (dpt - gl.expand_dims(delta, 0))
+    return gl.convert_layout(pt.to(dtype), p_layout), gl.convert_layout(dst.to(dtype), ds_layout)
+
+
+@gluon.jit
+def _issue_st_dpt(k_half, v_half, q_s, do_s, s_layout: gl.constexpr):
+    st = warpgroup_mma(k_half, q_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
+                       use_acc=False, is_async=True)
     dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
                         use_acc=False, is_async=True)
-    dv, dpt, p_op = warpgroup_mma_wait(0, deps=(dv, dpt, p_op))
-    dst = pt * (dpt - gl.expand_dims(delta, 0))
-    ds_op = gl.convert_layout(dst.to(q_s.dtype), ds_layout)
-    dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
-    return dk, ds_op, dv
+    return st, dpt
+
+
+@gluon.jit
+def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, r, keys,
+                     lq, diag, qk_scale, hk, o_start, stride_lh, GROUP, m_lo, n_steps, STAGES: gl.constexpr,
+                     CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
+                     ds_layout: gl.constexpr):
+    # The forward's order over the item's blocks t (query head t // n_steps, rows block t % n_steps):
+    # block t's S^T and dP^T are issued, then block t-1's dV and dK; a wait for S^T and dP^T alone
+    # (dV / dK of t-1 stay in flight) and block t's P / dS are computed while they run; a wait for
+    # them, which frees block t-1's Q/dO buffer.  No MMA is in flight across the loop's back edge:
+    # ptxas serializes every wgmma of the kernel when an accumulator is (PERF.md v12).
+    n_blocks = GROUP * n_steps
+    if n_blocks > 0:
+        s = r % STAGES
+        mbarrier.wait(qdo_ready.index(s), (r // STAGES) & 1)
+        st, dpt = _issue_st_dpt(k_half, v_half, q_smem.index(s), do_smem.index(s), s_layout)
+        st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
+        lse_base = hk.to(gl.int64) * GROUP * stride_lh + o_start.to(gl.int64)
+        rows = m_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        p_prev, ds_prev = _p_ds(st, dpt, LSE, DELTA, lse_base, keys, rows, lq, diag, qk_scale, q_smem.dtype,
+                                CAUSAL, p_layout, ds_layout)
+        for t in range(1, n_blocks):
+            g = t // n_steps
+            rt = r + t
+            s = rt % STAGES
+            sp = (rt - 1) % STAGES
+            mbarrier.wait(qdo_ready.index(s), (rt // STAGES) & 1)
+            st, dpt = _issue_st_dpt(k_half, v_half, q_smem.index(s), do_smem.index(s), s_layout)
+            dv_run = warpgroup_mma(p_prev, do_smem.index(sp), dv, is_async=True)
+            dk_run = warpgroup_mma(ds_prev, q_smem.index(sp), dk, is_async=True)
+            st, dpt = warpgroup_mma_wait(2, deps=(st, dpt))
+            lse_base = (hk * GROUP + g).to(gl.int64) * stride_lh + o_start.to(gl.int64)
+            rows = m_lo + (t - g * n_steps) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+            p_op, ds_op = _p_ds(st, dpt, LSE, DELTA, lse_base, keys, rows, lq, diag, qk_scale, q_smem.dtype,
+                                CAUSAL, p_layout, ds_layout)
+            dv, dk, p_prev, ds_prev = warpgroup_mma_wait(0, deps=(dv_run, dk_run, p_prev, ds_prev))
+            mbarrier.arrive(qdo_empty.index(sp))
+            p_prev = p_op
+            ds_prev = ds_op
+        sl = (r + n_blocks - 1) % STAGES
+        dv_run = warpgroup_mma(p_prev, do_smem.index(sl), dv, is_async=True)
+        dk_run = warpgroup_mma(ds_prev, q_smem.index(sl), dk, is_async=True)
+        dv, dk, p_prev, ds_prev = warpgroup_mma_wait(0, deps=(dv_run, dk_run, p_prev, ds_prev))
+        mbarrier.arrive(qdo_empty.index(sl))
+    return dk, dv
 
 
 @gluon.jit
@@ -257,33 +295,24 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo
         keys = kw + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
         dk = gl.zeros([HALF_N, HEAD_D], gl.float32, dk_layout)
         dv = gl.zeros([HALF_N, HEAD_DV], gl.float32, dv_layout)
-        if flags.LAGGED:
-            dk = warpgroup_mma_init(dk)  # the loop carries dK as an MMA in flight
-        ds_prev = gl.zeros([HALF_N, BLOCK_M], q_smem.dtype, ds_layout)
-        held = False  # LAGGED: the previous block's buffer waits for its dK MMA
-        for g in range(GROUP):
-            lse_base = (hk * GROUP + g).to(gl.int64) * stride_lh + o_start.to(gl.int64)
-            for j in range(n_steps):
-                m = m_lo + j * BLOCK_M
-                s = r % STAGES
-                mbarrier.wait(qdo_ready.index(s), (r // STAGES) & 1)
-                rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-                if flags.LAGGED:
-                    dk, ds_prev, dv = _block_lagged(
-                        dk, ds_prev, dv, k_half, v_half, q_smem.index(s), do_smem.index(s), LSE, DELTA,
-                        lse_base, keys, rows, lq, diag, qk_scale, qdo_empty.index((r + STAGES - 1) % STAGES),
-                        held, CAUSAL, s_layout, p_layout, ds_layout)
-                    held = True
-                else:
+        if flags.OVERLAP:
+            dk, dv = _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA,
+                                      r, keys, lq, diag, qk_scale, hk, o_start, stride_lh, GROUP, m_lo, n_steps,
+                                      STAGES, CAUSAL, s_layout, p_layout, ds_layout)
+            r += GROUP * n_steps
+        else:
+            for g in range(GROUP):
+                lse_base = (hk * GROUP + g).to(gl.int64) * stride_lh + o_start.to(gl.int64)
+                for j in range(n_steps):
+                    m = m_lo + j * BLOCK_M
+                    s = r % STAGES
+                    mbarrier.wait(qdo_ready.index(s), (r // STAGES) & 1)
+                    rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
                     dk, dv = _block(dk, dv, k_half, v_half, q_smem.index(s), do_smem.index(s), LSE, DELTA,
                                     lse_base, keys, rows, lq, diag, qk_scale, CAUSAL, s_layout, p_layout,
                                     ds_layout)
                     mbarrier.arrive(qdo_empty.index(s))
-                r += 1
-        if flags.LAGGED:
-            dk, ds_prev = warpgroup_mma_wait(0, deps=(dk, ds_prev))
-            if held:
-                mbarrier.arrive(qdo_empty.index((r + STAGES - 1) % STAGES))
+                    r += 1
         mbarrier.arrive(kv_empty.index(kb))  # every MMA reading this item's K/V is done
         dk = dk * sm_scale
         rows_k = kw + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, dk_layout))
@@ -309,7 +338,7 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
                 HKV, GROUP, n_items,
                 BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                 STAGES: gl.constexpr, GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
-                LAGGED: gl.constexpr = False):
+                OVERLAP: gl.constexpr = False):
     # work items: (128-key block, kv head) in ITEMS' order under GROUPED (else heaviest first);
     # program p runs the launch positions p, then p + P, ... (DYNAMIC: those it claims from COUNTER)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
@@ -334,17 +363,17 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
               DK, DV, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
               stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale)
     gl.warp_specialize([
-        (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, LAGGED), )),
-        (_consumer, shared + (BwdFlags(1, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, LAGGED), )),
+        (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP), )),
+        (_consumer, shared + (BwdFlags(1, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP), )),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, pos_smem,
                    kv_ready, kv_empty, qdo_ready, qdo_empty, tail_bar,
                    ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
-                   BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, LAGGED))),
+                   BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP))),
     ], [4, 1], [232, 40])
 
 
 def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=False, dtype="bf16",
-                 grouped=False, dynamic=False, lagged=False):
+                 grouped=False, dynamic=False, overlap=False):
     """Compile ``dkdv_kernel`` for sm_90 without a GPU (Triton's bundled ptxas), as
     gluon_fwd.compile_sm90 does for the forward."""
     import triton
@@ -363,10 +392,10 @@ def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=Fals
         "stride_dkt": "i32", "stride_dkh": "i32", "stride_dvt": "i32", "stride_dvh": "i32", "stride_lh": "i32",
         "sm_scale": "fp32", "qk_scale": "fp32", "HKV": "i32", "GROUP": "i32", "n_items": "i32",
         "BROADCAST": "constexpr", "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr",
-        "STAGES": "constexpr", "GROUPED": "constexpr", "DYNAMIC": "constexpr", "LAGGED": "constexpr",
+        "STAGES": "constexpr", "GROUPED": "constexpr", "DYNAMIC": "constexpr", "OVERLAP": "constexpr",
     }
     values = dict(BROADCAST=broadcast, CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages,
-                  GROUPED=grouped, DYNAMIC=dynamic, LAGGED=lagged)
+                  GROUPED=grouped, DYNAMIC=dynamic, OVERLAP=overlap)
     names = list(signature)
     constexprs = {(names.index(k),): v for k, v in values.items()}
     return triton.compile(GluonASTSource(dkdv_kernel, signature, constexprs),

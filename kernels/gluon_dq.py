@@ -3,13 +3,13 @@
 * A work item is one 128-row query tile of one sequence and one query head (the forward's tiles).  The
   two consumer warp groups own 64 rows each: their Q and dO halves stay in shared memory for the whole
   item (double-buffered across items), their dQ accumulator in registers, their LSE and delta rows too.
-  A one-warp loader streams the item's 64-key K and V blocks through TMA into a ring of ``STAGES``
-  buffers shared by both groups (ready / empty mbarriers; empty needs both groups).
-* Per key block and group: S = Q K^T and dP = dO V^T issued together; one wait, which also retires
-  the previous block's dQ MMA (so that block's K buffer is freed there); P = exp2(S * scale * log2(e)
-  - LSE * log2(e)), dS = P (dP - delta), masked to 0 outside the sequence and the causal triangle;
-  dQ += dS K issued and left running into the next block.  dQ is scaled once and stored by its one
-  owner: no atomics, deterministic, the same answer for any grid.
+  A one-warp loader streams the item's 64-key K and V blocks through TMA into rings shared by both
+  groups (ready / empty mbarriers; empty needs both groups): ``STAGES`` V buffers and one K buffer more.
+* Per key block j and group (_key_blocks): S = Q K^T and dP = dO V^T of block j issued, then block
+  j-1's dQ += dS K; a wait for S and dP alone; P = exp2(S * scale * log2(e) - LSE * log2(e)) and
+  dS = P (dP - delta), masked to 0 outside the sequence and the causal triangle, while dQ(j-1) runs; a
+  wait for dQ(j-1).  dQ is scaled once and stored by its one owner: no atomics, deterministic, the
+  same answer on any grid.
 * Only rows and keys inside the sequence reach dQ: the selects zero dS outside it, and the loader zeroes
   the K rows past a ragged key end before publishing the block (dS is 0 there, but 0 * inf inside an
   MMA is NaN).  Q / dO rows past the sequence end only feed rows that are masked and never stored.
@@ -24,7 +24,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
     warpgroup_mma,
-    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 from triton.language.core import _aggregate as aggregate
@@ -44,6 +43,7 @@ class DqFlags:
     HEAD_D: gl.constexpr
     HEAD_DV: gl.constexpr
     STAGES: gl.constexpr
+    K_STAGES: gl.constexpr
     GROUPED: gl.constexpr
     DYNAMIC: gl.constexpr
 
@@ -54,6 +54,8 @@ class DqFlags:
         self.HEAD_D = gl.constexpr(HEAD_D)
         self.HEAD_DV = gl.constexpr(HEAD_DV)
         self.STAGES = gl.constexpr(STAGES)
+        # block j-1's K stays for its dQ MMA while block j's K is read and block j+1's is loaded
+        self.K_STAGES = gl.constexpr(STAGES + 1)
         self.GROUPED = gl.constexpr(GROUPED)
         self.DYNAMIC = gl.constexpr(DYNAMIC)
 
@@ -65,6 +67,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, po
     HEAD_D: gl.constexpr = flags.HEAD_D
     HEAD_DV: gl.constexpr = flags.HEAD_DV
     STAGES: gl.constexpr = flags.STAGES
+    KS: gl.constexpr = flags.K_STAGES
     r0 = 0  # ring position of the item's first key block (runs on across items)
     n_tails = 0
     tq = 0  # items so far: Q/dO buffer tq % 2
@@ -85,23 +88,23 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, po
         for j in range(n_blocks):
             r = r0 + j
             s = r % STAGES
-            ph = (r // STAGES) & 1
             start = j * BLOCK_N
-            mbarrier.wait(v_empty.index(s), ph ^ 1)
+            mbarrier.wait(v_empty.index(s), ((r // STAGES) & 1) ^ 1)
             mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
             tma_load(v_desc, [k_start + start, hk * HEAD_DV], v_ready.index(s), v_smem.index(s))
-            mbarrier.wait(k_empty.index(s), ph ^ 1)
+            sk = r % KS
+            mbarrier.wait(k_empty.index(sk), ((r // KS) & 1) ^ 1)
             if start + BLOCK_N <= lk:
-                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-                tma_load(k_desc, [k_start + start, hk * HEAD_D], k_ready.index(s), k_smem.index(s))
+                mbarrier.expect(k_ready.index(sk), k_desc.block_type.nbytes)
+                tma_load(k_desc, [k_start + start, hk * HEAD_D], k_ready.index(sk), k_smem.index(sk))
             else:
                 # the ragged last block (at most one per item): zero the key rows past lk
                 mbarrier.expect(tail_bar, k_desc.block_type.nbytes)
-                tma_load(k_desc, [k_start + start, hk * HEAD_D], tail_bar, k_smem.index(s))
+                tma_load(k_desc, [k_start + start, hk * HEAD_D], tail_bar, k_smem.index(sk))
                 mbarrier.wait(tail_bar, n_tails & 1)
-                _zero_rows_from(k_smem.index(s), lk - start, BLOCK_N, HEAD_D)
+                _zero_rows_from(k_smem.index(sk), lk - start, BLOCK_N, HEAD_D)
                 fence_async_shared()
-                mbarrier.arrive(k_ready.index(s))
+                mbarrier.arrive(k_ready.index(sk))
                 n_tails += 1
         r0 += n_blocks
         tq += 1
@@ -111,6 +114,68 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, po
     mbarrier.wait(q_empty.index(qb), ((tq // 2) & 1) ^ 1)
     _publish_pos(pos_smem, qb, n_items)
     mbarrier.arrive(q_ready.index(qb))
+
+
+@gluon.jit
+def _ds_block(st, dp, j, rows, row_ok, lse2, delta, cols0, lk, diag, qk_scale, dtype: gl.constexpr,
+              CAUSAL: gl.constexpr, ds_layout: gl.constexpr):
+    # dS of key block j as the dQ MMA's register operand, 0 outside the sequence and the causal triangle
+    cols = j * BLOCK_N + cols0
+    keep = gl.expand_dims(row_ok, 1) & gl.expand_dims(cols < lk, 0)
+    if CAUSAL:
+        keep = keep & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + diag)
+    p = gl.exp2(st * qk_scale - lse2)
+    ds = gl.where(keep, p * (dp - delta), 0.0)
+    return gl.convert_layout(ds.to(dtype), ds_layout)
+
+
+@gluon.jit
+def _issue_s_dp(r, q, do, k_smem, v_smem, k_ready, v_ready, STAGES: gl.constexpr, KS: gl.constexpr,
+                s_layout: gl.constexpr):
+    # S = Q K^T and dP = dO V^T of the block at ring position r, issued asynchronously
+    sk = r % KS
+    mbarrier.wait(k_ready.index(sk), (r // KS) & 1)
+    st = warpgroup_mma(q, k_smem.index(sk).permute((1, 0)), gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout),
+                       use_acc=False, is_async=True)
+    s = r % STAGES
+    mbarrier.wait(v_ready.index(s), (r // STAGES) & 1)
+    dp = warpgroup_mma(do, v_smem.index(s).permute((1, 0)), gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout),
+                       use_acc=False, is_async=True)
+    return st, dp
+
+
+@gluon.jit
+def _key_blocks(q, do, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, r0, n_blocks, rows, row_ok, lse2,
+                delta, cols0, lk, diag, qk_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr, KS: gl.constexpr,
+                HEAD_D: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr, ds_layout: gl.constexpr):
+    # The forward's order (FA3's intra-warpgroup overlap): block j's S and dP are issued, then block
+    # j-1's dQ MMA; one wait for S and dP alone (dQ(j-1) stays in flight) and dS(j) is computed while
+    # dQ(j-1) runs; a second wait retires dQ(j-1), whose K buffer is freed there (so K has one buffer
+    # more than V).  No MMA is in flight across the loop's back edge: ptxas serializes every wgmma of
+    # the kernel when an accumulator is (kernels/PERF.md v12).
+    dq = gl.zeros([HALF_M, HEAD_D], gl.float32, dq_layout)
+    if n_blocks > 0:
+        st, dp = _issue_s_dp(r0, q, do, k_smem, v_smem, k_ready, v_ready, STAGES, KS, s_layout)
+        st, dp = warpgroup_mma_wait(0, deps=(st, dp))
+        mbarrier.arrive(v_empty.index(r0 % STAGES))
+        ds_prev = _ds_block(st, dp, 0, rows, row_ok, lse2, delta, cols0, lk, diag, qk_scale, k_smem.dtype,
+                            CAUSAL, ds_layout)
+        for j in range(1, n_blocks):
+            r = r0 + j
+            st, dp = _issue_s_dp(r, q, do, k_smem, v_smem, k_ready, v_ready, STAGES, KS, s_layout)
+            dq_run = warpgroup_mma(ds_prev, k_smem.index((r - 1) % KS), dq, is_async=True)
+            st, dp = warpgroup_mma_wait(1, deps=(st, dp))
+            mbarrier.arrive(v_empty.index(r % STAGES))
+            ds = _ds_block(st, dp, j, rows, row_ok, lse2, delta, cols0, lk, diag, qk_scale, k_smem.dtype,
+                           CAUSAL, ds_layout)
+            dq, ds_prev = warpgroup_mma_wait(0, deps=(dq_run, ds_prev))
+            mbarrier.arrive(k_empty.index((r - 1) % KS))
+            ds_prev = ds
+        last = r0 + n_blocks - 1
+        dq_run = warpgroup_mma(ds_prev, k_smem.index(last % KS), dq, is_async=True)
+        dq, ds_prev = warpgroup_mma_wait(0, deps=(dq_run, ds_prev))
+        mbarrier.arrive(k_empty.index(last % KS))
+    return dq
 
 
 @gluon.jit
@@ -145,33 +210,9 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_rea
         lse2 = gl.expand_dims(gl.where(lse == float("-inf"), float("inf"), lse * LOG2E), 1)
         delta = gl.expand_dims(gl.load(DELTA + lse_ptrs, mask=row_ok, other=0.0), 1)
         cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        dq = warpgroup_mma_init(gl.zeros([HALF_M, HEAD_D], gl.float32, dq_layout))  # carried in flight
-        ds_prev = gl.zeros([HALF_M, BLOCK_N], q_smem.dtype, ds_layout)
-        for j in range(n_blocks):
-            r = r0 + j
-            s = r % STAGES
-            mbarrier.wait(k_ready.index(s), (r // STAGES) & 1)
-            st = warpgroup_mma(q, k_smem.index(s).permute((1, 0)),
-                               gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-            mbarrier.wait(v_ready.index(s), (r // STAGES) & 1)
-            dp = warpgroup_mma(do, v_smem.index(s).permute((1, 0)),
-                               gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-            st, dp, dq, ds_prev = warpgroup_mma_wait(0, deps=(st, dp, dq, ds_prev))
-            mbarrier.arrive(v_empty.index(s))
-            if j > 0:  # the previous block's dQ MMA, the last reader of its K buffer, is done
-                mbarrier.arrive(k_empty.index((r + STAGES - 1) % STAGES))
-            cols = j * BLOCK_N + cols0
-            keep = gl.expand_dims(row_ok, 1) & gl.expand_dims(cols < lk, 0)
-            if CAUSAL:
-                keep = keep & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + diag)
-            p = gl.exp2(st * qk_scale - lse2)
-            ds = gl.where(keep, p * (dp - delta), 0.0)
-            ds_op = gl.convert_layout(ds.to(q_smem.dtype), ds_layout)
-            dq = warpgroup_mma(ds_op, k_smem.index(s), dq, is_async=True)
-            ds_prev = ds_op
-        dq, ds_prev = warpgroup_mma_wait(0, deps=(dq, ds_prev))
-        if n_blocks > 0:
-            mbarrier.arrive(k_empty.index((r0 + n_blocks - 1) % STAGES))
+        dq = _key_blocks(q, do, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, r0, n_blocks, rows, row_ok,
+                         lse2, delta, cols0, lk, diag, qk_scale, CAUSAL, STAGES, flags.K_STAGES, HEAD_D,
+                         s_layout, dq_layout, ds_layout)
         mbarrier.arrive(q_empty.index(qb))  # every MMA reading this item's Q / dO is done
         dq = dq * sm_scale
         rows_o = first + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, dq_layout))
@@ -195,13 +236,14 @@ def dq_kernel(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, CU_Q, CU_K, TILE_
     # program p runs the launch positions p, then p + P, ... (DYNAMIC: those it claims from COUNTER)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [4, HALF_M, HEAD_D], q_desc.layout)  # 2 buffers x 2 halves
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [4, HALF_M, HEAD_DV], do_desc.layout)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+    KS: gl.constexpr = STAGES + 1  # as DqFlags.K_STAGES
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [KS, BLOCK_N, HEAD_D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DV], v_desc.layout)
     pos_smem = gl.allocate_shared_memory(gl.int32, [2, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [KS, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [KS, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     tail_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -209,9 +251,10 @@ def dq_kernel(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, CU_Q, CU_K, TILE_
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # both consumer groups release a Q/dO buffer
-    for i in gl.static_range(STAGES):
+    for i in gl.static_range(KS):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)  # ... and every K and V buffer
+    for i in gl.static_range(STAGES):
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(v_empty.index(i), count=2)
     fence_async_shared()

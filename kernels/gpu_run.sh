@@ -8,8 +8,8 @@
 #   bash kernels/gpu_run.sh OUT_DIR tests   the GPU kernel tests (pytest -k gpu)
 #   bash kernels/gpu_run.sh OUT_DIR spec    the spec on triton-jfa as shipped (profile ci, on the GPU)
 #   bash kernels/gpu_run.sh OUT_DIR verify  spec and tests side by side (8 workers each), one call
-#   bash kernels/gpu_run.sh OUT_DIR gbwd    the Gluon dK/dV kernel: its GPU tests, then the shipped backward
-#                                           against it in both block orders (one round, six shapes, no FA4)
+#   bash kernels/gpu_run.sh OUT_DIR gbwd    the Gluon dK/dV and dQ kernels: their GPU tests, then the shipped
+#                                           backward against them, each alone and both (one round, six shapes)
 #   bash kernels/gpu_run.sh OUT_DIR gdq     the Gluon dQ kernel: its GPU tests, then the shipped backward against
 #                                           it, alone and with the Gluon dK/dV kernel (one round, five shapes)
 #   bash kernels/gpu_run.sh OUT_DIR dqtma   the fused atomic dQ mode: its GPU tests, then the shipped backward
@@ -70,11 +70,12 @@ case $STAGE in
     gpu_tests 560 8
     wait ;;
   gbwd)
-    timeout 240 python3 -m pytest tests/test_kernels.py -q -rA -n 12 -p no:cacheprovider -k gluon_backward \
-      > "$OUT_DIR/pytest_gluon_bwd.txt" 2>&1
+    timeout 220 python3 -m pytest tests/test_kernels.py -q -rA -n 14 -p no:cacheprovider \
+      -k "gluon_backward or gluon_dq" > "$OUT_DIR/pytest_gluon_bwd.txt" 2>&1
     echo "pytest gluon bwd rc=$?" | tee -a "$L"; grep -E "passed|failed|Error" "$OUT_DIR/pytest_gluon_bwd.txt" | tail -4
-    timeout 330 python3 -m kernels.bench --out "$OUT_DIR" --tag gluon_bwd --shapes S4b,S1,S1c,S2,S4a,S3 \
-      --impls triton-plan,triton-plan-gluon-bwd,triton-plan-gluon-bwd-lag-s2,triton-plan-gluon-bwd-lag-s3 >> "$L" 2>&1
+    timeout 300 python3 -m kernels.bench --out "$OUT_DIR" --tag gluon_bwd --shapes S4b,S1,S1c,S2,S4a,S3 \
+      --impls triton-plan,triton-plan-gluon-bwd,triton-plan-gluon-bwd-ovl-s2,triton-plan-gluon-bwd-ovl-s3,triton-plan-gluon-dq,triton-plan-gluon-bwd-dq \
+      >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_gluon_bwd.md" 2>/dev/null ;;
   gdq)

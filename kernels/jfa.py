@@ -157,11 +157,11 @@ BWD_KV_KERNELS = ("triton", "gluon")
 BWD_KV_KERNEL = os.environ.get("JFA_BWD_KV_KERNEL", "triton")
 # Q/dO blocks in flight (32 rows each), 1..4: two are 20-25% faster than one, three no faster (PERF.md v11)
 GLUON_BWD_STAGES = 2
-# Order of one 32-row block inside each consumer group (runtime switch):
-#   "plain": S^T and dP^T, wait, P and dS, dV and dK, wait (gluon_bwd._block).
-#   "lagged": the tl dK/dV kernel's order: S^T, wait, P, dV and dP^T, wait, dS, dK left running until the
-#     next block's first wait (gluon_bwd._block_lagged); needs two stages or more.
-GLUON_BWD_ORDERS = ("plain", "lagged")
+# Order of the blocks inside each consumer group (runtime switch):
+#   "plain": per block S^T and dP^T, wait, P and dS, dV and dK, wait (gluon_bwd._block).
+#   "overlap": the forward's order: block t's S^T / dP^T go ahead of block t-1's dV / dK, and block t's
+#     P / dS are computed while those run (gluon_bwd._overlapped_item); needs two stages or more.
+GLUON_BWD_ORDERS = ("plain", "overlap")
 GLUON_BWD_ORDER = "plain"
 # dQ kernel of the backward (runtime switch, environment JFA_BWD_Q_KERNEL; opt-in):
 #   "triton": the tl dQ kernel in triton_kernels.py.
@@ -357,9 +357,9 @@ def _gluon_bwd_stages():
         raise ValueError(f"jfa.GLUON_BWD_STAGES must be an int in 1..4, got {GLUON_BWD_STAGES!r}")
     if GLUON_BWD_ORDER not in GLUON_BWD_ORDERS:
         raise ValueError(f"jfa.GLUON_BWD_ORDER must be one of {GLUON_BWD_ORDERS}, got {GLUON_BWD_ORDER!r}")
-    if GLUON_BWD_ORDER == "lagged" and GLUON_BWD_STAGES < 2:
-        # a group would wait for the next block in the one buffer its own lagging dK still holds
-        raise ValueError("jfa.GLUON_BWD_ORDER 'lagged' needs jfa.GLUON_BWD_STAGES >= 2")
+    if GLUON_BWD_ORDER == "overlap" and GLUON_BWD_STAGES < 2:
+        # block t-1 keeps its buffer until block t's MMAs are issued: one buffer would deadlock
+        raise ValueError("jfa.GLUON_BWD_ORDER 'overlap' needs jfa.GLUON_BWD_STAGES >= 2")
     return GLUON_BWD_STAGES
 
 
@@ -775,7 +775,7 @@ def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, s
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0), scale, scale * tk.LOG2E,
         hkv, hq // hkv, n_items,
         BROADCAST=broadcast, CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=_gluon_bwd_stages(),
-        GROUPED=items is not None, DYNAMIC=dynamic, LAGGED=GLUON_BWD_ORDER == "lagged", num_warps=4)
+        GROUPED=items is not None, DYNAMIC=dynamic, OVERLAP=GLUON_BWD_ORDER == "overlap", num_warps=4)
 
 
 def _backward_q_gluon(q, k, v, do, lse, delta, cu_q, cu_k, s, causal, scale):

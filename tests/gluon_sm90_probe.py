@@ -48,7 +48,12 @@ def probe(cfg):
         sass = subprocess.run([os.path.join(BIN, "nvdisasm"), "-c", fh.name], capture_output=True, text=True,
                               check=True).stdout
     ptx = kernel.asm["ptx"]
-    return {"shared": kernel.metadata.shared, "setmaxnreg": "setmaxnreg" in ptx,
+    with tempfile.NamedTemporaryFile(suffix=".ptx", mode="w") as fh:
+        fh.write(ptx)
+        fh.flush()
+        ptxas = subprocess.run([os.path.join(BIN, "ptxas"), "-arch=sm_90a", fh.name, "-o", os.devnull],
+                               capture_output=True, text=True)
+    return {"wgmma_serialized": "serialized" in ptxas.stdout + ptxas.stderr,"shared": kernel.metadata.shared, "setmaxnreg": "setmaxnreg" in ptx,
             "wgmma": "wgmma.mma_async" in ptx, "hgmma": "HGMMA" in sass,
             "exps_between_waits": exps_between_waits(sass), "atomics": len(re.findall(r"\bATOMG?\.", sass)),
             "spill_stores": len(re.findall(r"\bSTL\b", sass))}

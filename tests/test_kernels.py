@@ -989,7 +989,7 @@ def test_gpu_gluon_rows_past_lk_never_leak(poison, causal, monkeypatch):
 @needs_gluon
 @pytest.mark.parametrize("stages, grid, order", [
     (1, "persistent", "plain"), (3, "persistent", "plain"), (2, "dynamic", "plain"), (2, "sorted", "plain"),
-    (2, "dynamic", "lagged"), (3, "persistent", "lagged"), (2, "sorted", "lagged")])
+    (2, "persistent", "overlap"), (3, "dynamic", "overlap"), (3, "sorted", "overlap")])
 @pytest.mark.parametrize("case", range(len(GLUON_CASES)))
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_gluon_backward(case, causal, stages, grid, order, monkeypatch):
@@ -1124,8 +1124,8 @@ def test_gluon_grid_is_what_the_switch_names(grid, n_items, want, monkeypatch):
 
 @needs_kernels
 @pytest.mark.parametrize("stages, order, field", [(0, "plain", "GLUON_BWD_STAGES"), (5, "plain", "GLUON_BWD_STAGES"),
-                                                  (2.0, "plain", "GLUON_BWD_STAGES"),
-                                                  (2, "fa3", "GLUON_BWD_ORDER"), (1, "lagged", "GLUON_BWD_STAGES")])
+                                                  (2.0, "plain", "GLUON_BWD_STAGES"), (2, "fa3", "GLUON_BWD_ORDER"),
+                                                  (1, "overlap", "GLUON_BWD_STAGES")])
 def test_gluon_backward_stage_count_and_order_are_checked(stages, order, field, monkeypatch):
     from kernels import jfa
     monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "gluon")
