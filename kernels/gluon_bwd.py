@@ -18,9 +18,15 @@
   MMA is NaN.  Key rows past the end are computed and never stored (each key's dK / dV row depends on
   that key's row of S^T only).
 
-Status (H200, PERF.md v11, persistent grid): exact against the tl dK/dV kernel at 1, 2 and 3 stages,
-once every block runs the masked code (see _block).  At the default two stages it is 7-28% slower than
-the tl dK/dV kernel on the bench shapes, so it is opt-in (jfa.BWD_KV_KERNEL).
+* Two block orders (jfa.GLUON_BWD_ORDER): ``plain`` (_block: each block's four MMAs retired inside it)
+  and ``overlap`` (_overlapped_item: the forward's order, block t's S^T / dP^T ahead of block t-1's dV /
+  dK).  Neither leaves an MMA in flight across a loop's back edge: ptxas then serializes every wgmma of
+  the kernel (PERF.md v12, pinned by tests/test_gluon_compile.py).
+
+Status (H200, PERF.md v11-v12): exact against the float64 reference at 1-3 stages on all three grids,
+once every block runs the masked code (see _block).  On the default dynamic grid it is level with the
+tl dK/dV kernel on the long dense causal shape and 7-14% slower on the others, in either order, so it
+is opt-in (jfa.BWD_KV_KERNEL).
 
 Conventions as the rest of kernels/: natural-log LSE [Hq, rows] with -inf for rows that see no key,
 bottom-right causal, broadcast-Q output (and dO) row b * Lq + i.

@@ -151,8 +151,8 @@ FWD_KERNEL = os.environ.get("JFA_FWD_KERNEL", "auto")
 #   "gluon": gluon_bwd.py, written for Hopper like the Gluon forward (same conditions; dO must also be a
 #     layout TMA can describe, checked at the backward).  Anywhere else the tl kernel runs and
 #     LAST_BWD_KV_PATH says why.  dQ stays with the tl dQ kernel, so the backward stays deterministic.
-#     Exact on the H200, and 7-28% slower than the tl kernel on the bench shapes (PERF.md v11, run on the
-#     persistent grid only), hence off.
+#     Exact on the H200; on the dynamic grid level with the tl kernel on S4b and 7-14% slower on the other
+#     bench shapes (PERF.md v12), hence off.
 BWD_KV_KERNELS = ("triton", "gluon")
 BWD_KV_KERNEL = os.environ.get("JFA_BWD_KV_KERNEL", "triton")
 # Q/dO blocks in flight (32 rows each), 1..4: two are 20-25% faster than one, three no faster (PERF.md v11)
@@ -168,7 +168,9 @@ GLUON_BWD_ORDER = "plain"
 #   "gluon": gluon_dq.py, written for Hopper like the Gluon forward (same conditions; dO must be a layout
 #     TMA can describe, checked at the backward; not for broadcast-Q, whose dQ sums over the batch, nor
 #     with the fused atomic dQ mode).  Anywhere else the tl dQ kernel runs and LAST_BWD_DQ_PATH says why.
-#     One writer per dQ element, so deterministic like the tl kernel.
+#     One writer per dQ element, so deterministic like the tl kernel.  On the H200 (PERF.md v12, three
+#     rounds) the backward with it is level on S4b / S1c and 1-6% faster on S1 / S4a / S3: within a few
+#     percent, and not yet through the GPU spec run, so it stays opt-in.
 BWD_Q_KERNELS = ("triton", "gluon")
 BWD_Q_KERNEL = os.environ.get("JFA_BWD_Q_KERNEL", "triton")
 GLUON_DQ_STAGES = 2  # K/V blocks in flight (64 keys each); two fill sm_90's shared memory at head dim 128
