@@ -757,7 +757,6 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
 
 def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, scale, broadcast):
     from . import gluon_bwd as gb
-    from .gluon_fwd import descriptor
     assert (gb.BLOCK_M.value, gb.HALF_N.value) == GLUON_BWD_BOX_ROWS
     seq_t, blk_t, n_tiles, items = s["kv_gluon"]
     hq, d = q.shape[1], q.shape[2]
@@ -765,13 +764,8 @@ def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, s
     n_items = n_tiles * hkv
     if n_items == 0:
         return
-    rows_q, rows_kv = GLUON_BWD_BOX_ROWS
-    qd = descriptor(q.view(q.shape[0], -1), [rows_q, d])
-    kd = descriptor(k.view(k.shape[0], -1), [rows_kv, d])
-    vd = descriptor(v.view(v.shape[0], -1), [rows_kv, dvd])
-    dod = descriptor(do.view(do.shape[0], -1), [rows_q, dvd])
-    n_programs, dynamic = _gluon_grid(n_items, q.device)
-    counter = torch.zeros(1, device=q.device, dtype=torch.int32) if dynamic else seq_t
+    (qd, kd, vd, dod), n_programs, dynamic, counter = _gluon_backward_launch(q, k, v, do, GLUON_BWD_BOX_ROWS,
+                                                                             n_items, seq_t)
     gb.dkdv_kernel[(n_programs,)](
         qd, kd, vd, dod, dk, dv, lse, delta, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0), scale, scale * tk.LOG2E,
@@ -780,9 +774,20 @@ def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, s
         GROUPED=items is not None, DYNAMIC=dynamic, OVERLAP=GLUON_BWD_ORDER == "overlap", num_warps=4)
 
 
+def _gluon_backward_launch(q, k, v, do, box_rows, n_items, unused_ptr):
+    """What both Gluon backward kernels launch with: TMA descriptors of q, k, v, dO (q / dO boxes of
+    box_rows[0] rows, k / v boxes of box_rows[1]), the grid, and the dynamic grid's item counter."""
+    from .gluon_fwd import descriptor
+    rows_q, rows_kv = box_rows
+    descs = tuple(descriptor(t.view(t.shape[0], -1), [rows, t.shape[2]])
+                  for t, rows in ((q, rows_q), (k, rows_kv), (v, rows_kv), (do, rows_q)))
+    n_programs, dynamic = _gluon_grid(n_items, q.device)
+    counter = torch.zeros(1, device=q.device, dtype=torch.int32) if dynamic else unused_ptr
+    return descs, n_programs, dynamic, counter
+
+
 def _backward_q_gluon(q, k, v, do, lse, delta, cu_q, cu_k, s, causal, scale):
     from . import gluon_dq as gd
-    from .gluon_fwd import descriptor
     assert (gd.HALF_M.value, gd.BLOCK_N.value) == GLUON_DQ_BOX_ROWS
     seq_t, blk_t, n_tiles, items = s["q_gluon"]
     hq, d = q.shape[1], q.shape[2]
@@ -791,13 +796,8 @@ def _backward_q_gluon(q, k, v, do, lse, delta, cu_q, cu_k, s, causal, scale):
     n_items = n_tiles * hq
     if n_items == 0:
         return dq
-    rows_q, rows_kv = GLUON_DQ_BOX_ROWS
-    qd = descriptor(q.view(q.shape[0], -1), [rows_q, d])
-    kd = descriptor(k.view(k.shape[0], -1), [rows_kv, d])
-    vd = descriptor(v.view(v.shape[0], -1), [rows_kv, dvd])
-    dod = descriptor(do.view(do.shape[0], -1), [rows_q, dvd])
-    n_programs, dynamic = _gluon_grid(n_items, q.device)
-    counter = torch.zeros(1, device=q.device, dtype=torch.int32) if dynamic else seq_t
+    (qd, kd, vd, dod), n_programs, dynamic, counter = _gluon_backward_launch(q, k, v, do, GLUON_DQ_BOX_ROWS,
+                                                                             n_items, seq_t)
     gd.dq_kernel[(n_programs,)](
         qd, kd, vd, dod, dq, lse, delta, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
         dq.stride(0), dq.stride(1), lse.stride(0), scale, scale * tk.LOG2E, hq, hq // hkv, n_items,

@@ -400,6 +400,32 @@ def test_gpu_multiblock(dtype, causal, mode, monkeypatch):
     run_case([129, 384], [700, 1], hq=2, hkv=2, d=64, causal=causal, dtype=dtype)
 
 
+def check_grads_beside_a_poisoned_sequence(poison, *, poisoned_first, d, names, tol, dtype=torch.bfloat16):
+    """Two sequences of 150 and 140 rows, one filled with inf or NaN (Q, K, V and dO): the clean one's
+    gradients ``names`` must be finite and match the float64 reference.  Ragged blocks of either
+    sequence read or write rows of the other, so this finds a kernel that lets them leak."""
+    la, lb = 150, 140
+    q, k, v, cu_q, cu_k = make_inputs([la, lb], [la, lb], 2, 2, d, d, dtype, seed=4)
+    do = torch.randn(la + lb, 2, d, generator=torch.Generator().manual_seed(5)).to(dtype)
+    bad, good = (slice(0, la), slice(la, None)) if poisoned_first else (slice(la, None), slice(0, la))
+    for t in (q, k, v, do):
+        t[bad] = float(poison)
+    qd, kd, vd = (t.to(DEVICE).requires_grad_() for t in (q, k, v))
+    out, _ = jagged_flash_attention(qd, kd, vd, cu_q.to(DEVICE), cu_k.to(DEVICE), la, la)
+    out.backward(do.to(DEVICE))
+    q64, k64, v64 = (t[good].detach().double().requires_grad_() for t in (q, k, v))
+    n = q64.shape[0]
+    cu = torch.tensor([0, n], dtype=torch.int32)
+    ref_o, _ = reference(q64, k64, v64, cu, cu, False, 1 / math.sqrt(d), False)
+    ref_o.backward(do[good].double())
+    grads = {"dq": (qd.grad, q64.grad), "dk": (kd.grad, k64.grad), "dv": (vd.grad, v64.grad)}
+    for name in names:
+        got, want = grads[name]
+        got = got[good].cpu()
+        assert torch.isfinite(got).all(), name
+        assert rel(got, want) < tol, name
+
+
 @needs_cuda
 @pytest.mark.parametrize("reduce", ["tma", "element"])
 @pytest.mark.parametrize("poison", ["inf", "nan"])
@@ -409,24 +435,10 @@ def test_gpu_atomic_dq_keeps_sequences_apart(reduce, poison, monkeypatch):
     from kernels import jfa
     monkeypatch.setattr(jfa, "BWD_DQ_MODE", "atomic")
     monkeypatch.setattr(jfa, "BWD_DQ_REDUCE", reduce)
-    la, lb, d = 150, 140, 128
-    q, k, v, cu_q, cu_k = make_inputs([la, lb], [la, lb], 2, 2, d, d, torch.bfloat16, seed=4)
-    do = torch.randn(la + lb, 2, d, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
-    for t in (q, k, v, do):
-        t[:la] = float(poison)
-    qd, kd, vd = (t.to(DEVICE).requires_grad_() for t in (q, k, v))
-    out, _ = jagged_flash_attention(qd, kd, vd, cu_q.to(DEVICE), cu_k.to(DEVICE), la, la)
-    out.backward(do.to(DEVICE))
+    check_grads_beside_a_poisoned_sequence(poison, poisoned_first=True, d=128, names=("dq", "dk", "dv"),
+                                           tol=2 * TOL[torch.bfloat16])
     want_path = "atomic-tma" if reduce == "tma" and _HAS_SM90 else "atomic-element"
     assert jfa.LAST_BWD_DQ_PATH == want_path, jfa.LAST_BWD_DQ_PATH
-    q64, k64, v64 = (t[la:].double().requires_grad_() for t in (q, k, v))
-    cu_b = torch.tensor([0, lb], dtype=torch.int32)
-    ref_o, _ = reference(q64, k64, v64, cu_b, cu_b, False, 1 / math.sqrt(d), False)
-    ref_o.backward(do[la:].double())
-    for name, got, want in (("dq", qd.grad, q64.grad), ("dk", kd.grad, k64.grad), ("dv", vd.grad, v64.grad)):
-        got = got[la:].cpu()
-        assert torch.isfinite(got).all(), name
-        assert rel(got, want) < 2 * TOL[torch.bfloat16], name
 
 
 @needs_cuda
@@ -1036,22 +1048,28 @@ def test_gpu_gluon_dq_rows_past_the_end_never_leak(poison, monkeypatch):
     rows: none of them may reach the first sequence's dQ."""
     from kernels import jfa
     monkeypatch.setattr(jfa, "BWD_Q_KERNEL", "gluon")
-    la, lb, d = 150, 140, 64
-    q, k, v, cu_q, cu_k = make_inputs([la, lb], [la, lb], 2, 2, d, d, torch.bfloat16, seed=4)
-    do = torch.randn(la + lb, 2, d, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
-    for t in (q, k, v, do):
-        t[la:] = float(poison)
-    qd, kd, vd = (t.to(DEVICE).requires_grad_() for t in (q, k, v))
-    out, _ = jagged_flash_attention(qd, kd, vd, cu_q.to(DEVICE), cu_k.to(DEVICE), la, la)
-    out.backward(do.to(DEVICE))
+    check_grads_beside_a_poisoned_sequence(poison, poisoned_first=False, d=64, names=("dq",),
+                                           tol=TOL[torch.bfloat16])
     assert jfa.LAST_BWD_DQ_PATH == "gluon", jfa.LAST_BWD_DQ_PATH
-    q64, k64, v64 = (t[:la].double().requires_grad_() for t in (q, k, v))
-    cu_a = torch.tensor([0, la], dtype=torch.int32)
-    ref_o, _ = reference(q64, k64, v64, cu_a, cu_a, False, 1 / math.sqrt(d), False)
-    ref_o.backward(do[:la].double())
-    got = qd.grad[:la].cpu()
-    assert torch.isfinite(got).all()
-    assert rel(got, q64.grad) < TOL[torch.bfloat16]
+
+
+@needs_kernels
+@pytest.mark.parametrize("grid, want_counter", [("dynamic", True), ("sorted", False)])
+def test_gluon_backward_launch_boxes(grid, want_counter, monkeypatch):
+    # host side of both Gluon backward kernels: each tensor gets its own box rows and its head dim
+    pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "GLUON_GRID", grid)
+    monkeypatch.setattr(jfa, "_num_sms", lambda device: 2)
+    bf = dict(dtype=torch.bfloat16)
+    q, k, v, do = (torch.zeros(300, 4, 128, **bf), torch.zeros(200, 2, 128, **bf), torch.zeros(200, 2, 64, **bf),
+                   torch.zeros(300, 4, 64, **bf))
+    unused = torch.zeros(1, dtype=torch.int32)
+    descs, n_programs, dynamic, counter = jfa._gluon_backward_launch(q, k, v, do, (32, 64), 5, unused)
+    assert [list(d.block_shape) for d in descs] == [[32, 128], [64, 128], [64, 64], [32, 64]]
+    assert [list(d.shape) for d in descs] == [[300, 512], [200, 256], [200, 128], [300, 256]]
+    assert dynamic == want_counter and n_programs == (2 if want_counter else 5)
+    assert (counter is unused) != want_counter
 
 
 @needs_kernels
@@ -1077,23 +1095,9 @@ def test_gpu_gluon_backward_rows_past_the_end_never_leak(poison, monkeypatch):
     V rows: none of them may reach the first sequence's gradients."""
     from kernels import jfa
     monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "gluon")
-    la, lb, d = 150, 140, 64
-    q, k, v, cu_q, cu_k = make_inputs([la, lb], [la, lb], 2, 2, d, d, torch.bfloat16, seed=4)
-    do = torch.randn(la + lb, 2, d, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
-    for t in (q, k, v, do):
-        t[la:] = float(poison)
-    qd, kd, vd = (t.to(DEVICE).requires_grad_() for t in (q, k, v))
-    out, _ = jagged_flash_attention(qd, kd, vd, cu_q.to(DEVICE), cu_k.to(DEVICE), la, la)
-    out.backward(do.to(DEVICE))
+    check_grads_beside_a_poisoned_sequence(poison, poisoned_first=False, d=64, names=("dq", "dk", "dv"),
+                                           tol=TOL[torch.bfloat16])
     assert jfa.LAST_BWD_KV_PATH == "gluon", jfa.LAST_BWD_KV_PATH
-    q64, k64, v64 = (t[:la].double().requires_grad_() for t in (q, k, v))
-    cu_a = torch.tensor([0, la], dtype=torch.int32)
-    ref_o, _ = reference(q64, k64, v64, cu_a, cu_a, False, 1 / math.sqrt(d), False)
-    ref_o.backward(do[:la].double())
-    for name, got, want in (("dq", qd.grad, q64.grad), ("dk", kd.grad, k64.grad), ("dv", vd.grad, v64.grad)):
-        got = got[:la].cpu()
-        assert torch.isfinite(got).all(), name
-        assert rel(got, want) < TOL[torch.bfloat16], name
 
 
 @needs_kernels
