@@ -33,9 +33,11 @@ class TritonJfa(Backend):
     )
 
     def __init__(self):
-        # which forward kernel answers is part of what a report describes (JFA_FWD_KERNEL picks it)
+        # which kernels answer is part of what a report describes (JFA_FWD_KERNEL, JFA_BWD_KV_KERNEL and
+        # JFA_BWD_Q_KERNEL pick them)
         self.capabilities = dataclasses.replace(
-            self.capabilities, notes=f"{self.capabilities.notes}; forward kernel switch: {jfa.FWD_KERNEL}")
+            self.capabilities, notes=f"{self.capabilities.notes}; kernel switches: forward {jfa.FWD_KERNEL}, "
+                                     f"dK/dV {jfa.BWD_KV_KERNEL}, dQ {jfa.BWD_Q_KERNEL}")
         if _interpreting():  # the interpreter runs every program in Python: keep drawn problems small
             self.capabilities = dataclasses.replace(self.capabilities, max_drawn_rows=160)
 

@@ -7,6 +7,7 @@
 #                                           flex_attention and padded SDPA (one round); all six shapes
 #   bash kernels/gpu_run.sh OUT_DIR tests   the GPU kernel tests (pytest -k gpu)
 #   bash kernels/gpu_run.sh OUT_DIR spec    the spec on triton-jfa as shipped (profile ci, on the GPU)
+#   bash kernels/gpu_run.sh OUT_DIR gdqspec the same with the Gluon dQ kernel (JFA_BWD_Q_KERNEL=gluon)
 #   bash kernels/gpu_run.sh OUT_DIR verify  spec and tests side by side (8 workers each), one call
 #   bash kernels/gpu_run.sh OUT_DIR gbwd    the Gluon dK/dV and dQ kernels: their GPU tests, then the shipped
 #                                           backward against them, each alone and both (one round, six shapes)
@@ -26,7 +27,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|spec|verify|gbwd|gdq|dqtma|rounds|split|sdpa|sweep|ncu}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|spec|gdqspec|verify|gbwd|gdq|dqtma|rounds|split|sdpa|sweep|ncu}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -65,6 +66,8 @@ case $STAGE in
     gpu_tests 560 14 ;;
   spec)
     spec 520 ci-default 14 ;;
+  gdqspec)
+    spec 520 ci-gluon-dq 14 JFA_BWD_Q_KERNEL=gluon ;;
   verify)
     spec 530 ci-default 8 &
     gpu_tests 560 8
