@@ -683,15 +683,16 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     else:
         dq_acc = dq_arg = dk  # unused pointer
     global LAST_BWD_DQ_PATH
-    LAST_BWD_DQ_PATH = ("atomic-tma" if dq_tma else "atomic-element") if fuse else "separate"
     why_not_gluon_dq = cfgs.why_not_gluon_dq
-    if cfgs.bwd_q_kernel == "gluon":
+    if cfgs.bwd_q_kernel == "gluon":  # dO is known only now
         why_not_gluon_dq = _tma_refusal(do, GLUON_DQ_BOX_ROWS[0])
         why_not_gluon_dq = f"dO: {why_not_gluon_dq}" if why_not_gluon_dq else ""
-    if why_not_gluon_dq:
+    if fuse:
+        LAST_BWD_DQ_PATH = "atomic-tma" if dq_tma else "atomic-element"
+    elif why_not_gluon_dq:
         LAST_BWD_DQ_PATH = f"separate (gluon: {why_not_gluon_dq})"
-    elif cfgs.bwd_q_kernel == "gluon":
-        LAST_BWD_DQ_PATH = "gluon"
+    else:
+        LAST_BWD_DQ_PATH = "gluon" if cfgs.bwd_q_kernel == "gluon" else "separate"
     global LAST_BWD_KV_PATH
     why = cfgs.why_not_gluon_bwd
     if cfgs.bwd_kv_kernel == "gluon":

@@ -1080,6 +1080,11 @@ def test_gluon_dq_switch_falls_back_with_its_reason(monkeypatch):
     assert jfa.LAST_BWD_DQ_PATH.startswith("separate (gluon: "), jfa.LAST_BWD_DQ_PATH
     run_case([20], [9, 50, 33], hq=2, hkv=1, d=32, broadcast=True, dtype=torch.float32)
     assert "broadcast-Q" in jfa.LAST_BWD_DQ_PATH, jfa.LAST_BWD_DQ_PATH
+    # the fused atomic mode computes dQ itself, and says so
+    monkeypatch.setattr(jfa, "BWD_DQ_MODE", "atomic")
+    run_case([12, 30], [25, 7], hq=2, hkv=1, d=32, dtype=torch.float32)
+    assert jfa.LAST_BWD_DQ_PATH.startswith("atomic-"), jfa.LAST_BWD_DQ_PATH
+    monkeypatch.setattr(jfa, "BWD_DQ_MODE", "separate")
     monkeypatch.setattr(jfa, "GLUON_DQ_STAGES", 3)
     with pytest.raises(ValueError, match="GLUON_DQ_STAGES"):
         run_case([4], [4], dtype=torch.float32)
