@@ -6,10 +6,12 @@ launches and the autograd Function.
                                       softmax_scale=None, broadcast_q=False,
                                       deterministic=False)
 
-See the spec conventions in README / kernels/PERF.md.  dQ is always computed
-without atomics (one writer per element; broadcast-Q sums fp32 per-chunk
-partials in a fixed order), so every gradient is bitwise reproducible for a
-given input whether or not ``deterministic`` is set.
+See the spec conventions in README / kernels/PERF.md.  By default dQ is
+computed without atomics (one writer per element; broadcast-Q sums fp32
+per-chunk partials in a fixed order), so every gradient is bitwise reproducible
+for a given input whether or not ``deterministic`` is set.  The opt-in
+BWD_DQ_MODE = "atomic" adds dQ with fp32 atomics (not reproducible) and applies
+only when ``deterministic`` is False.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from . import triton_kernels as tk
 # 256 is not declared: it was never compiled for the GPU.
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-DQ_DETERMINISTIC = True  # dQ never uses atomics, in any mode
+DQ_DETERMINISTIC = True  # the default dQ uses no atomics (the opt-in atomic mode yields to deterministic=True)
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -847,9 +849,10 @@ def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
     out: [total_q, Hq, Dv] (broadcast-Q: [B*Lq, Hq, Dv], batch-major);
     lse: float32 [Hq, total_q] (broadcast-Q: [Hq, B*Lq]), natural log,
-    -inf for rows with no visible key.  ``deterministic`` is accepted for API
-    compatibility: every gradient here is computed without atomics and is
-    bitwise reproducible in either mode.
+    -inf for rows with no visible key.  With the default switches every gradient
+    is computed without atomics and is bitwise reproducible whether or not
+    ``deterministic`` is set; ``deterministic=True`` also keeps the opt-in
+    atomic dQ mode (jfa.BWD_DQ_MODE) off.
     """
     return _JaggedFlashAttention.apply(*_prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                  causal, softmax_scale, broadcast_q, deterministic))
