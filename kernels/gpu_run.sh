@@ -11,8 +11,6 @@
 #   bash kernels/gpu_run.sh OUT_DIR verify  spec and tests side by side (8 workers each), one call
 #   bash kernels/gpu_run.sh OUT_DIR gbwd    the Gluon dK/dV and dQ kernels: their GPU tests, then the shipped
 #                                           backward against them, each alone and both (one round, six shapes)
-#   bash kernels/gpu_run.sh OUT_DIR gdq     the Gluon dQ kernel: its GPU tests, then the shipped backward against
-#                                           it, alone and with the Gluon dK/dV kernel (one round, five shapes)
 #   bash kernels/gpu_run.sh OUT_DIR dqtma   the fused atomic dQ mode: its GPU tests, then the shipped backward
 #                                           against it with TMA or element adds and other fused tiles
 #                                           (one round, the five non-broadcast shapes, no FA4)
@@ -27,7 +25,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|spec|gdqspec|verify|gbwd|gdq|dqtma|rounds|split|sdpa|sweep|ncu}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|spec|gdqspec|verify|gbwd|dqtma|rounds|split|sdpa|sweep|ncu}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -81,14 +79,6 @@ case $STAGE in
       >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_gluon_bwd.md" 2>/dev/null ;;
-  gdq)
-    timeout 200 python3 -m pytest tests/test_kernels.py -q -rA -n 12 -p no:cacheprovider -k "gluon_dq" \
-      > "$OUT_DIR/pytest_gluon_dq.txt" 2>&1
-    echo "pytest gluon dq rc=$?" | tee -a "$L"; grep -E "passed|failed|Error" "$OUT_DIR/pytest_gluon_dq.txt" | tail -4
-    timeout 300 python3 -m kernels.bench --out "$OUT_DIR" --tag gluon_dq --shapes S4b,S1,S1c,S4a,S3 \
-      --impls triton-plan,triton-plan-gluon-dq,triton-plan-gluon-bwd-dq >> "$L" 2>&1
-    echo "bench rc=$?" | tee -a "$L"
-    cat "$OUT_DIR/bench_gluon_dq.md" 2>/dev/null ;;
   dqtma)
     timeout 150 python3 -m pytest tests/test_kernels.py -q -rA -n 12 -p no:cacheprovider -k "atomic" \
       > "$OUT_DIR/pytest_atomic.txt" 2>&1
