@@ -263,17 +263,19 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          # the shipped forward with the Gluon part on each grid (jfa.GLUON_GRID; "dynamic" is the default)
          **{f"triton-plan-gluon-{g}": _triton_with(impl_triton_plan, GLUON_GRID=g)
             for g in ("sorted", "persistent", "dynamic")},
-         # the shipped kernel with the Gluon dK/dV kernel in its backward (jfa.BWD_KV_KERNEL)
+         # the shipped kernel with the Gluon dK/dV kernel in its backward (jfa.BWD_KV_KERNEL; since v13 beside
+         # the Gluon dQ kernel)
          "triton-plan-gluon-bwd": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon"),
          **{f"triton-plan-gluon-bwd-s{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon", GLUON_BWD_STAGES=n)
             for n in (1, 3)},
          **{f"triton-plan-gluon-bwd-ovl-s{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon",
                                                           GLUON_BWD_ORDER="overlap", GLUON_BWD_STAGES=n)
             for n in (2, 3)},
-         # the Gluon dQ kernel (jfa.BWD_Q_KERNEL), alone and with the Gluon dK/dV kernel
+         # the dQ kernel (jfa.BWD_Q_KERNEL): the tl one (the default before v13), the Gluon one (the default
+         # on sm_90 since v13) asked for explicitly, and the tl dQ beside the Gluon dK/dV kernel
+         "triton-plan-tl-dq": _triton_with(impl_triton_plan, BWD_Q_KERNEL="triton"),
          "triton-plan-gluon-dq": _triton_with(impl_triton_plan, BWD_Q_KERNEL="gluon"),
-         "triton-plan-gluon-bwd-dq": _triton_with(impl_triton_plan, BWD_Q_KERNEL="gluon", BWD_KV_KERNEL="gluon",
-                                                  GLUON_BWD_ORDER="overlap", GLUON_BWD_STAGES=3),
+         "triton-plan-gluon-bwd-tl-dq": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon", BWD_Q_KERNEL="triton"),
          # dQ fused into the dK/dV kernel (jfa.BWD_DQ_MODE "atomic"): blocks added through TMA (the default
          # reduce on sm_90) or per element; -kvf<BM>x<BN>w<warps>s<stages>: other fused-kernel tiles
          "triton-plan-atomic": _triton_with(impl_triton_plan, BWD_DQ_MODE="atomic"),

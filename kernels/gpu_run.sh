@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # GPU runs of the kernels, one stage per call (each fits a 10-minute slot on one H200):
-#   bash kernels/gpu_run.sh OUT_DIR bench   the Gluon grid tests, then one benchmark table (two interleaved
-#                                           rounds): FA4 first (ratios and max |diff| against it), the shipped
-#                                           kernel (plain calls and a plan), the plan with the Gluon forward on
-#                                           the sorted and persistent grids (the default is dynamic),
-#                                           flex_attention and padded SDPA (one round); all six shapes
+#   bash kernels/gpu_run.sh OUT_DIR bench   one benchmark table (two interleaved rounds): FA4 first (ratios and
+#                                           max |diff| against it), the shipped kernel through a plan, the same
+#                                           with the tl dQ kernel, plain calls, flex_attention and padded SDPA
+#                                           (one round); all six shapes
 #   bash kernels/gpu_run.sh OUT_DIR tests   the GPU kernel tests (pytest -k gpu)
 #   bash kernels/gpu_run.sh OUT_DIR spec    the spec on triton-jfa as shipped (profile ci, on the GPU)
-#   bash kernels/gpu_run.sh OUT_DIR gdqspec the same with the Gluon dQ kernel (JFA_BWD_Q_KERNEL=gluon)
+#   bash kernels/gpu_run.sh OUT_DIR tldqspec the same with the tl dQ kernel (JFA_BWD_Q_KERNEL=triton)
 #   bash kernels/gpu_run.sh OUT_DIR verify  spec and tests side by side (8 workers each), one call
 #   bash kernels/gpu_run.sh OUT_DIR gbwd    the Gluon dK/dV and dQ kernels: their GPU tests, then the shipped
-#                                           backward against them, each alone and both (one round, six shapes)
+#                                           backward (Gluon dQ) against the tl dQ and the Gluon dK/dV kernel
+#                                           beside either dQ kernel (one round, six shapes)
 #   bash kernels/gpu_run.sh OUT_DIR dqtma   the fused atomic dQ mode: its GPU tests, then the shipped backward
 #                                           against it with TMA or element adds and other fused tiles
 #                                           (one round, the five non-broadcast shapes, no FA4)
@@ -25,7 +25,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|spec|gdqspec|verify|gbwd|dqtma|rounds|split|sdpa|sweep|ncu}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|spec|tldqspec|verify|gbwd|dqtma|rounds|split|sdpa|sweep|ncu}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -51,21 +51,16 @@ gpu_tests() {  # gpu_tests(time limit s, workers): -rA names every outcome, so a
 
 case $STAGE in
   bench)
-    timeout 110 python3 -m pytest tests/test_kernels.py -q -rA -n 8 -p no:cacheprovider -k gluon_persistent_grid \
-      > "$OUT_DIR/pytest_gluon_grid.txt" 2>&1
-    echo "pytest gluon grids rc=$?" | tee -a "$L"; tail -2 "$OUT_DIR/pytest_gluon_grid.txt"
-    variants=triton-plan-gluon-sorted,triton-plan-gluon-persistent
-    timeout 450 python3 -m kernels.bench --out "$OUT_DIR" --tag table --rounds 2 --once flex,sdpa,triton \
-      --impls fa4,triton,triton-plan,$variants,flex,sdpa --fwd-only $variants \
-      --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
+    timeout 500 python3 -m kernels.bench --out "$OUT_DIR" --tag table --rounds 2 --once flex,sdpa,triton \
+      --impls fa4,triton,triton-plan,triton-plan-tl-dq,flex,sdpa --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_table.md" 2>/dev/null ;;
   tests)
     gpu_tests 560 14 ;;
   spec)
     spec 520 ci-default 14 ;;
-  gdqspec)
-    spec 520 ci-gluon-dq 14 JFA_BWD_Q_KERNEL=gluon ;;
+  tldqspec)
+    spec 520 ci-tl-dq 14 JFA_BWD_Q_KERNEL=triton ;;
   verify)
     spec 530 ci-default 8 &
     gpu_tests 560 8
@@ -75,7 +70,7 @@ case $STAGE in
       -k "gluon_backward or gluon_dq" > "$OUT_DIR/pytest_gluon_bwd.txt" 2>&1
     echo "pytest gluon bwd rc=$?" | tee -a "$L"; grep -E "passed|failed|Error" "$OUT_DIR/pytest_gluon_bwd.txt" | tail -4
     timeout 300 python3 -m kernels.bench --out "$OUT_DIR" --tag gluon_bwd --shapes S4b,S1,S1c,S2,S4a,S3 \
-      --impls triton-plan,triton-plan-gluon-bwd,triton-plan-gluon-bwd-ovl-s2,triton-plan-gluon-bwd-ovl-s3,triton-plan-gluon-dq,triton-plan-gluon-bwd-dq \
+      --impls triton-plan,triton-plan-tl-dq,triton-plan-gluon-bwd,triton-plan-gluon-bwd-ovl-s2,triton-plan-gluon-bwd-tl-dq \
       >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_gluon_bwd.md" 2>/dev/null ;;

@@ -165,16 +165,17 @@ GLUON_BWD_STAGES = 2
 #     P / dS are computed while those run (gluon_bwd._overlapped_item); needs two stages or more.
 GLUON_BWD_ORDERS = ("plain", "overlap")
 GLUON_BWD_ORDER = "plain"
-# dQ kernel of the backward (runtime switch, environment JFA_BWD_Q_KERNEL; opt-in):
+# dQ kernel of the backward (runtime switch, environment JFA_BWD_Q_KERNEL):
 #   "triton": the tl dQ kernel in triton_kernels.py.
 #   "gluon": gluon_dq.py, written for Hopper like the Gluon forward (same conditions; dO must be a layout
 #     TMA can describe, checked at the backward; not for broadcast-Q, whose dQ sums over the batch, nor
 #     with the fused atomic dQ mode).  Anywhere else the tl dQ kernel runs and LAST_BWD_DQ_PATH says why.
-#     One writer per dQ element, so deterministic like the tl kernel.  On the H200 (PERF.md v12, three
-#     rounds) the backward with it is level on S4b / S1c and 1-6% faster on S1 / S4a / S3: within a few
-#     percent, and not yet through the GPU spec run, so it stays opt-in.
-BWD_Q_KERNELS = ("triton", "gluon")
-BWD_Q_KERNEL = os.environ.get("JFA_BWD_Q_KERNEL", "triton")
+#     One writer per dQ element, so deterministic like the tl kernel.
+#   "auto" (the default since PERF.md v13): "gluon" where it can run, else "triton", silently
+#     (LAST_BWD_DQ_PATH names the kernel that ran).  On the H200 the backward with it is level on S4b and
+#     2-7% faster on S1 / S1c / S4a / S3 (v12 three rounds, v13), and the GPU spec passes with it (v13).
+BWD_Q_KERNELS = ("auto", "triton", "gluon")
+BWD_Q_KERNEL = os.environ.get("JFA_BWD_Q_KERNEL", "auto")
 GLUON_DQ_STAGES = 2  # K/V blocks in flight (64 keys each); two fill sm_90's shared memory at head dim 128
 GLUON_DQ_BOX_ROWS = (64, 64)  # TMA box rows of its Q / dO halves and of its K / V blocks (gluon_dq.py)
 GLUON_BWD_BOX_ROWS = (32, 64)  # TMA box rows of its Q / dO blocks and of its K / V halves (gluon_bwd.py)
@@ -378,8 +379,9 @@ class LaunchConfig(NamedTuple):
     gluon: Optional[tuple]  # (Gluon config, fewest keys a sequence needs to go to it), or None
     bwd_kv_kernel: str = "triton"  # "gluon" where BWD_KV_KERNEL asks for it and q/k/v allow it
     why_not_gluon_bwd: str = ""  # why it was asked for and cannot run
-    bwd_q_kernel: str = "triton"  # "gluon" where BWD_Q_KERNEL asks for it and the call allows it
-    why_not_gluon_dq: str = ""  # why it was asked for and cannot run
+    bwd_q_kernel: str = "triton"  # "gluon" where BWD_Q_KERNEL asks for it (or "auto") and the call allows it
+    why_not_gluon_dq: str = ""  # why it was asked for explicitly and cannot run
+    gluon_dq_silent: bool = False  # "auto": a refusal found at the backward (dO) is not reported either
 
 
 def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq, hkv, device, row_bytes):
@@ -686,15 +688,18 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
         dq_acc = dq_arg = dk  # unused pointer
     global LAST_BWD_DQ_PATH
     why_not_gluon_dq = cfgs.why_not_gluon_dq
-    if cfgs.bwd_q_kernel == "gluon":  # dO is known only now
-        why_not_gluon_dq = _tma_refusal(do, GLUON_DQ_BOX_ROWS[0])
-        why_not_gluon_dq = f"dO: {why_not_gluon_dq}" if why_not_gluon_dq else ""
+    gluon_dq = cfgs.bwd_q_kernel == "gluon"
+    if gluon_dq:  # dO is known only now
+        why_do = _tma_refusal(do, GLUON_DQ_BOX_ROWS[0])
+        gluon_dq = not why_do
+        if why_do and not cfgs.gluon_dq_silent:
+            why_not_gluon_dq = f"dO: {why_do}"
     if fuse:
         LAST_BWD_DQ_PATH = "atomic-tma" if dq_tma else "atomic-element"
     elif why_not_gluon_dq:
         LAST_BWD_DQ_PATH = f"separate (gluon: {why_not_gluon_dq})"
     else:
-        LAST_BWD_DQ_PATH = "gluon" if cfgs.bwd_q_kernel == "gluon" else "separate"
+        LAST_BWD_DQ_PATH = "gluon" if gluon_dq else "separate"
     global LAST_BWD_KV_PATH
     why = cfgs.why_not_gluon_bwd
     if cfgs.bwd_kv_kernel == "gluon":
@@ -925,18 +930,18 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
     if BWD_Q_KERNEL not in BWD_Q_KERNELS:
         raise ValueError(f"jfa.BWD_Q_KERNEL must be one of {BWD_Q_KERNELS}, got {BWD_Q_KERNEL!r}")
     why_not_gluon_dq = ""
-    if BWD_Q_KERNEL == "gluon":
+    if BWD_Q_KERNEL != "triton":
         if not (isinstance(GLUON_DQ_STAGES, int) and 1 <= GLUON_DQ_STAGES <= 2):
             raise ValueError(f"jfa.GLUON_DQ_STAGES must be 1 or 2, got {GLUON_DQ_STAGES!r}")
         why_not_gluon_dq = ("broadcast-Q sums dQ over the batch (the tl chunked dQ kernel does)" if broadcast_q
                             else "the fused atomic dQ mode computes dQ in its dK/dV kernel" if fuse
                             else _gluon_refusal(q, k, v, scale, block_rows=GLUON_DQ_BOX_ROWS))
+    bwd_q_kernel = "gluon" if BWD_Q_KERNEL != "triton" and not why_not_gluon_dq else "triton"
+    silent_dq = BWD_Q_KERNEL == "auto"
     cfgs = LaunchConfig(_cfg("fwd", dkey, q.dtype, on_cpu), _cfg("kvf" if fuse else "kv", dkey, q.dtype, on_cpu),
                         _cfg("q", dkey, q.dtype, on_cpu), fuse, fwd_kernel, why_not_gluon, gluon,
                         "gluon" if BWD_KV_KERNEL == "gluon" and not why_not_gluon_bwd else "triton",
-                        why_not_gluon_bwd,
-                        "gluon" if BWD_Q_KERNEL == "gluon" and not why_not_gluon_dq else "triton",
-                        why_not_gluon_dq)
+                        why_not_gluon_bwd, bwd_q_kernel, "" if silent_dq else why_not_gluon_dq, silent_dq)
     if cu_seqlens_q.device != q.device:
         cu_seqlens_q = cu_seqlens_q.to(q.device)
     if cu_seqlens_k.device != q.device:

@@ -391,13 +391,19 @@ needs_cuda = pytest.mark.skipif(not _HAS_CUDA, reason="needs a CUDA GPU (sizes t
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("mode", ["separate", "atomic"])
+@pytest.mark.parametrize("mode", ["separate", "tl-dq", "atomic"])
 def test_gpu_multiblock(dtype, causal, mode, monkeypatch):
+    # "separate": the default dQ kernel (Gluon on sm_90 for bf16/fp16, else tl); "tl-dq": the tl dQ kernel,
+    # which still serves broadcast-Q, fp32 and other GPUs; "atomic": dQ fused into the dK/dV kernel
     from kernels import jfa
-    monkeypatch.setattr(jfa, "BWD_DQ_MODE", mode)
+    monkeypatch.setattr(jfa, "BWD_DQ_MODE", "atomic" if mode == "atomic" else "separate")
+    monkeypatch.setattr(jfa, "BWD_Q_KERNEL", "triton" if mode == "tl-dq" else "auto")
     run_case([300, 0, 513, 129, 64, 700], [257, 5, 513, 400, 0, 200], hq=4, hkv=2, d=128,
              causal=causal, dtype=dtype)
     run_case([129, 384], [700, 1], hq=2, hkv=2, d=64, causal=causal, dtype=dtype)
+    if mode != "atomic":
+        gluon_dq = mode == "separate" and not _GLUON_WHY and dtype != torch.float32
+        assert jfa.LAST_BWD_DQ_PATH == ("gluon" if gluon_dq else "separate"), jfa.LAST_BWD_DQ_PATH
 
 
 def check_grads_beside_a_poisoned_sequence(poison, *, poisoned_first, d, names, tol, dtype=torch.bfloat16):
@@ -1075,6 +1081,10 @@ def test_gluon_backward_launch_boxes(grid, want_counter, monkeypatch):
 @needs_kernels
 def test_gluon_dq_switch_falls_back_with_its_reason(monkeypatch):
     from kernels import jfa
+    # "auto" (the default) falls back silently: fp32 is not for the Gluon dQ kernel anywhere
+    monkeypatch.setattr(jfa, "BWD_Q_KERNEL", "auto")
+    run_case([40, 0, 33], [9, 50, 33], hq=2, hkv=1, d=32, causal=True, dtype=torch.float32)
+    assert jfa.LAST_BWD_DQ_PATH == "separate", jfa.LAST_BWD_DQ_PATH
     monkeypatch.setattr(jfa, "BWD_Q_KERNEL", "gluon")
     run_case([40, 0, 33], [9, 50, 33], hq=2, hkv=1, d=32, causal=True, dtype=torch.float32)
     assert jfa.LAST_BWD_DQ_PATH.startswith("separate (gluon: "), jfa.LAST_BWD_DQ_PATH
