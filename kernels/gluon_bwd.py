@@ -39,9 +39,28 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.experimental.gluon.language.nvidia.hopper import tma
 from triton.language.core import _aggregate as aggregate
 
-from .gluon_fwd import _next_pos, _publish_pos, _read_pos, _zero_rows_from, tma_load
+from .gluon_fwd import _next_pos, _publish_pos, _read_pos, _zero_rows_from, partition_barrier, tma_load
+
+
+def _tma_reduce_add_builtin():
+    # TMA bulk reduce-add of a shared tile into global memory.  Gluon in Triton 3.6 has the op
+    # (GluonOpBuilder.create_async_tma_reduce, as tl's descriptor atomic_add uses) but no public name
+    # for it yet, so it is wrapped here the way gluon's own tma.async_copy_shared_to_global is.
+    from triton._C.libtriton import ir
+    from triton.experimental.gluon.language._core import builtin
+
+    @builtin
+    def reduce_add(tensor_desc, coord, src, _semantic=None):
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
+                                                  src.handle)
+    return reduce_add
+
+
+tma_reduce_add = _tma_reduce_add_builtin()
 
 # (constexpr globals: the jitted code reads them; the host reads .value)
 HALF_N = gl.constexpr(64)  # keys per consumer warp group: one wgmma M-extent
@@ -62,9 +81,10 @@ class BwdFlags:
     GROUPED: gl.constexpr
     DYNAMIC: gl.constexpr
     OVERLAP: gl.constexpr
+    FUSE_DQ: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP):
+    def __init__(self, WG, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP, FUSE_DQ):
         self.WG = gl.constexpr(WG)
         self.BROADCAST = gl.constexpr(BROADCAST)
         self.CAUSAL = gl.constexpr(CAUSAL)
@@ -74,6 +94,7 @@ class BwdFlags:
         self.GROUPED = gl.constexpr(GROUPED)
         self.DYNAMIC = gl.constexpr(DYNAMIC)
         self.OVERLAP = gl.constexpr(OVERLAP)
+        self.FUSE_DQ = gl.constexpr(FUSE_DQ)
 
 
 @gluon.jit
@@ -128,12 +149,30 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, po
         # a fresh barrier counts as having completed the phase before 0, so first rounds do not wait
         mbarrier.wait(kv_empty.index(kb), ((tk // 2) & 1) ^ 1)
         _publish_pos(pos_smem, kb, pos)
-        mbarrier.expect(kv_ready.index(kb), 2 * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
-        for half in gl.static_range(2):
-            tma_load(k_desc, [k_start + n0 + half * HALF_N, hk * HEAD_D], kv_ready.index(kb),
-                     k_smem.index(2 * kb + half))
-            tma_load(v_desc, [k_start + n0 + half * HALF_N, hk * HEAD_DV], kv_ready.index(kb),
-                     v_smem.index(2 * kb + half))
+        kv_bytes: gl.constexpr = 2 * (k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        if flags.FUSE_DQ and n0 + BLOCK_N > lk:
+            # A ragged key block with dQ fused: dQ^T = K^T dS^T sums over every key row of the block, so
+            # the rows past lk (the next sequence's, maybe not finite) are zeroed before the consumers
+            # see them (0 * inf inside an MMA is NaN); zero K and V rows give finite dS^T rows there.
+            mbarrier.expect(tail_bar, kv_bytes)
+            for half in gl.static_range(2):
+                tma_load(k_desc, [k_start + n0 + half * HALF_N, hk * HEAD_D], tail_bar, k_smem.index(2 * kb + half))
+                tma_load(v_desc, [k_start + n0 + half * HALF_N, hk * HEAD_DV], tail_bar,
+                         v_smem.index(2 * kb + half))
+            mbarrier.wait(tail_bar, n_tails & 1)
+            for half in gl.static_range(2):
+                _zero_rows_from(k_smem.index(2 * kb + half), lk - n0 - half * HALF_N, HALF_N, HEAD_D)
+                _zero_rows_from(v_smem.index(2 * kb + half), lk - n0 - half * HALF_N, HALF_N, HEAD_DV)
+            fence_async_shared()
+            mbarrier.arrive(kv_ready.index(kb))
+            n_tails += 1
+        else:
+            mbarrier.expect(kv_ready.index(kb), kv_bytes)
+            for half in gl.static_range(2):
+                tma_load(k_desc, [k_start + n0 + half * HALF_N, hk * HEAD_D], kv_ready.index(kb),
+                         k_smem.index(2 * kb + half))
+                tma_load(v_desc, [k_start + n0 + half * HALF_N, hk * HEAD_DV], kv_ready.index(kb),
+                         v_smem.index(2 * kb + half))
         for g in range(GROUP):
             h = hk * GROUP + g
             for j in range(n_steps):
@@ -168,9 +207,9 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, po
 @gluon.jit
 def _block(dk, dv, k_half, v_half, q_s, do_s, LSE, DELTA, lse_base, keys, rows, lq, diag, qk_scale,
            CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-           ds_layout: gl.constexpr):
+           ds_layout: gl.constexpr, ds_s, dq_s, dq_desc, dq_coord, FUSE_DQ: gl.constexpr, HEAD_D: gl.constexpr):
     # one query block against this group's 64 keys: S^T and dP^T first (both only read shared
-    # memory), then the two accumulating MMAs
+    # memory), then the two accumulating MMAs (and, FUSE_DQ, this group's share of the block's dQ)
     st = warpgroup_mma(k_half, q_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
                        use_acc=False, is_async=True)
     dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
@@ -194,7 +233,32 @@ def _block(dk, dv, k_half, v_half, q_s, do_s, LSE, DELTA, lse_base, keys, rows, 
     dst = pt * (dpt - gl.expand_dims(delta, 0))
     ds_op = gl.convert_layout(dst.to(q_s.dtype), ds_layout)
     dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
-    dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
+    if FUSE_DQ:
+        # dQ^T (head dim x rows) = K^T dS^T over this group's 64 keys: dS^T goes through shared memory
+        # (an MMA's B operand), and the fp32 partial is added into the transposed dQ buffer by one TMA
+        # reduce-add, which the other group's partial and every other key block's add to as well.
+        ds_s.store(dst.to(q_s.dtype))
+        fence_async_shared()
+        # dV / dK retire first: their register operands and the dQ^T accumulator together spill
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
+        partition_barrier()
+        # in two 64-row halves of the head dim, so only a 64 x 32 fp32 partial is live at a time
+        for half in gl.static_range(HEAD_D // 64):
+            k_t = k_half.permute((1, 0)).slice(half * 64, 64)
+            dqt = warpgroup_mma(k_t, ds_s, gl.zeros([64, BLOCK_M], gl.float32, s_layout), use_acc=False,
+                                is_async=True)
+            dqt = warpgroup_mma_wait(0, deps=(dqt,))
+            # the block's columns past lq are the next sequence's rows: add exact zeros there (with
+            # non-finite K here, K^T times a zero dS^T column is NaN)
+            dqt = gl.where(gl.expand_dims(row_ok, 0), dqt, 0.0)
+            tma.store_wait(0)  # the previous add has read dq_s
+            partition_barrier()
+            dq_s.store(dqt)
+            fence_async_shared()
+            partition_barrier()
+            tma_reduce_add(dq_desc, [dq_coord[0] + half * 64, dq_coord[1]], dq_s)
+    else:
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
     return dk, dv
 
 
@@ -273,7 +337,8 @@ def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, qdo_ready, qdo_emp
 @gluon.jit
 def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
               DK, DV, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
-              stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale, flags):
+              stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale, ds_smem, dq_smem,
+              dq_desc, flags):
     WG: gl.constexpr = flags.WG
     CAUSAL: gl.constexpr = flags.CAUSAL
     HEAD_D: gl.constexpr = flags.HEAD_D
@@ -316,7 +381,8 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo
                     rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
                     dk, dv = _block(dk, dv, k_half, v_half, q_smem.index(s), do_smem.index(s), LSE, DELTA,
                                     lse_base, keys, rows, lq, diag, qk_scale, CAUSAL, s_layout, p_layout,
-                                    ds_layout)
+                                    ds_layout, ds_smem.index(WG), dq_smem.index(WG), dq_desc,
+                                    [(hk * GROUP + g) * HEAD_D, o_start + m], flags.FUSE_DQ, HEAD_D)
                     mbarrier.arrive(qdo_empty.index(s))
                     r += 1
         mbarrier.arrive(kv_empty.index(kb))  # every MMA reading this item's K/V is done
@@ -336,15 +402,17 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo
         tk += 1
         mbarrier.wait(kv_ready.index(tk % 2), (tk // 2) & 1)
         pos = _read_pos(pos_smem, tk % 2)
+    if flags.FUSE_DQ:
+        tma.store_wait(0)  # the last add has read shared memory before the CTA exits
 
 
 @gluon.jit
 def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS,
                 COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale,
-                HKV, GROUP, n_items,
+                HKV, GROUP, n_items, dq_desc,
                 BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                 STAGES: gl.constexpr, GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
-                OVERLAP: gl.constexpr = False):
+                OVERLAP: gl.constexpr = False, FUSE_DQ: gl.constexpr = False):
     # work items: (128-key block, kv head) in ITEMS' order under GROUPED (else heaviest first);
     # program p runs the launch positions p, then p + P, ... (DYNAMIC: those it claims from COUNTER)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
@@ -352,6 +420,14 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [4, HALF_N, HEAD_D], k_desc.layout)  # 2 buffers x 2 halves
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [4, HALF_N, HEAD_DV], v_desc.layout)
     pos_smem = gl.allocate_shared_memory(gl.int32, [2, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    # FUSE_DQ: each group's dS^T (the dQ MMA's B operand) and fp32 dQ^T partial (the TMA add's source)
+    if FUSE_DQ:
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF_N, BLOCK_M], q_desc.dtype)
+        ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, HALF_N, BLOCK_M], ds_layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, 64, BLOCK_M], dq_desc.layout)
+    else:  # never touched; one element each (Triton 3.9 refuses empty buffers)
+        ds_smem = gl.allocate_shared_memory(gl.float32, [2, 1, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, 1, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -367,19 +443,21 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
     fence_async_shared()
     shared = (q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
               DK, DV, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
-              stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale)
+              stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale, ds_smem, dq_smem, dq_desc)
     gl.warp_specialize([
-        (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP), )),
-        (_consumer, shared + (BwdFlags(1, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP), )),
+        (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP,
+                                       FUSE_DQ), )),
+        (_consumer, shared + (BwdFlags(1, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP,
+                                       FUSE_DQ), )),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, pos_smem,
                    kv_ready, kv_empty, qdo_ready, qdo_empty, tail_bar,
                    ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
-                   BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP))),
+                   BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP, FUSE_DQ))),
     ], [4, 1], [232, 40])
 
 
 def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=False, dtype="bf16",
-                 grouped=False, dynamic=False, overlap=False):
+                 grouped=False, dynamic=False, overlap=False, fuse_dq=False):
     """Compile ``dkdv_kernel`` for sm_90 without a GPU (Triton's bundled ptxas), as
     gluon_fwd.compile_sm90 does for the forward."""
     import triton
@@ -388,8 +466,8 @@ def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=Fals
 
     gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
 
-    def desc(rows, cols):
-        return f"tensordesc<{dtype}[{rows}, {cols}],{gl.NVMMASharedLayout.get_default_for([rows, cols], gdt)!r}>"
+    def desc(rows, cols, dt=dtype, gdt=gdt):
+        return f"tensordesc<{dt}[{rows}, {cols}],{gl.NVMMASharedLayout.get_default_for([rows, cols], gdt)!r}>"
 
     signature = {
         "q_desc": desc(BLOCK_M.value, head_d), "k_desc": desc(HALF_N.value, head_d),
@@ -397,11 +475,13 @@ def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=Fals
         "CU_Q": "*i32", "CU_K": "*i32", "TILE_SEQ": "*i32", "TILE_BLK": "*i32", "ITEMS": "*i32", "COUNTER": "*i32",
         "stride_dkt": "i32", "stride_dkh": "i32", "stride_dvt": "i32", "stride_dvh": "i32", "stride_lh": "i32",
         "sm_scale": "fp32", "qk_scale": "fp32", "HKV": "i32", "GROUP": "i32", "n_items": "i32",
+        "dq_desc": desc(64, BLOCK_M.value, "fp32", gl.float32),
         "BROADCAST": "constexpr", "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr",
         "STAGES": "constexpr", "GROUPED": "constexpr", "DYNAMIC": "constexpr", "OVERLAP": "constexpr",
+        "FUSE_DQ": "constexpr",
     }
     values = dict(BROADCAST=broadcast, CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages,
-                  GROUPED=grouped, DYNAMIC=dynamic, OVERLAP=overlap)
+                  GROUPED=grouped, DYNAMIC=dynamic, OVERLAP=overlap, FUSE_DQ=fuse_dq)
     names = list(signature)
     constexprs = {(names.index(k),): v for k, v in values.items()}
     return triton.compile(GluonASTSource(dkdv_kernel, signature, constexprs),

@@ -55,7 +55,7 @@ BLOCK_M = 2 * HALF_M
 
 
 def nvmma_layout(block_shape, torch_dtype):
-    gdt = {"torch.bfloat16": gl.bfloat16, "torch.float16": gl.float16}[str(torch_dtype)]
+    gdt = {"torch.bfloat16": gl.bfloat16, "torch.float16": gl.float16, "torch.float32": gl.float32}[str(torch_dtype)]
     return gl.NVMMASharedLayout.get_default_for(list(block_shape), gdt)
 
 

@@ -11,6 +11,8 @@
 #   bash kernels/gpu_run.sh OUT_DIR gbwd    the Gluon dK/dV and dQ kernels: their GPU tests, then the shipped
 #                                           backward (Gluon dQ) against the tl dQ and the Gluon dK/dV kernel
 #                                           beside either dQ kernel (one round, six shapes)
+#   bash kernels/gpu_run.sh OUT_DIR gfused  dQ fused into the Gluon dK/dV kernel: its GPU tests, then the shipped
+#                                           backward against it at 2 and 3 stages (one round, six shapes)
 #   bash kernels/gpu_run.sh OUT_DIR dqtma   the fused atomic dQ mode: its GPU tests, then the shipped backward
 #                                           against it with TMA or element adds and other fused tiles
 #                                           (one round, the five non-broadcast shapes, no FA4)
@@ -25,7 +27,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|spec|tldqspec|verify|gbwd|dqtma|rounds|split|sdpa|sweep|ncu}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|spec|tldqspec|verify|gbwd|gfused|dqtma|rounds|split|sdpa|sweep|ncu}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -74,6 +76,14 @@ case $STAGE in
       >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_gluon_bwd.md" 2>/dev/null ;;
+  gfused)
+    timeout 200 python3 -m pytest tests/test_kernels.py -q -rA -n 14 -p no:cacheprovider -k "gluon_fused" \
+      > "$OUT_DIR/pytest_gluon_fused.txt" 2>&1
+    echo "pytest gluon fused rc=$?" | tee -a "$L"; grep -E "passed|failed|Error" "$OUT_DIR/pytest_gluon_fused.txt" | tail -4
+    timeout 300 python3 -m kernels.bench --out "$OUT_DIR" --tag gluon_fused --shapes S4b,S1,S1c,S2,S4a,S3 \
+      --impls triton-plan,triton-plan-gluon-fused,triton-plan-gluon-fused-s3 >> "$L" 2>&1
+    echo "bench rc=$?" | tee -a "$L"
+    cat "$OUT_DIR/bench_gluon_fused.md" 2>/dev/null ;;
   dqtma)
     timeout 150 python3 -m pytest tests/test_kernels.py -q -rA -n 12 -p no:cacheprovider -k "atomic" \
       > "$OUT_DIR/pytest_atomic.txt" 2>&1

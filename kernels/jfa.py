@@ -58,14 +58,17 @@ CONFIG_OVERRIDE: dict = {}
 # dQ strategy when deterministic=False and not broadcast-Q:
 #   "separate": own dQ kernel (recomputes QK^T and dP; no atomics; deterministic)
 #   "atomic":   dQ fused into the dK/dV kernel with fp32 atomics (fewer matmuls,
-#               summation order not fixed)
+#               summation order not fixed); with BWD_KV_KERNEL = "gluon" where it runs, the Gluon
+#               dK/dV kernel does it (dQ^T blocks added by TMA into a transposed fp32 buffer; the
+#               plain block order only)
 # deterministic=True and broadcast-Q always use "separate".
 BWD_DQ_MODE = "separate"
 # How the "atomic" mode adds a dQ block (runtime switch, for benchmarks):
 #   "tma": one bulk reduce-add of the block through a TMA descriptor of the fp32 accumulator, where the
 #     GPU has TMA (sm_90 or newer); elsewhere, and under the interpreter (no TMA reduce there), "element".
 #   "element": one relaxed fp32 atomic per element.
-# LAST_BWD_DQ_PATH names what the latest backward did: "separate", "atomic-tma" or "atomic-element".
+# LAST_BWD_DQ_PATH names what the latest backward did: "separate" (tl dQ kernel), "gluon" (Gluon dQ kernel),
+# "atomic-tma" / "atomic-element" (fused into the tl dK/dV kernel) or "atomic-gluon" (fused into the Gluon one).
 BWD_DQ_REDUCES = ("tma", "element")
 BWD_DQ_REDUCE = "tma"
 LAST_BWD_DQ_PATH = ""
@@ -152,7 +155,8 @@ FWD_KERNEL = os.environ.get("JFA_FWD_KERNEL", "auto")
 #   "triton": the tl kernel in triton_kernels.py.
 #   "gluon": gluon_bwd.py, written for Hopper like the Gluon forward (same conditions; dO must also be a
 #     layout TMA can describe, checked at the backward).  Anywhere else the tl kernel runs and
-#     LAST_BWD_KV_PATH says why.  dQ stays with the tl dQ kernel, so the backward stays deterministic.
+#     LAST_BWD_KV_PATH says why.  dQ stays with a dQ kernel, so the backward stays deterministic, unless
+#     BWD_DQ_MODE = "atomic" fuses it in (see there).
 #     Exact on the H200; on the dynamic grid level with the tl kernel on S4b and 7-14% slower on the other
 #     bench shapes (PERF.md v12), hence off.
 BWD_KV_KERNELS = ("triton", "gluon")
@@ -678,8 +682,22 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     alloc = torch.zeros if s["kv_needs_zero"] else torch.empty
     dk = alloc(k.shape, device=k.device, dtype=k.dtype)
     dv = alloc(v.shape, device=v.device, dtype=v.dtype)
+    # which dK/dV kernel runs (dO is known only now)
+    global LAST_BWD_KV_PATH
+    why = cfgs.why_not_gluon_bwd
+    if cfgs.bwd_kv_kernel == "gluon":
+        why = _tma_refusal(do, GLUON_BWD_BOX_ROWS[0])
+        why = f"dO: {why}" if why else ""
+    LAST_BWD_KV_PATH = "gluon" if cfgs.bwd_kv_kernel == "gluon" and not why else (
+        f"triton (gluon: {why})" if why else "triton")
     dq_tma = False
-    if fuse:
+    dq_acc_t = None
+    if fuse and LAST_BWD_KV_PATH == "gluon":
+        # the Gluon kernel adds dQ^T blocks (head dim x rows) with TMA: an fp32 [Hq * D, rows] buffer whose
+        # row stride is padded to 16 bytes; the descriptor's extent stops at the last row
+        dq_acc_t = torch.zeros((hq * d, -(-q.shape[0] // 4) * 4), device=q.device, dtype=torch.float32)
+        dq_acc = dq_arg = dk  # unused pointer
+    elif fuse:
         dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
         dq_tma = _dq_reduce_by_tma(q)
         dq_arg = (_descriptor(dq_acc.view(dq_acc.shape[0], -1), [cfgs.bwd_kv[0], d]) if dq_tma and n_kv > 0
@@ -695,20 +713,13 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
         if why_do and not cfgs.gluon_dq_silent:
             why_not_gluon_dq = f"dO: {why_do}"
     if fuse:
-        LAST_BWD_DQ_PATH = "atomic-tma" if dq_tma else "atomic-element"
+        LAST_BWD_DQ_PATH = "atomic-gluon" if dq_acc_t is not None else "atomic-tma" if dq_tma else "atomic-element"
     elif why_not_gluon_dq:
         LAST_BWD_DQ_PATH = f"separate (gluon: {why_not_gluon_dq})"
     else:
         LAST_BWD_DQ_PATH = "gluon" if gluon_dq else "separate"
-    global LAST_BWD_KV_PATH
-    why = cfgs.why_not_gluon_bwd
-    if cfgs.bwd_kv_kernel == "gluon":
-        why = _tma_refusal(do, GLUON_BWD_BOX_ROWS[0])
-        why = f"dO: {why}" if why else ""
-    LAST_BWD_KV_PATH = "gluon" if cfgs.bwd_kv_kernel == "gluon" and not why else (
-        f"triton (gluon: {why})" if why else "triton")
     if LAST_BWD_KV_PATH == "gluon":
-        _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, scale, broadcast)
+        _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, scale, broadcast, dq_acc_t)
     elif n_kv > 0 and hkv > 0:
         bm, bn, w, st = cfgs.bwd_kv
         persistent = s["kv_persistent"]
@@ -728,6 +739,9 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
             HKV=hkv, GROUP=hq // hkv, BROADCAST=broadcast, CAUSAL=causal, FUSE_DQ=fuse,
             BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dvd, DOT_PREC=prec,
             PERSISTENT=persistent is not None, GROUPED=grouped, DQ_TMA=dq_tma, num_warps=w, num_stages=st)
+    if dq_acc_t is not None:
+        n_rows = q.shape[0]
+        return (dq_acc_t[:, :n_rows].view(hq, d, n_rows).permute(2, 0, 1) * scale).to(q.dtype), dk, dv
     if fuse:
         return dq_acc.to(q.dtype), dk, dv
     # dQ
@@ -763,7 +777,9 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     return dq, dk, dv
 
 
-def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, scale, broadcast):
+def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, scale, broadcast, dq_acc_t=None):
+    """The Gluon dK/dV kernel; with ``dq_acc_t`` (fp32 [Hq * D, rows, padded]) it also adds the unscaled
+    dQ^T into it (the fused atomic mode)."""
     from . import gluon_bwd as gb
     assert (gb.BLOCK_M.value, gb.HALF_N.value) == GLUON_BWD_BOX_ROWS
     seq_t, blk_t, n_tiles, items = s["kv_gluon"]
@@ -774,12 +790,18 @@ def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, s
         return
     (qd, kd, vd, dod), n_programs, dynamic, counter = _gluon_backward_launch(q, k, v, do, GLUON_BWD_BOX_ROWS,
                                                                              n_items, seq_t)
+    fuse_dq = dq_acc_t is not None
+    from .gluon_fwd import descriptor
+    # a descriptor of the right type is passed also when dQ is not fused (the kernel then never uses it)
+    dq_t2d = dq_acc_t[:, :q.shape[0]] if fuse_dq else torch.zeros((d, gb.BLOCK_M.value), device=q.device, dtype=torch.float32)
+    dqd = descriptor(dq_t2d, [d, gb.BLOCK_M.value])
     gb.dkdv_kernel[(n_programs,)](
         qd, kd, vd, dod, dk, dv, lse, delta, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0), scale, scale * tk.LOG2E,
-        hkv, hq // hkv, n_items,
+        hkv, hq // hkv, n_items, dqd,
         BROADCAST=broadcast, CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=_gluon_bwd_stages(),
-        GROUPED=items is not None, DYNAMIC=dynamic, OVERLAP=GLUON_BWD_ORDER == "overlap", num_warps=4)
+        GROUPED=items is not None, DYNAMIC=dynamic, OVERLAP=GLUON_BWD_ORDER == "overlap", FUSE_DQ=fuse_dq,
+        num_warps=4)
 
 
 def _gluon_backward_launch(q, k, v, do, box_rows, n_items, unused_ptr):
@@ -925,8 +947,9 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
     why_not_gluon_bwd = ""
     if BWD_KV_KERNEL == "gluon":
         _gluon_bwd_stages()  # a bad value is a clear error before the forward runs
-        why_not_gluon_bwd = ("the fused atomic dQ mode has its own dK/dV kernel" if fuse
-                             else _gluon_refusal(q, k, v, scale, block_rows=GLUON_BWD_BOX_ROWS))
+        why_not_gluon_bwd = (_gluon_refusal(q, k, v, scale, block_rows=GLUON_BWD_BOX_ROWS)
+                             or ("the Gluon dK/dV kernel fuses dQ in its plain order only"
+                                 if fuse and GLUON_BWD_ORDER == "overlap" else ""))
     if BWD_Q_KERNEL not in BWD_Q_KERNELS:
         raise ValueError(f"jfa.BWD_Q_KERNEL must be one of {BWD_Q_KERNELS}, got {BWD_Q_KERNEL!r}")
     why_not_gluon_dq = ""

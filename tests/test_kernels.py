@@ -1059,6 +1059,41 @@ def test_gpu_gluon_dq_rows_past_the_end_never_leak(poison, monkeypatch):
     assert jfa.LAST_BWD_DQ_PATH == "gluon", jfa.LAST_BWD_DQ_PATH
 
 
+@needs_gluon
+@pytest.mark.parametrize("stages, grid", [(2, "dynamic"), (3, "persistent"), (1, "sorted")])
+@pytest.mark.parametrize("case", [c for c in range(len(GLUON_CASES)) if not GLUON_CASES[c][6]])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_gluon_fused_dq(case, causal, stages, grid, monkeypatch):
+    # dQ fused into the Gluon dK/dV kernel (BWD_DQ_MODE "atomic" with BWD_KV_KERNEL "gluon"): every consumer
+    # group adds its dQ^T block by TMA reduce-adds; all three gradients against the float64 reference, on
+    # few programs so that each takes many items
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "gluon")
+    monkeypatch.setattr(jfa, "BWD_DQ_MODE", "atomic")
+    monkeypatch.setattr(jfa, "GLUON_BWD_STAGES", stages)
+    monkeypatch.setattr(jfa, "GLUON_GRID", grid)
+    monkeypatch.setattr(jfa, "_num_sms", lambda device: 3)
+    lens_q, lens_k, hq, hkv, d, dv, _ = GLUON_CASES[case]
+    dtype = torch.float16 if case == 2 else torch.bfloat16
+    run_case(lens_q, lens_k, hq=hq, hkv=hkv, d=d, dv=dv, causal=causal, dtype=dtype)
+    assert (jfa.LAST_BWD_KV_PATH, jfa.LAST_BWD_DQ_PATH) == ("gluon", "atomic-gluon")
+
+
+@needs_gluon
+@pytest.mark.parametrize("poisoned_first", [True, False])
+@pytest.mark.parametrize("poison", ["inf", "nan"])
+def test_gpu_gluon_fused_dq_keeps_sequences_apart(poison, poisoned_first, monkeypatch):
+    """The fused dQ adds whole [64, 32] dQ^T blocks: a ragged query block's columns past its sequence land
+    on the next sequence's rows and must add nothing there; a ragged key block's rows past the end hold
+    the next sequence's keys, which must not reach this sequence's dQ."""
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "gluon")
+    monkeypatch.setattr(jfa, "BWD_DQ_MODE", "atomic")
+    check_grads_beside_a_poisoned_sequence(poison, poisoned_first=poisoned_first, d=128, names=("dq", "dk", "dv"),
+                                           tol=2 * TOL[torch.bfloat16])
+    assert jfa.LAST_BWD_DQ_PATH == "atomic-gluon", jfa.LAST_BWD_DQ_PATH
+
+
 @needs_kernels
 @pytest.mark.parametrize("grid, want_counter", [("dynamic", True), ("sorted", False)])
 def test_gluon_backward_launch_boxes(grid, want_counter, monkeypatch):
