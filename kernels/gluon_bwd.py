@@ -7,8 +7,13 @@
   ring of ``STAGES`` buffers shared by both groups (ready / empty mbarriers, empty needs both).
 * Per block and group (keys x rows, all transposed so the keys stay the MMA's M extent):
   S^T = K Q^T, P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)), dV += P^T dO, dP^T = V dO^T,
-  dS^T = P^T (dP^T - delta), dK += dS^T Q; dK is scaled once at the end.  dQ is left to the tl dQ
-  kernel (kernels/triton_kernels.py), so the backward stays deterministic.
+  dS^T = P^T (dP^T - delta), dK += dS^T Q; dK is scaled once at the end.  dQ is left to a dQ kernel,
+  so the backward stays deterministic, unless ``FUSE_DQ`` (jfa.BWD_DQ_MODE = "atomic"): then each group
+  also stores dS^T to shared memory and computes dQ^T = K^T dS^T over its 64 keys, in two 64-row halves
+  of the head dim, each added by one TMA reduce-add into a transposed fp32 buffer [Hq * D, rows] that
+  the host scales and transposes at the end (five matmuls per block pair instead of the separate
+  kernel's seven; summation order not fixed).  The loader then also zeroes the K / V rows past a
+  ragged key block's end, and columns past a ragged query block's end are added as exact zeros.
 * Items are claimed as in the forward (``DYNAMIC``: an atomic counter; else round-robin), and the
   loader names each item to the consumers through shared memory; K/V are double-buffered across
   items, so the loader fetches the next item's K/V while the consumers finish the current one.
@@ -23,10 +28,11 @@
   dK).  Neither leaves an MMA in flight across a loop's back edge: ptxas then serializes every wgmma of
   the kernel (PERF.md v12, pinned by tests/test_gluon_compile.py).
 
-Status (H200, PERF.md v11-v12): exact against the float64 reference at 1-3 stages on all three grids,
+Status (H200, PERF.md v11-v13): exact against the float64 reference at 1-3 stages on all three grids,
 once every block runs the masked code (see _block).  On the default dynamic grid it is level with the
 tl dK/dV kernel on the long dense causal shape and 7-14% slower on the others, in either order, so it
-is opt-in (jfa.BWD_KV_KERNEL).
+is opt-in (jfa.BWD_KV_KERNEL).  The fused dQ (v13) is compiled and checked for sm_90 without a GPU
+(tests/test_gluon_compile.py) but has not run on one yet: its GPU tests are test_gpu_gluon_fused_dq*.
 
 Conventions as the rest of kernels/: natural-log LSE [Hq, rows] with -inf for rows that see no key,
 bottom-right causal, broadcast-Q output (and dO) row b * Lq + i.
