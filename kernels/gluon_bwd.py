@@ -72,6 +72,7 @@ tma_reduce_add = _tma_reduce_add_builtin()
 HALF_N = gl.constexpr(64)  # keys per consumer warp group: one wgmma M-extent
 BLOCK_N = gl.constexpr(128)  # keys per item
 BLOCK_M = gl.constexpr(32)  # query rows per streamed block
+DQ_ROWS = gl.constexpr(64)  # FUSE_DQ: head-dim rows of one dQ^T partial (one wgmma M-extent, one TMA add)
 LOG2E = gl.constexpr(1.4426950408889634)
 
 
@@ -249,9 +250,9 @@ def _block(dk, dv, k_half, v_half, q_s, do_s, LSE, DELTA, lse_base, keys, rows, 
         dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
         partition_barrier()
         # in two 64-row halves of the head dim, so only a 64 x 32 fp32 partial is live at a time
-        for half in gl.static_range(HEAD_D // 64):
-            k_t = k_half.permute((1, 0)).slice(half * 64, 64)
-            dqt = warpgroup_mma(k_t, ds_s, gl.zeros([64, BLOCK_M], gl.float32, s_layout), use_acc=False,
+        for half in gl.static_range(HEAD_D // DQ_ROWS):
+            k_t = k_half.permute((1, 0)).slice(half * DQ_ROWS, DQ_ROWS)
+            dqt = warpgroup_mma(k_t, ds_s, gl.zeros([DQ_ROWS, BLOCK_M], gl.float32, s_layout), use_acc=False,
                                 is_async=True)
             dqt = warpgroup_mma_wait(0, deps=(dqt,))
             # the block's columns past lq are the next sequence's rows: add exact zeros there (with
@@ -262,7 +263,7 @@ def _block(dk, dv, k_half, v_half, q_s, do_s, LSE, DELTA, lse_base, keys, rows, 
             dq_s.store(dqt)
             fence_async_shared()
             partition_barrier()
-            tma_reduce_add(dq_desc, [dq_coord[0] + half * 64, dq_coord[1]], dq_s)
+            tma_reduce_add(dq_desc, [dq_coord[0] + half * DQ_ROWS, dq_coord[1]], dq_s)
     else:
         dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
     return dk, dv
@@ -430,7 +431,7 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
     if FUSE_DQ:
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF_N, BLOCK_M], q_desc.dtype)
         ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, HALF_N, BLOCK_M], ds_layout)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [2, 64, BLOCK_M], dq_desc.layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, DQ_ROWS, BLOCK_M], dq_desc.layout)
     else:  # never touched; one element each (Triton 3.9 refuses empty buffers)
         ds_smem = gl.allocate_shared_memory(gl.float32, [2, 1, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         dq_smem = gl.allocate_shared_memory(gl.float32, [2, 1, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
@@ -481,7 +482,7 @@ def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=Fals
         "CU_Q": "*i32", "CU_K": "*i32", "TILE_SEQ": "*i32", "TILE_BLK": "*i32", "ITEMS": "*i32", "COUNTER": "*i32",
         "stride_dkt": "i32", "stride_dkh": "i32", "stride_dvt": "i32", "stride_dvh": "i32", "stride_lh": "i32",
         "sm_scale": "fp32", "qk_scale": "fp32", "HKV": "i32", "GROUP": "i32", "n_items": "i32",
-        "dq_desc": desc(64, BLOCK_M.value, "fp32", gl.float32),
+        "dq_desc": desc(DQ_ROWS.value, BLOCK_M.value, "fp32", gl.float32),
         "BROADCAST": "constexpr", "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr",
         "STAGES": "constexpr", "GROUPED": "constexpr", "DYNAMIC": "constexpr", "OVERLAP": "constexpr",
         "FUSE_DQ": "constexpr",

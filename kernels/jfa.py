@@ -693,9 +693,7 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     dq_tma = False
     dq_acc_t = None
     if fuse and LAST_BWD_KV_PATH == "gluon":
-        # the Gluon kernel adds dQ^T blocks (head dim x rows) with TMA: an fp32 [Hq * D, rows] buffer whose
-        # row stride is padded to 16 bytes; the descriptor's extent stops at the last row
-        dq_acc_t = torch.zeros((hq * d, -(-q.shape[0] // 4) * 4), device=q.device, dtype=torch.float32)
+        dq_acc_t = _fused_dq_buffer(q)
         dq_acc = dq_arg = dk  # unused pointer
     elif fuse:
         dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
@@ -740,8 +738,7 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
             BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dvd, DOT_PREC=prec,
             PERSISTENT=persistent is not None, GROUPED=grouped, DQ_TMA=dq_tma, num_warps=w, num_stages=st)
     if dq_acc_t is not None:
-        n_rows = q.shape[0]
-        return (dq_acc_t[:, :n_rows].view(hq, d, n_rows).permute(2, 0, 1) * scale).to(q.dtype), dk, dv
+        return _fused_dq_result(dq_acc_t, q, scale), dk, dv
     if fuse:
         return dq_acc.to(q.dtype), dk, dv
     # dQ
@@ -791,10 +788,11 @@ def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, s
     (qd, kd, vd, dod), n_programs, dynamic, counter = _gluon_backward_launch(q, k, v, do, GLUON_BWD_BOX_ROWS,
                                                                              n_items, seq_t)
     fuse_dq = dq_acc_t is not None
-    from .gluon_fwd import descriptor
-    # a descriptor of the right type is passed also when dQ is not fused (the kernel then never uses it)
-    dq_t2d = dq_acc_t[:, :q.shape[0]] if fuse_dq else torch.zeros((d, gb.BLOCK_M.value), device=q.device, dtype=torch.float32)
-    dqd = descriptor(dq_t2d, [d, gb.BLOCK_M.value])
+    if fuse_dq:
+        dqd = _fused_dq_descriptor(dq_acc_t, q.shape[0])
+    else:  # a descriptor of the right type all the same (the kernel never uses it)
+        dummy = torch.zeros((gb.DQ_ROWS.value, gb.BLOCK_M.value), device=q.device, dtype=torch.float32)
+        dqd = _fused_dq_descriptor(dummy, dummy.shape[1])
     gb.dkdv_kernel[(n_programs,)](
         qd, kd, vd, dod, dk, dv, lse, delta, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0), scale, scale * tk.LOG2E,
@@ -802,6 +800,28 @@ def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, s
         BROADCAST=broadcast, CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=_gluon_bwd_stages(),
         GROUPED=items is not None, DYNAMIC=dynamic, OVERLAP=GLUON_BWD_ORDER == "overlap", FUSE_DQ=fuse_dq,
         num_warps=4)
+
+
+def _fused_dq_buffer(q):
+    """The fused Gluon dQ's accumulator: dQ^T in fp32, [Hq * D, rows] (so that a [64 head-dim rows, 32 query
+    rows] tile of the kernel's dQ^T partial is one TMA box as it is), row stride padded to 16 bytes."""
+    return torch.zeros((q.shape[1] * q.shape[2], -(-q.shape[0] // 4) * 4), device=q.device, dtype=torch.float32)
+
+
+def _fused_dq_descriptor(dq_acc_t, n_rows):
+    """TMA descriptor of the kernel's reduce-adds: its extent stops at the last query row (TMA drops the
+    box's columns past it)."""
+    from . import gluon_bwd as gb
+    from .gluon_fwd import descriptor
+    return descriptor(dq_acc_t[:, :n_rows], [gb.DQ_ROWS.value, gb.BLOCK_M.value])
+
+
+def _fused_dq_result(dq_acc_t, q, scale):
+    """dQ [rows, Hq, D] in q's dtype from the accumulator: transposed back and scaled in one pass."""
+    n_rows, hq, d = q.shape
+    dq = torch.empty_like(q)
+    torch.mul(dq_acc_t[:, :n_rows].view(hq, d, n_rows).permute(2, 0, 1), scale, out=dq)
+    return dq
 
 
 def _gluon_backward_launch(q, k, v, do, box_rows, n_items, unused_ptr):

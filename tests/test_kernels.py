@@ -1114,6 +1114,25 @@ def test_gluon_backward_launch_boxes(grid, want_counter, monkeypatch):
 
 
 @needs_kernels
+def test_fused_gluon_dq_buffer_round_trip():
+    # host side of the fused Gluon dQ: the kernel adds dQ^T[h * D + c, row] (TMA boxes of 64 head-dim rows x
+    # 32 query rows); the host must read back dq[row, h, c] * scale, also with the row stride padded
+    pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from kernels import jfa
+    q = torch.zeros(7, 2, 128, dtype=torch.bfloat16)
+    acc = jfa._fused_dq_buffer(q)
+    assert acc.shape == (256, 8) and acc.dtype == torch.float32 and (acc.stride(0) * 4) % 16 == 0
+    want = torch.randn(7, 2, 128, generator=torch.Generator().manual_seed(3))
+    acc[:, :7] = want.permute(1, 2, 0).reshape(256, 7)
+    acc[:, 7:] = float("nan")  # the padding is never read
+    got = jfa._fused_dq_result(acc, q, 0.5)
+    assert got.dtype == torch.bfloat16 and got.is_contiguous()
+    torch.testing.assert_close(got, (want * 0.5).to(torch.bfloat16), rtol=0, atol=0)
+    desc = jfa._fused_dq_descriptor(acc, 7)
+    assert list(desc.shape) == [256, 7] and list(desc.strides) == [8, 1] and list(desc.block_shape) == [64, 32]
+
+
+@needs_kernels
 def test_gluon_dq_switch_falls_back_with_its_reason(monkeypatch):
     from kernels import jfa
     # "auto" (the default) falls back silently: fp32 is not for the Gluon dQ kernel anywhere
