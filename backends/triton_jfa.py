@@ -34,10 +34,12 @@ class TritonJfa(Backend):
 
     def __init__(self):
         # which kernels answer is part of what a report describes (JFA_FWD_KERNEL, JFA_BWD_KV_KERNEL and
-        # JFA_BWD_Q_KERNEL pick them)
+        # JFA_BWD_Q_KERNEL pick them); the opt-in fused dQ (jfa.BWD_DQ_MODE "atomic") adds with atomics, so
+        # the gradients are then not bitwise reproducible and the declaration says so
         self.capabilities = dataclasses.replace(
-            self.capabilities, notes=f"{self.capabilities.notes}; kernel switches: forward {jfa.FWD_KERNEL}, "
-                                     f"dK/dV {jfa.BWD_KV_KERNEL}, dQ {jfa.BWD_Q_KERNEL}")
+            self.capabilities, deterministic=DQ_DETERMINISTIC and jfa.BWD_DQ_MODE != "atomic",
+            notes=f"{self.capabilities.notes}; kernel switches: forward {jfa.FWD_KERNEL}, "
+                  f"dK/dV {jfa.BWD_KV_KERNEL}, dQ {jfa.BWD_Q_KERNEL}, dQ mode {jfa.BWD_DQ_MODE}")
         if _interpreting():  # the interpreter runs every program in Python: keep drawn problems small
             self.capabilities = dataclasses.replace(self.capabilities, max_drawn_rows=160)
 

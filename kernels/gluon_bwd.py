@@ -9,11 +9,14 @@
   S^T = K Q^T, P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)), dV += P^T dO, dP^T = V dO^T,
   dS^T = P^T (dP^T - delta), dK += dS^T Q; dK is scaled once at the end.  dQ is left to a dQ kernel,
   so the backward stays deterministic, unless ``FUSE_DQ`` (jfa.BWD_DQ_MODE = "atomic"): then each group
-  also stores dS^T to shared memory and computes dQ^T = K^T dS^T over its 64 keys, in two 64-row halves
-  of the head dim, each added by one TMA reduce-add into a transposed fp32 buffer [Hq * D, rows] that
-  the host scales and transposes at the end (five matmuls per block pair instead of the separate
-  kernel's seven; summation order not fixed).  The loader then also zeroes the K / V rows past a
-  ragged key block's end, and columns past a ragged query block's end are added as exact zeros.
+  also stores dS^T to shared memory and computes its part of dQ^T = K^T dS^T, adding each 64-row
+  (head-dim) piece with one TMA reduce-add into a transposed fp32 buffer [Hq * D, rows] that the host
+  scales and transposes at the end (five matmuls per block pair instead of the separate kernel's seven;
+  summation order not fixed).  ``FUSE_DQ == 1``: each group covers the whole head dim over its own 64
+  keys; ``FUSE_DQ == 2`` (head dim 128): each group one half of the head dim over all 128 keys, the two
+  groups' dS^T meeting in shared memory at an mbarrier, which halves the reduce traffic (FA3's split).
+  The loader then also zeroes the K / V rows past a ragged key block's end, and columns past a ragged
+  query block's end are added as exact zeros.
 * Items are claimed as in the forward (``DYNAMIC``: an atomic counter; else round-robin), and the
   loader names each item to the consumers through shared memory; K/V are double-buffered across
   items, so the loader fetches the next item's K/V while the consumers finish the current one.
@@ -214,7 +217,8 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, po
 @gluon.jit
 def _block(dk, dv, k_half, v_half, q_s, do_s, LSE, DELTA, lse_base, keys, rows, lq, diag, qk_scale,
            CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-           ds_layout: gl.constexpr, ds_s, dq_s, dq_desc, dq_coord, FUSE_DQ: gl.constexpr, HEAD_D: gl.constexpr):
+           ds_layout: gl.constexpr, ds_s, dq_s, dq_desc, dq_coord, FUSE_DQ: gl.constexpr, HEAD_D: gl.constexpr,
+           WG: gl.constexpr, k_lo, k_hi, ds_ready, r):
     # one query block against this group's 64 keys: S^T and dP^T first (both only read shared
     # memory), then the two accumulating MMAs (and, FUSE_DQ, this group's share of the block's dQ)
     st = warpgroup_mma(k_half, q_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
@@ -240,33 +244,56 @@ def _block(dk, dv, k_half, v_half, q_s, do_s, LSE, DELTA, lse_base, keys, rows, 
     dst = pt * (dpt - gl.expand_dims(delta, 0))
     ds_op = gl.convert_layout(dst.to(q_s.dtype), ds_layout)
     dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
-    if FUSE_DQ:
+    if FUSE_DQ == 1:
         # dQ^T (head dim x rows) = K^T dS^T over this group's 64 keys: dS^T goes through shared memory
-        # (an MMA's B operand), and the fp32 partial is added into the transposed dQ buffer by one TMA
-        # reduce-add, which the other group's partial and every other key block's add to as well.
+        # (an MMA's B operand), and each 64-row half of the fp32 partial is added into the transposed dQ
+        # buffer by one TMA reduce-add, as the other group's partial and every other key block's are.
         ds_s.store(dst.to(q_s.dtype))
         fence_async_shared()
         # dV / dK retire first: their register operands and the dQ^T accumulator together spill
         dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
         partition_barrier()
-        # in two 64-row halves of the head dim, so only a 64 x 32 fp32 partial is live at a time
         for half in gl.static_range(HEAD_D // DQ_ROWS):
-            k_t = k_half.permute((1, 0)).slice(half * DQ_ROWS, DQ_ROWS)
-            dqt = warpgroup_mma(k_t, ds_s, gl.zeros([DQ_ROWS, BLOCK_M], gl.float32, s_layout), use_acc=False,
-                                is_async=True)
+            dqt = warpgroup_mma(k_half.permute((1, 0)).slice(half * DQ_ROWS, DQ_ROWS), ds_s,
+                                gl.zeros([DQ_ROWS, BLOCK_M], gl.float32, s_layout), use_acc=False, is_async=True)
             dqt = warpgroup_mma_wait(0, deps=(dqt,))
-            # the block's columns past lq are the next sequence's rows: add exact zeros there (with
-            # non-finite K here, K^T times a zero dS^T column is NaN)
-            dqt = gl.where(gl.expand_dims(row_ok, 0), dqt, 0.0)
-            tma.store_wait(0)  # the previous add has read dq_s
-            partition_barrier()
-            dq_s.store(dqt)
-            fence_async_shared()
-            partition_barrier()
-            tma_reduce_add(dq_desc, [dq_coord[0] + half * DQ_ROWS, dq_coord[1]], dq_s)
+            _add_dq_part(dqt, row_ok, dq_s, dq_desc, [dq_coord[0] + half * DQ_ROWS, dq_coord[1]])
+    elif FUSE_DQ == 2:
+        # dQ^T's head-dim half WG over all 128 keys: both groups write their dS^T rows into one shared
+        # [128 keys, rows] buffer (two of them, alternating by block), meet at an mbarrier, and each adds
+        # 64 x 32 fp32 per block: half the reduce traffic of FUSE_DQ == 1.  The barrier of block r + 1 also
+        # tells a group that the other one has finished reading buffer r % 2.
+        buf = r % 2
+        ds_all = ds_s.index(buf)
+        ds_all.slice(WG * HALF_N, HALF_N).store(dst.to(q_s.dtype))
+        fence_async_shared()
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
+        partition_barrier()
+        mbarrier.arrive(ds_ready.index(buf))
+        mbarrier.wait(ds_ready.index(buf), (r // 2) & 1)
+        dqt = warpgroup_mma(k_lo.permute((1, 0)).slice(WG * DQ_ROWS, DQ_ROWS), ds_all.slice(0, HALF_N),
+                            gl.zeros([DQ_ROWS, BLOCK_M], gl.float32, s_layout), use_acc=False, is_async=True)
+        dqt = warpgroup_mma(k_hi.permute((1, 0)).slice(WG * DQ_ROWS, DQ_ROWS), ds_all.slice(HALF_N, HALF_N),
+                            dqt, is_async=True)
+        dqt = warpgroup_mma_wait(0, deps=(dqt,))
+        _add_dq_part(dqt, row_ok, dq_s, dq_desc, [dq_coord[0] + WG * DQ_ROWS, dq_coord[1]])
     else:
         dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
     return dk, dv
+
+
+@gluon.jit
+def _add_dq_part(dqt, row_ok, dq_s, dq_desc, coord):
+    # one [64 head-dim rows, 32 query rows] fp32 part of dQ^T, added into the global buffer by a TMA
+    # reduce-add.  The block's columns past lq are the next sequence's rows: exact zeros go there (with
+    # non-finite K here, K^T times a zero dS^T column is NaN).
+    dqt = gl.where(gl.expand_dims(row_ok, 0), dqt, 0.0)
+    tma.store_wait(0)  # the previous add has read dq_s
+    partition_barrier()
+    dq_s.store(dqt)
+    fence_async_shared()
+    partition_barrier()
+    tma_reduce_add(dq_desc, coord, dq_s)
 
 
 @gluon.jit
@@ -345,7 +372,7 @@ def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, qdo_ready, qdo_emp
 def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
               DK, DV, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
               stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale, ds_smem, dq_smem,
-              dq_desc, flags):
+              dq_desc, ds_ready, flags):
     WG: gl.constexpr = flags.WG
     CAUSAL: gl.constexpr = flags.CAUSAL
     HEAD_D: gl.constexpr = flags.HEAD_D
@@ -388,8 +415,10 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo
                     rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
                     dk, dv = _block(dk, dv, k_half, v_half, q_smem.index(s), do_smem.index(s), LSE, DELTA,
                                     lse_base, keys, rows, lq, diag, qk_scale, CAUSAL, s_layout, p_layout,
-                                    ds_layout, ds_smem.index(WG), dq_smem.index(WG), dq_desc,
-                                    [(hk * GROUP + g) * HEAD_D, o_start + m], flags.FUSE_DQ, HEAD_D)
+                                    ds_layout, ds_smem if flags.FUSE_DQ == 2 else ds_smem.index(WG),
+                                    dq_smem.index(WG), dq_desc, [(hk * GROUP + g) * HEAD_D, o_start + m],
+                                    flags.FUSE_DQ, HEAD_D, WG, k_smem.index(2 * kb), k_smem.index(2 * kb + 1),
+                                    ds_ready, r)
                     mbarrier.arrive(qdo_empty.index(s))
                     r += 1
         mbarrier.arrive(kv_empty.index(kb))  # every MMA reading this item's K/V is done
@@ -419,7 +448,7 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
                 HKV, GROUP, n_items, dq_desc,
                 BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                 STAGES: gl.constexpr, GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
-                OVERLAP: gl.constexpr = False, FUSE_DQ: gl.constexpr = False):
+                OVERLAP: gl.constexpr = False, FUSE_DQ: gl.constexpr = 0):
     # work items: (128-key block, kv head) in ITEMS' order under GROUPED (else heaviest first);
     # program p runs the launch positions p, then p + P, ... (DYNAMIC: those it claims from COUNTER)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
@@ -427,10 +456,16 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [4, HALF_N, HEAD_D], k_desc.layout)  # 2 buffers x 2 halves
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [4, HALF_N, HEAD_DV], v_desc.layout)
     pos_smem = gl.allocate_shared_memory(gl.int32, [2, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    # FUSE_DQ: each group's dS^T (the dQ MMA's B operand) and fp32 dQ^T partial (the TMA add's source)
-    if FUSE_DQ:
+    # FUSE_DQ: dS^T (the dQ MMA's B operand: each group's, or both groups' in two alternating buffers) and
+    # each group's fp32 dQ^T part (the TMA add's source)
+    if FUSE_DQ == 1:
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF_N, BLOCK_M], q_desc.dtype)
         ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, HALF_N, BLOCK_M], ds_layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, DQ_ROWS, BLOCK_M], dq_desc.layout)
+    elif FUSE_DQ == 2:
+        gl.static_assert(HEAD_D == 2 * DQ_ROWS, "FUSE_DQ == 2 splits a head dim of 128 between the groups")
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], q_desc.dtype)
+        ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
         dq_smem = gl.allocate_shared_memory(gl.float32, [2, DQ_ROWS, BLOCK_M], dq_desc.layout)
     else:  # never touched; one element each (Triton 3.9 refuses empty buffers)
         ds_smem = gl.allocate_shared_memory(gl.float32, [2, 1, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
@@ -440,7 +475,10 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
     qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     tail_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # FUSE_DQ == 2
     mbarrier.init(tail_bar, count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(ds_ready.index(i), count=2)  # both groups have written their dS^T rows
     for i in gl.static_range(2):
         mbarrier.init(kv_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=2)  # both consumer groups release a K/V buffer
@@ -450,7 +488,8 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
     fence_async_shared()
     shared = (q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
               DK, DV, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
-              stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale, ds_smem, dq_smem, dq_desc)
+              stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale, ds_smem, dq_smem, dq_desc,
+              ds_ready)
     gl.warp_specialize([
         (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP,
                                        FUSE_DQ), )),
@@ -464,7 +503,7 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
 
 
 def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=False, dtype="bf16",
-                 grouped=False, dynamic=False, overlap=False, fuse_dq=False):
+                 grouped=False, dynamic=False, overlap=False, fuse_dq=0):
     """Compile ``dkdv_kernel`` for sm_90 without a GPU (Triton's bundled ptxas), as
     gluon_fwd.compile_sm90 does for the forward."""
     import triton

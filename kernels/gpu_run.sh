@@ -12,7 +12,8 @@
 #                                           backward (Gluon dQ) against the tl dQ and the Gluon dK/dV kernel
 #                                           beside either dQ kernel (one round, six shapes)
 #   bash kernels/gpu_run.sh OUT_DIR gfused  dQ fused into the Gluon dK/dV kernel: its GPU tests, then the shipped
-#                                           backward against it at 2 and 3 stages (one round, six shapes)
+#                                           backward against it, the groups splitting the keys or the head dim
+#                                           (2 stages; the head-dim split also at 3), one round, six shapes
 #   bash kernels/gpu_run.sh OUT_DIR dqtma   the fused atomic dQ mode: its GPU tests, then the shipped backward
 #                                           against it with TMA or element adds and other fused tiles
 #                                           (one round, the five non-broadcast shapes, no FA4)
@@ -81,7 +82,8 @@ case $STAGE in
       > "$OUT_DIR/pytest_gluon_fused.txt" 2>&1
     echo "pytest gluon fused rc=$?" | tee -a "$L"; grep -E "passed|failed|Error" "$OUT_DIR/pytest_gluon_fused.txt" | tail -4
     timeout 300 python3 -m kernels.bench --out "$OUT_DIR" --tag gluon_fused --shapes S4b,S1,S1c,S2,S4a,S3 \
-      --impls triton-plan,triton-plan-gluon-fused,triton-plan-gluon-fused-s3 >> "$L" 2>&1
+      --impls triton-plan,triton-plan-gluon-fused-keys,triton-plan-gluon-fused-dim,triton-plan-gluon-fused-dim-s3 \
+      >> "$L" 2>&1
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_gluon_fused.md" 2>/dev/null ;;
   dqtma)

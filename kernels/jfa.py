@@ -68,7 +68,16 @@ BWD_DQ_MODE = "separate"
 #     GPU has TMA (sm_90 or newer); elsewhere, and under the interpreter (no TMA reduce there), "element".
 #   "element": one relaxed fp32 atomic per element.
 # LAST_BWD_DQ_PATH names what the latest backward did: "separate" (tl dQ kernel), "gluon" (Gluon dQ kernel),
-# "atomic-tma" / "atomic-element" (fused into the tl dK/dV kernel) or "atomic-gluon" (fused into the Gluon one).
+# "atomic-tma" / "atomic-element" (fused into the tl dK/dV kernel) or "atomic-gluon-keys" / "atomic-gluon-dim"
+# (fused into the Gluon one, GLUON_FUSED_DQ_SPLIT).
+# How the Gluon dK/dV kernel splits the fused dQ between its two consumer groups (runtime switch):
+#   "keys": each group adds the whole head dim over its own 64 keys (8 bytes of reduce traffic per
+#     query/key pair);
+#   "dim": each group adds one 64-row half of the head dim over all 128 keys, dS^T of both groups meeting
+#     in shared memory (4 bytes per pair, as FA3; head dim 128 only, 64 runs "keys").
+# Compiled for sm_90, not yet run on a GPU (PERF.md v13).
+GLUON_FUSED_DQ_SPLITS = ("keys", "dim")
+GLUON_FUSED_DQ_SPLIT = "keys"
 BWD_DQ_REDUCES = ("tma", "element")
 BWD_DQ_REDUCE = "tma"
 LAST_BWD_DQ_PATH = ""
@@ -711,7 +720,8 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
         if why_do and not cfgs.gluon_dq_silent:
             why_not_gluon_dq = f"dO: {why_do}"
     if fuse:
-        LAST_BWD_DQ_PATH = "atomic-gluon" if dq_acc_t is not None else "atomic-tma" if dq_tma else "atomic-element"
+        LAST_BWD_DQ_PATH = (f"atomic-gluon-{_fused_dq_split(d)}" if dq_acc_t is not None
+                            else "atomic-tma" if dq_tma else "atomic-element")
     elif why_not_gluon_dq:
         LAST_BWD_DQ_PATH = f"separate (gluon: {why_not_gluon_dq})"
     else:
@@ -798,8 +808,16 @@ def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, s
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0), scale, scale * tk.LOG2E,
         hkv, hq // hkv, n_items, dqd,
         BROADCAST=broadcast, CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=_gluon_bwd_stages(),
-        GROUPED=items is not None, DYNAMIC=dynamic, OVERLAP=GLUON_BWD_ORDER == "overlap", FUSE_DQ=fuse_dq,
+        GROUPED=items is not None, DYNAMIC=dynamic, OVERLAP=GLUON_BWD_ORDER == "overlap",
+        FUSE_DQ=(2 if _fused_dq_split(d) == "dim" else 1) if fuse_dq else 0,
         num_warps=4)
+
+
+def _fused_dq_split(head_dim):
+    if GLUON_FUSED_DQ_SPLIT not in GLUON_FUSED_DQ_SPLITS:
+        raise ValueError(f"jfa.GLUON_FUSED_DQ_SPLIT must be one of {GLUON_FUSED_DQ_SPLITS}, "
+                         f"got {GLUON_FUSED_DQ_SPLIT!r}")
+    return "dim" if GLUON_FUSED_DQ_SPLIT == "dim" and head_dim == 128 else "keys"
 
 
 def _fused_dq_buffer(q):
@@ -967,6 +985,8 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
     why_not_gluon_bwd = ""
     if BWD_KV_KERNEL == "gluon":
         _gluon_bwd_stages()  # a bad value is a clear error before the forward runs
+        if fuse:
+            _fused_dq_split(dkey)  # likewise
         why_not_gluon_bwd = (_gluon_refusal(q, k, v, scale, block_rows=GLUON_BWD_BOX_ROWS)
                              or ("the Gluon dK/dV kernel fuses dQ in its plain order only"
                                  if fuse and GLUON_BWD_ORDER == "overlap" else ""))

@@ -34,10 +34,12 @@ CONFIGS = [
     dict(kernel="bwd", stages=4, broadcast=True, head_d=64, head_dv=64, dtype="fp16"),
     dict(kernel="bwd", stages=3, overlap=True, causal=True, grouped=True, dynamic=True),
     dict(kernel="bwd", stages=2, overlap=True, broadcast=True, head_d=64, head_dv=64, dtype="fp16"),
-    # ... with dQ fused (TMA reduce-adds of dQ^T)
-    dict(kernel="bwd", stages=2, fuse_dq=True),
-    dict(kernel="bwd", stages=3, fuse_dq=True, causal=True, grouped=True, dynamic=True),
-    dict(kernel="bwd", stages=2, fuse_dq=True, head_d=64, head_dv=64, dtype="fp16"),
+    # ... with dQ fused (TMA reduce-adds of dQ^T): 1 splits the keys between the groups, 2 the head dim
+    dict(kernel="bwd", stages=2, fuse_dq=1),
+    dict(kernel="bwd", stages=3, fuse_dq=1, causal=True, grouped=True, dynamic=True),
+    dict(kernel="bwd", stages=2, fuse_dq=1, head_d=64, head_dv=64, dtype="fp16"),
+    dict(kernel="bwd", stages=2, fuse_dq=2),
+    dict(kernel="bwd", stages=3, fuse_dq=2, causal=True, grouped=True, dynamic=True, head_dv=64),
     # the dQ kernel (kernels/gluon_dq.py)
     dict(kernel="dq", stages=2),
     dict(kernel="dq", stages=2, causal=True, grouped=True, dynamic=True),
@@ -68,9 +70,10 @@ def test_gluon_forward_compiles_for_sm90(probed, i):
     assert not result["wgmma_serialized"]
     # the dynamic grid claims its items with one atomic (in the loader); the others use none
     assert result["atomics"] == (1 if CONFIGS[i].get("dynamic") else 0)
-    # dQ fused into the dK/dV kernel: each consumer group adds its dQ^T block with one TMA reduce-add
-    # per 64 rows of the head dim
-    want = 2 * CONFIGS[i].get("head_d", 128) // 64 if CONFIGS[i].get("fuse_dq") else 0
+    # dQ fused into the dK/dV kernel: each consumer group adds its dQ^T part with one TMA reduce-add per
+    # 64 rows of the head dim it covers (all of it when the keys are split, one half when the head dim is)
+    fuse = CONFIGS[i].get("fuse_dq", 0)
+    want = {0: 0, 1: 2 * CONFIGS[i].get("head_d", 128) // 64, 2: 2}[fuse]
     assert result["tma_reduces"] == want, result["tma_reduces"]
     if CONFIGS[i].get("kernel") in ("bwd", "dq"):
         # two fp32 accumulators per consumer group leave little room: a few spill stores at most

@@ -1060,38 +1060,43 @@ def test_gpu_gluon_dq_rows_past_the_end_never_leak(poison, monkeypatch):
 
 
 @needs_gluon
+@pytest.mark.parametrize("split", ["keys", "dim"])
 @pytest.mark.parametrize("stages, grid", [(2, "dynamic"), (3, "persistent"), (1, "sorted")])
 @pytest.mark.parametrize("case", [c for c in range(len(GLUON_CASES)) if not GLUON_CASES[c][6]])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_gluon_fused_dq(case, causal, stages, grid, monkeypatch):
+def test_gpu_gluon_fused_dq(case, causal, stages, grid, split, monkeypatch):
     # dQ fused into the Gluon dK/dV kernel (BWD_DQ_MODE "atomic" with BWD_KV_KERNEL "gluon"): every consumer
-    # group adds its dQ^T block by TMA reduce-adds; all three gradients against the float64 reference, on
+    # group adds its dQ^T parts by TMA reduce-adds; all three gradients against the float64 reference, on
     # few programs so that each takes many items
     from kernels import jfa
     monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "gluon")
     monkeypatch.setattr(jfa, "BWD_DQ_MODE", "atomic")
+    monkeypatch.setattr(jfa, "GLUON_FUSED_DQ_SPLIT", split)
     monkeypatch.setattr(jfa, "GLUON_BWD_STAGES", stages)
     monkeypatch.setattr(jfa, "GLUON_GRID", grid)
     monkeypatch.setattr(jfa, "_num_sms", lambda device: 3)
     lens_q, lens_k, hq, hkv, d, dv, _ = GLUON_CASES[case]
     dtype = torch.float16 if case == 2 else torch.bfloat16
     run_case(lens_q, lens_k, hq=hq, hkv=hkv, d=d, dv=dv, causal=causal, dtype=dtype)
-    assert (jfa.LAST_BWD_KV_PATH, jfa.LAST_BWD_DQ_PATH) == ("gluon", "atomic-gluon")
+    ran = split if d == 128 else "keys"  # the head-dim split needs two 64-row halves
+    assert (jfa.LAST_BWD_KV_PATH, jfa.LAST_BWD_DQ_PATH) == ("gluon", f"atomic-gluon-{ran}")
 
 
 @needs_gluon
+@pytest.mark.parametrize("split", ["keys", "dim"])
 @pytest.mark.parametrize("poisoned_first", [True, False])
 @pytest.mark.parametrize("poison", ["inf", "nan"])
-def test_gpu_gluon_fused_dq_keeps_sequences_apart(poison, poisoned_first, monkeypatch):
+def test_gpu_gluon_fused_dq_keeps_sequences_apart(poison, poisoned_first, split, monkeypatch):
     """The fused dQ adds whole [64, 32] dQ^T blocks: a ragged query block's columns past its sequence land
     on the next sequence's rows and must add nothing there; a ragged key block's rows past the end hold
     the next sequence's keys, which must not reach this sequence's dQ."""
     from kernels import jfa
     monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "gluon")
     monkeypatch.setattr(jfa, "BWD_DQ_MODE", "atomic")
+    monkeypatch.setattr(jfa, "GLUON_FUSED_DQ_SPLIT", split)
     check_grads_beside_a_poisoned_sequence(poison, poisoned_first=poisoned_first, d=128, names=("dq", "dk", "dv"),
                                            tol=2 * TOL[torch.bfloat16])
-    assert jfa.LAST_BWD_DQ_PATH == "atomic-gluon", jfa.LAST_BWD_DQ_PATH
+    assert jfa.LAST_BWD_DQ_PATH == f"atomic-gluon-{split}", jfa.LAST_BWD_DQ_PATH
 
 
 @needs_kernels
@@ -1111,6 +1116,17 @@ def test_gluon_backward_launch_boxes(grid, want_counter, monkeypatch):
     assert [list(d.shape) for d in descs] == [[300, 512], [200, 256], [200, 128], [300, 256]]
     assert dynamic == want_counter and n_programs == (2 if want_counter else 5)
     assert (counter is unused) != want_counter
+
+
+@needs_kernels
+@pytest.mark.parametrize("mode, deterministic", [("separate", True), ("atomic", False)])
+def test_adapter_declares_what_the_dq_mode_gives(mode, deterministic, monkeypatch):
+    # the spec holds a backend to its declaration: bitwise-reproducible gradients only without atomics
+    from backends.triton_jfa import TritonJfa
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_DQ_MODE", mode)
+    caps = TritonJfa().capabilities
+    assert caps.deterministic is deterministic and f"dQ mode {mode}" in caps.notes
 
 
 @needs_kernels
@@ -1148,6 +1164,11 @@ def test_gluon_dq_switch_falls_back_with_its_reason(monkeypatch):
     monkeypatch.setattr(jfa, "BWD_DQ_MODE", "atomic")
     run_case([12, 30], [25, 7], hq=2, hkv=1, d=32, dtype=torch.float32)
     assert jfa.LAST_BWD_DQ_PATH.startswith("atomic-"), jfa.LAST_BWD_DQ_PATH
+    monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "gluon")
+    monkeypatch.setattr(jfa, "GLUON_FUSED_DQ_SPLIT", "rows")
+    with pytest.raises(ValueError, match="GLUON_FUSED_DQ_SPLIT"):
+        run_case([4], [4], dtype=torch.float32)
+    monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "triton")
     monkeypatch.setattr(jfa, "BWD_DQ_MODE", "separate")
     monkeypatch.setattr(jfa, "GLUON_DQ_STAGES", 3)
     with pytest.raises(ValueError, match="GLUON_DQ_STAGES"):
