@@ -956,6 +956,18 @@ def _gluon_probe():
 _GLUON_WHY = _gluon_probe()
 needs_gluon = pytest.mark.skipif(bool(_GLUON_WHY), reason=f"the Gluon forward cannot run here: {_GLUON_WHY}")
 
+def run_gluon_case(case, causal, monkeypatch, **switches):
+    """GLUON_CASES[case] under the given jfa switches, on three programs so that each takes many items
+    (rings, double buffers and item hand-offs running on across items); fp16 for case 2, else bf16."""
+    from kernels import jfa
+    for name, value in switches.items():
+        monkeypatch.setattr(jfa, name, value)
+    monkeypatch.setattr(jfa, "_num_sms", lambda device: 3)
+    lens_q, lens_k, hq, hkv, d, dv, broadcast = GLUON_CASES[case]
+    dtype = torch.float16 if case == 2 else torch.bfloat16
+    return run_case(lens_q, lens_k, hq=hq, hkv=hkv, d=d, dv=dv, causal=causal, dtype=dtype, broadcast=broadcast)
+
+
 GLUON_CASES = [
     # (lens_q, lens_k, hq, hkv, d, dv, broadcast): tiles whose second 64-row half is empty (64, 1, 65),
     # no keys, Lq > Lk and Lq < Lk, ragged tails against BLOCK_N 128, GQA, Dv != D
@@ -1015,14 +1027,8 @@ def test_gpu_gluon_backward(case, causal, stages, grid, order, monkeypatch):
     # claims many items (ring, K/V double buffer and item hand-off running on across items); the ring
     # depth matters: a separate unmasked path went wrong from two stages on when D == Dv (PERF.md v11)
     from kernels import jfa
-    monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "gluon")
-    monkeypatch.setattr(jfa, "GLUON_BWD_STAGES", stages)
-    monkeypatch.setattr(jfa, "GLUON_BWD_ORDER", order)
-    monkeypatch.setattr(jfa, "GLUON_GRID", grid)
-    monkeypatch.setattr(jfa, "_num_sms", lambda device: 3)
-    lens_q, lens_k, hq, hkv, d, dv, broadcast = GLUON_CASES[case]
-    dtype = torch.float16 if case == 2 else torch.bfloat16
-    run_case(lens_q, lens_k, hq=hq, hkv=hkv, d=d, dv=dv, causal=causal, dtype=dtype, broadcast=broadcast)
+    run_gluon_case(case, causal, monkeypatch, BWD_KV_KERNEL="gluon", GLUON_BWD_STAGES=stages, GLUON_BWD_ORDER=order,
+                   GLUON_GRID=grid)
     assert jfa.LAST_BWD_KV_PATH == "gluon", jfa.LAST_BWD_KV_PATH
 
 
@@ -1035,15 +1041,9 @@ def test_gpu_gluon_dq(case, causal, grid, monkeypatch):
     # many items (K/V ring and Q/dO double buffer running on across items); every dQ row has one writer,
     # so the answer is also bitwise the same on every grid
     from kernels import jfa
-    monkeypatch.setattr(jfa, "BWD_Q_KERNEL", "gluon")
-    monkeypatch.setattr(jfa, "GLUON_GRID", grid)
-    monkeypatch.setattr(jfa, "_num_sms", lambda device: 3)
-    lens_q, lens_k, hq, hkv, d, dv, _ = GLUON_CASES[case]
-    dtype = torch.float16 if case == 2 else torch.bfloat16
-    grads = run_case(lens_q, lens_k, hq=hq, hkv=hkv, d=d, dv=dv, causal=causal, dtype=dtype)[2]
+    grads = run_gluon_case(case, causal, monkeypatch, BWD_Q_KERNEL="gluon", GLUON_GRID=grid)[2]
     assert jfa.LAST_BWD_DQ_PATH == "gluon", jfa.LAST_BWD_DQ_PATH
-    monkeypatch.setattr(jfa, "GLUON_GRID", "sorted")
-    again = run_case(lens_q, lens_k, hq=hq, hkv=hkv, d=d, dv=dv, causal=causal, dtype=dtype)[2]
+    again = run_gluon_case(case, causal, monkeypatch, GLUON_GRID="sorted")[2]
     assert torch.equal(again["dq"], grads["dq"])
 
 
@@ -1069,16 +1069,9 @@ def test_gpu_gluon_fused_dq(case, causal, stages, grid, split, monkeypatch):
     # group adds its dQ^T parts by TMA reduce-adds; all three gradients against the float64 reference, on
     # few programs so that each takes many items
     from kernels import jfa
-    monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "gluon")
-    monkeypatch.setattr(jfa, "BWD_DQ_MODE", "atomic")
-    monkeypatch.setattr(jfa, "GLUON_FUSED_DQ_SPLIT", split)
-    monkeypatch.setattr(jfa, "GLUON_BWD_STAGES", stages)
-    monkeypatch.setattr(jfa, "GLUON_GRID", grid)
-    monkeypatch.setattr(jfa, "_num_sms", lambda device: 3)
-    lens_q, lens_k, hq, hkv, d, dv, _ = GLUON_CASES[case]
-    dtype = torch.float16 if case == 2 else torch.bfloat16
-    run_case(lens_q, lens_k, hq=hq, hkv=hkv, d=d, dv=dv, causal=causal, dtype=dtype)
-    ran = split if d == 128 else "keys"  # the head-dim split needs two 64-row halves
+    run_gluon_case(case, causal, monkeypatch, BWD_KV_KERNEL="gluon", BWD_DQ_MODE="atomic", GLUON_FUSED_DQ_SPLIT=split,
+                   GLUON_BWD_STAGES=stages, GLUON_GRID=grid)
+    ran = split if GLUON_CASES[case][4] == 128 else "keys"  # the head-dim split needs two 64-row halves
     assert (jfa.LAST_BWD_KV_PATH, jfa.LAST_BWD_DQ_PATH) == ("gluon", f"atomic-gluon-{ran}")
 
 
