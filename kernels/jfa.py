@@ -184,11 +184,15 @@ GLUON_BWD_ORDER = "plain"
 #     TMA can describe, checked at the backward; not for broadcast-Q, whose dQ sums over the batch, nor
 #     with the fused atomic dQ mode).  Anywhere else the tl dQ kernel runs and LAST_BWD_DQ_PATH says why.
 #     One writer per dQ element, so deterministic like the tl kernel.
-#   "auto" (the default since PERF.md v13): "gluon" where it can run, else "triton", silently
-#     (LAST_BWD_DQ_PATH names the kernel that ran).  On the H200 the backward with it is level on S4b and
-#     2-7% faster on S1 / S1c / S4a / S3 (v12 three rounds, v13), and the GPU spec passes with it (v13).
+#   "auto" (the default since PERF.md v13): "gluon" where it can run and the head dims are in
+#     GLUON_DQ_AUTO_HEAD_DIMS, else "triton", silently (LAST_BWD_DQ_PATH names the kernel that ran).  On
+#     the H200 the backward with it is level on S4b and 2-7% faster on S1 / S1c / S4a / S3 (v12 three
+#     rounds, v13), and the GPU spec passes with it (v13).
 BWD_Q_KERNELS = ("auto", "triton", "gluon")
 BWD_Q_KERNEL = os.environ.get("JFA_BWD_Q_KERNEL", "auto")
+# "auto" takes the Gluon dQ kernel only where it was timed (every bench shape has D = Dv = 128); at 64 it
+# is tested on the H200 but not timed, so the tl kernel keeps those calls
+GLUON_DQ_AUTO_HEAD_DIMS = (128,)
 GLUON_DQ_STAGES = 2  # K/V blocks in flight (64 keys each); two fill sm_90's shared memory at head dim 128
 GLUON_DQ_BOX_ROWS = (64, 64)  # TMA box rows of its Q / dO halves and of its K / V blocks (gluon_dq.py)
 GLUON_BWD_BOX_ROWS = (32, 64)  # TMA box rows of its Q / dO blocks and of its K / V halves (gluon_bwd.py)
@@ -999,6 +1003,8 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
         why_not_gluon_dq = ("broadcast-Q sums dQ over the batch (the tl chunked dQ kernel does)" if broadcast_q
                             else "the fused atomic dQ mode computes dQ in its dK/dV kernel" if fuse
                             else _gluon_refusal(q, k, v, scale, block_rows=GLUON_DQ_BOX_ROWS))
+        if BWD_Q_KERNEL == "auto" and not {q.shape[2], v.shape[2]} <= set(GLUON_DQ_AUTO_HEAD_DIMS):
+            why_not_gluon_dq = "not timed at these head dims"  # silent under "auto"
     bwd_q_kernel = "gluon" if BWD_Q_KERNEL != "triton" and not why_not_gluon_dq else "triton"
     silent_dq = BWD_Q_KERNEL == "auto"
     cfgs = LaunchConfig(_cfg("fwd", dkey, q.dtype, on_cpu), _cfg("kvf" if fuse else "kv", dkey, q.dtype, on_cpu),

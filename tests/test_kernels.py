@@ -391,19 +391,25 @@ needs_cuda = pytest.mark.skipif(not _HAS_CUDA, reason="needs a CUDA GPU (sizes t
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("mode", ["separate", "tl-dq", "atomic"])
+@pytest.mark.parametrize("mode", ["separate", "tl-dq", "gluon-dq", "atomic"])
 def test_gpu_multiblock(dtype, causal, mode, monkeypatch):
-    # "separate": the default dQ kernel (Gluon on sm_90 for bf16/fp16, else tl); "tl-dq": the tl dQ kernel,
-    # which still serves broadcast-Q, fp32 and other GPUs; "atomic": dQ fused into the dK/dV kernel
+    # "separate": the default dQ kernel (Gluon on sm_90 for bf16/fp16 at head dim 128, else tl); "tl-dq": the
+    # tl dQ kernel, which still serves broadcast-Q, fp32, head dim 64 and other GPUs; "gluon-dq": the Gluon
+    # one asked for (also at 64); "atomic": dQ fused into the dK/dV kernel
     from kernels import jfa
     monkeypatch.setattr(jfa, "BWD_DQ_MODE", "atomic" if mode == "atomic" else "separate")
-    monkeypatch.setattr(jfa, "BWD_Q_KERNEL", "triton" if mode == "tl-dq" else "auto")
-    run_case([300, 0, 513, 129, 64, 700], [257, 5, 513, 400, 0, 200], hq=4, hkv=2, d=128,
-             causal=causal, dtype=dtype)
-    run_case([129, 384], [700, 1], hq=2, hkv=2, d=64, causal=causal, dtype=dtype)
-    if mode != "atomic":
-        gluon_dq = mode == "separate" and not _GLUON_WHY and dtype != torch.float32
-        assert jfa.LAST_BWD_DQ_PATH == ("gluon" if gluon_dq else "separate"), jfa.LAST_BWD_DQ_PATH
+    monkeypatch.setattr(jfa, "BWD_Q_KERNEL", {"tl-dq": "triton", "gluon-dq": "gluon"}.get(mode, "auto"))
+    gluon_ok = not _GLUON_WHY and dtype != torch.float32
+    for lens_q, lens_k, heads, d in (([300, 0, 513, 129, 64, 700], [257, 5, 513, 400, 0, 200], (4, 2), 128),
+                                     ([129, 384], [700, 1], (2, 2), 64)):
+        run_case(lens_q, lens_k, hq=heads[0], hkv=heads[1], d=d, causal=causal, dtype=dtype)
+        if mode != "atomic":
+            gluon_dq = gluon_ok and (mode == "gluon-dq" or (mode == "separate" and d == 128))
+            path = jfa.LAST_BWD_DQ_PATH
+            if mode == "gluon-dq" and not gluon_dq:  # asked for by name: says why not
+                assert path.startswith("separate (gluon: "), (d, path)
+            else:  # "auto" falls back silently; "triton" asks for it
+                assert path == ("gluon" if gluon_dq else "separate"), (d, path)
 
 
 def check_grads_beside_a_poisoned_sequence(poison, *, poisoned_first, d, names, tol, dtype=torch.bfloat16):
