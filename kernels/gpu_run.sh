@@ -4,10 +4,12 @@
 #                                           max |diff| against it), the shipped kernel through a plan, the same
 #                                           with the tl dQ kernel, plain calls, flex_attention and padded SDPA
 #                                           (one round); all six shapes
-#   bash kernels/gpu_run.sh OUT_DIR tests   the GPU kernel tests (pytest -k gpu)
+#   bash kernels/gpu_run.sh OUT_DIR tests   the GPU kernel tests but the Gluon ones (pytest -k "gpu and not gluon")
+#   bash kernels/gpu_run.sh OUT_DIR gtests  the Gluon GPU tests but the fused dQ ones (those run in gfused); all
+#                                           GPU tests at once no longer fit one 10-minute call
 #   bash kernels/gpu_run.sh OUT_DIR spec    the spec on triton-jfa as shipped (profile ci, on the GPU)
 #   bash kernels/gpu_run.sh OUT_DIR tldqspec the same with the tl dQ kernel (JFA_BWD_Q_KERNEL=triton)
-#   bash kernels/gpu_run.sh OUT_DIR verify  spec and tests side by side (8 workers each), one call
+#   bash kernels/gpu_run.sh OUT_DIR verify  spec and the non-Gluon tests side by side (8 workers each), one call
 #   bash kernels/gpu_run.sh OUT_DIR gbwd    the Gluon dK/dV and dQ kernels: their GPU tests, then the shipped
 #                                           backward (Gluon dQ) against the tl dQ and the Gluon dK/dV kernel
 #                                           beside either dQ kernel (one round, six shapes)
@@ -28,7 +30,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|spec|tldqspec|verify|gbwd|gfused|dqtma|rounds|split|sdpa|sweep|ncu}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|verify|gbwd|gfused|dqtma|rounds|split|sdpa|sweep|ncu}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -45,11 +47,11 @@ spec() {  # spec(time limit s, name, workers, extra env...): triton-jfa, profile
   tail -5 "$OUT_DIR/spec/$name/summary.md" 2>/dev/null | tee -a "$L"
 }
 
-gpu_tests() {  # gpu_tests(time limit s, workers): -rA names every outcome, so a run cut off by the limit
-  # still says which tests finished
-  timeout "$1" python3 -m pytest tests/test_kernels.py -q -rA -n "$2" -p no:cacheprovider -k gpu \
-    > "$OUT_DIR/pytest_gpu.txt" 2>&1
-  echo "pytest rc=$?" | tee -a "$L"; tail -3 "$OUT_DIR/pytest_gpu.txt"
+gpu_tests() {  # gpu_tests(time limit s, workers, -k expression, name): -rA names every outcome; the output
+  # names each test as it finishes (-v), so a run cut off by the limit still says which tests finished
+  timeout "$1" python3 -m pytest tests/test_kernels.py -v -rA -n "$2" -p no:cacheprovider -k "$3" \
+    > "$OUT_DIR/pytest_$4.txt" 2>&1
+  echo "pytest $4 rc=$?" | tee -a "$L"; tail -3 "$OUT_DIR/pytest_$4.txt"
 }
 
 case $STAGE in
@@ -59,17 +61,19 @@ case $STAGE in
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_table.md" 2>/dev/null ;;
   tests)
-    gpu_tests 560 14 ;;
+    gpu_tests 560 14 "gpu and not gluon" gpu ;;
+  gtests)
+    gpu_tests 560 14 "gpu and gluon and not gluon_fused" gpu_gluon ;;
   spec)
     spec 520 ci-default 14 ;;
   tldqspec)
     spec 520 ci-tl-dq 14 JFA_BWD_Q_KERNEL=triton ;;
   verify)
     spec 530 ci-default 8 &
-    gpu_tests 560 8
+    gpu_tests 560 8 "gpu and not gluon" gpu
     wait ;;
   gbwd)
-    timeout 220 python3 -m pytest tests/test_kernels.py -q -rA -n 14 -p no:cacheprovider \
+    timeout 220 python3 -m pytest tests/test_kernels.py -v -rA -n 14 -p no:cacheprovider \
       -k "gluon_backward or gluon_dq" > "$OUT_DIR/pytest_gluon_bwd.txt" 2>&1
     echo "pytest gluon bwd rc=$?" | tee -a "$L"; grep -E "passed|failed|Error" "$OUT_DIR/pytest_gluon_bwd.txt" | tail -4
     timeout 300 python3 -m kernels.bench --out "$OUT_DIR" --tag gluon_bwd --shapes S4b,S1,S1c,S2,S4a,S3 \
@@ -78,7 +82,7 @@ case $STAGE in
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_gluon_bwd.md" 2>/dev/null ;;
   gfused)
-    timeout 200 python3 -m pytest tests/test_kernels.py -q -rA -n 14 -p no:cacheprovider -k "gluon_fused" \
+    timeout 200 python3 -m pytest tests/test_kernels.py -v -rA -n 14 -p no:cacheprovider -k "gluon_fused" \
       > "$OUT_DIR/pytest_gluon_fused.txt" 2>&1
     echo "pytest gluon fused rc=$?" | tee -a "$L"; grep -E "passed|failed|Error" "$OUT_DIR/pytest_gluon_fused.txt" | tail -4
     timeout 300 python3 -m kernels.bench --out "$OUT_DIR" --tag gluon_fused --shapes S4b,S1,S1c,S2,S4a,S3 \
@@ -87,7 +91,7 @@ case $STAGE in
     echo "bench rc=$?" | tee -a "$L"
     cat "$OUT_DIR/bench_gluon_fused.md" 2>/dev/null ;;
   dqtma)
-    timeout 150 python3 -m pytest tests/test_kernels.py -q -rA -n 12 -p no:cacheprovider -k "atomic" \
+    timeout 150 python3 -m pytest tests/test_kernels.py -v -rA -n 12 -p no:cacheprovider -k "atomic" \
       > "$OUT_DIR/pytest_atomic.txt" 2>&1
     echo "pytest atomic rc=$?" | tee -a "$L"; grep -E "passed|failed|Error" "$OUT_DIR/pytest_atomic.txt" | tail -4
     kvf=triton-plan-atomic-kvf32x64w4s3,triton-plan-atomic-kvf32x64w4s2,triton-plan-atomic-kvf64x64w4s2
