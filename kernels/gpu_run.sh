@@ -54,12 +54,18 @@ gpu_tests() {  # gpu_tests(time limit s, workers, -k expression, name): -rA name
   echo "pytest $4 rc=$?" | tee -a "$L"; tail -3 "$OUT_DIR/pytest_$4.txt"
 }
 
+run_bench() {  # run_bench(time limit s, tag, kernels.bench arguments...): rows to OUT_DIR/bench_<tag>.json/.md
+  local t=$1 tag=$2; shift 2
+  timeout "$t" python3 -m kernels.bench --out "$OUT_DIR" --tag "$tag" "$@" >> "$L" 2>&1
+  echo "bench $tag rc=$?" | tee -a "$L"
+  cat "$OUT_DIR/bench_$tag.md" 2>/dev/null
+}
+
+ALL_SHAPES=S4b,S1,S1c,S2,S4a,S3
 case $STAGE in
   bench)
-    timeout 500 python3 -m kernels.bench --out "$OUT_DIR" --tag table --rounds 2 --once flex,sdpa,triton \
-      --impls fa4,triton,triton-plan,triton-plan-tl-dq,flex,sdpa --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
-    echo "bench rc=$?" | tee -a "$L"
-    cat "$OUT_DIR/bench_table.md" 2>/dev/null ;;
+    run_bench 500 table --rounds 2 --once flex,sdpa,triton --impls fa4,triton,triton-plan,triton-plan-tl-dq,flex,sdpa \
+      --shapes $ALL_SHAPES ;;
   tests)
     gpu_tests 560 14 "gpu and not gluon" gpu ;;
   gtests)
@@ -73,44 +79,23 @@ case $STAGE in
     gpu_tests 560 8 "gpu and not gluon" gpu
     wait ;;
   gbwd)
-    timeout 220 python3 -m pytest tests/test_kernels.py -v -rA -n 14 -p no:cacheprovider \
-      -k "gluon_backward or gluon_dq" > "$OUT_DIR/pytest_gluon_bwd.txt" 2>&1
-    echo "pytest gluon bwd rc=$?" | tee -a "$L"; grep -E "passed|failed|Error" "$OUT_DIR/pytest_gluon_bwd.txt" | tail -4
-    timeout 300 python3 -m kernels.bench --out "$OUT_DIR" --tag gluon_bwd --shapes S4b,S1,S1c,S2,S4a,S3 \
-      --impls triton-plan,triton-plan-tl-dq,triton-plan-gluon-bwd,triton-plan-gluon-bwd-ovl-s2,triton-plan-gluon-bwd-tl-dq \
-      >> "$L" 2>&1
-    echo "bench rc=$?" | tee -a "$L"
-    cat "$OUT_DIR/bench_gluon_bwd.md" 2>/dev/null ;;
+    gpu_tests 220 14 "gluon_backward or gluon_dq" gluon_bwd
+    run_bench 300 gluon_bwd --shapes $ALL_SHAPES \
+      --impls triton-plan,triton-plan-tl-dq,triton-plan-gluon-bwd,triton-plan-gluon-bwd-ovl-s2,triton-plan-gluon-bwd-tl-dq ;;
   gfused)
-    timeout 200 python3 -m pytest tests/test_kernels.py -v -rA -n 14 -p no:cacheprovider -k "gluon_fused" \
-      > "$OUT_DIR/pytest_gluon_fused.txt" 2>&1
-    echo "pytest gluon fused rc=$?" | tee -a "$L"; grep -E "passed|failed|Error" "$OUT_DIR/pytest_gluon_fused.txt" | tail -4
-    timeout 300 python3 -m kernels.bench --out "$OUT_DIR" --tag gluon_fused --shapes S4b,S1,S1c,S2,S4a,S3 \
-      --impls triton-plan,triton-plan-gluon-fused-keys,triton-plan-gluon-fused-dim,triton-plan-gluon-fused-dim-s3 \
-      >> "$L" 2>&1
-    echo "bench rc=$?" | tee -a "$L"
-    cat "$OUT_DIR/bench_gluon_fused.md" 2>/dev/null ;;
+    gpu_tests 200 14 "gluon_fused" gluon_fused
+    run_bench 300 gluon_fused --shapes $ALL_SHAPES \
+      --impls triton-plan,triton-plan-gluon-fused-keys,triton-plan-gluon-fused-dim,triton-plan-gluon-fused-dim-s3 ;;
   dqtma)
-    timeout 150 python3 -m pytest tests/test_kernels.py -v -rA -n 12 -p no:cacheprovider -k "atomic" \
-      > "$OUT_DIR/pytest_atomic.txt" 2>&1
-    echo "pytest atomic rc=$?" | tee -a "$L"; grep -E "passed|failed|Error" "$OUT_DIR/pytest_atomic.txt" | tail -4
+    gpu_tests 150 12 "atomic" atomic
     kvf=triton-plan-atomic-kvf32x64w4s3,triton-plan-atomic-kvf32x64w4s2,triton-plan-atomic-kvf64x64w4s2
     kvf=$kvf,triton-plan-atomic-kvf64x128w8s2,triton-plan-atomic-kvf32x128w8s2
-    timeout 420 python3 -m kernels.bench --out "$OUT_DIR" --tag dq_tma --shapes S4b,S1,S1c,S4a,S3 \
-      --impls triton-plan,triton-plan-atomic,triton-plan-atomic-element,$kvf >> "$L" 2>&1
-    echo "bench rc=$?" | tee -a "$L"
-    cat "$OUT_DIR/bench_dq_tma.md" 2>/dev/null ;;
+    run_bench 420 dq_tma --shapes S4b,S1,S1c,S4a,S3 --impls triton-plan,triton-plan-atomic,triton-plan-atomic-element,$kvf ;;
   rounds)
-    timeout 280 python3 -m kernels.bench --out "$OUT_DIR" --tag v9_rounds --rounds 7 \
-      --impls fa4,triton,triton-tl,triton-gluon --fwd-only triton-tl,triton-gluon \
-      --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
-    echo "bench rc=$?" | tee -a "$L"
-    cat "$OUT_DIR/bench_v9_rounds.md" 2>/dev/null ;;
+    run_bench 280 v9_rounds --rounds 7 --impls fa4,triton,triton-tl,triton-gluon --fwd-only triton-tl,triton-gluon \
+      --shapes $ALL_SHAPES ;;
   sdpa)
-    timeout 90 python3 -m kernels.bench --out "$OUT_DIR" --tag v8_sdpa --impls triton,sdpa \
-      --shapes S1,S3 >> "$L" 2>&1
-    echo "bench rc=$?" | tee -a "$L"
-    cat "$OUT_DIR/bench_v8_sdpa.md" 2>/dev/null ;;
+    run_bench 90 v8_sdpa --impls triton,sdpa --shapes S1,S3 ;;
   sweep)
     timeout 120 python3 -m kernels.sweep --out "$OUT_DIR/sweep_fwd" --shapes S3L,S3R --kinds fwd \
       --fwd "128,32,4,4;128,64,8,3;128,64,4,3" >> "$L" 2>&1
@@ -119,12 +104,10 @@ case $STAGE in
     echo "sweep bwd rc=$?" | tee -a "$L"
     grep -E "^\|" "$L" | tail -40 ;;
   split)
-    timeout 330 python3 -m kernels.bench --out "$OUT_DIR" --tag v9_split --rounds 3 \
+    run_bench 330 v9_split --rounds 3 \
       --impls fa4,triton-plan,triton-tl-plan,triton-gluon-plan,triton-split1024-plan,triton-split2048-plan \
       --fwd-only triton-plan,triton-tl-plan,triton-gluon-plan,triton-split1024-plan,triton-split2048-plan \
-      --shapes S4b,S1,S1c,S2,S4a,S3 >> "$L" 2>&1
-    echo "bench rc=$?" | tee -a "$L"
-    cat "$OUT_DIR/bench_v9_split.md" 2>/dev/null ;;
+      --shapes $ALL_SHAPES ;;
   ncu)
     NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
     for shape in S4b S3L; do
