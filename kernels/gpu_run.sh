@@ -9,6 +9,8 @@
 #                                           GPU tests at once no longer fit one 10-minute call
 #   bash kernels/gpu_run.sh OUT_DIR spec    the spec on triton-jfa as shipped (profile ci, on the GPU)
 #   bash kernels/gpu_run.sh OUT_DIR tldqspec the same with the tl dQ kernel (JFA_BWD_Q_KERNEL=triton)
+#   bash kernels/gpu_run.sh OUT_DIR fusedspec the same with dQ fused into the Gluon dK/dV kernel (JFA_BWD_DQ_MODE=atomic,
+#                                           JFA_BWD_KV_KERNEL=gluon; JFA_GLUON_FUSED_DQ_SPLIT picks the split)
 #   bash kernels/gpu_run.sh OUT_DIR verify  spec and the non-Gluon tests side by side (8 workers each), one call
 #   bash kernels/gpu_run.sh OUT_DIR gbwd    the Gluon dK/dV and dQ kernels: their GPU tests, then the shipped
 #                                           backward (Gluon dQ) against the tl dQ and the Gluon dK/dV kernel
@@ -30,7 +32,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|verify|gbwd|gfused|dqtma|rounds|split|sdpa|sweep|ncu}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|fusedspec|verify|gbwd|gfused|dqtma|rounds|split|sdpa|sweep|ncu}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -74,6 +76,8 @@ case $STAGE in
     spec 520 ci-default 14 ;;
   tldqspec)
     spec 520 ci-tl-dq 14 JFA_BWD_Q_KERNEL=triton ;;
+  fusedspec)
+    spec 520 "ci-fused-${JFA_GLUON_FUSED_DQ_SPLIT:-keys}" 14 JFA_BWD_DQ_MODE=atomic JFA_BWD_KV_KERNEL=gluon ;;
   verify)
     spec 530 ci-default 8 &
     gpu_tests 560 8 "gpu and not gluon" gpu

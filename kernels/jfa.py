@@ -61,8 +61,9 @@ CONFIG_OVERRIDE: dict = {}
 #               summation order not fixed); with BWD_KV_KERNEL = "gluon" where it runs, the Gluon
 #               dK/dV kernel does it (dQ^T blocks added by TMA into a transposed fp32 buffer; the
 #               plain block order only)
-# deterministic=True and broadcast-Q always use "separate".
-BWD_DQ_MODE = "separate"
+# deterministic=True and broadcast-Q always use "separate".  Environment: JFA_BWD_DQ_MODE.
+BWD_DQ_MODES = ("separate", "atomic")
+BWD_DQ_MODE = os.environ.get("JFA_BWD_DQ_MODE", "separate")
 # How the "atomic" mode adds a dQ block (runtime switch, for benchmarks):
 #   "tma": one bulk reduce-add of the block through a TMA descriptor of the fp32 accumulator, where the
 #     GPU has TMA (sm_90 or newer); elsewhere, and under the interpreter (no TMA reduce there), "element".
@@ -77,7 +78,7 @@ BWD_DQ_MODE = "separate"
 #     in shared memory (4 bytes per pair, as FA3; head dim 128 only, 64 runs "keys").
 # Compiled for sm_90, not yet run on a GPU (PERF.md v13).
 GLUON_FUSED_DQ_SPLITS = ("keys", "dim")
-GLUON_FUSED_DQ_SPLIT = "keys"
+GLUON_FUSED_DQ_SPLIT = os.environ.get("JFA_GLUON_FUSED_DQ_SPLIT", "keys")
 BWD_DQ_REDUCES = ("tma", "element")
 BWD_DQ_REDUCE = "tma"
 LAST_BWD_DQ_PATH = ""
@@ -978,6 +979,8 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
     on_cpu = q.device.type == "cpu"
     dkey = max(d, v.shape[2])
+    if BWD_DQ_MODE not in BWD_DQ_MODES:
+        raise ValueError(f"jfa.BWD_DQ_MODE must be one of {BWD_DQ_MODES}, got {BWD_DQ_MODE!r}")
     fuse = (BWD_DQ_MODE == "atomic") and not broadcast_q and not deterministic
     q = q if q.stride(-1) == 1 else q.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()

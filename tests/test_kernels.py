@@ -1175,6 +1175,10 @@ def test_gluon_dq_switch_falls_back_with_its_reason(monkeypatch):
     monkeypatch.setattr(jfa, "BWD_Q_KERNEL", "cutlass")
     with pytest.raises(ValueError, match="BWD_Q_KERNEL"):
         run_case([4], [4], dtype=torch.float32)
+    monkeypatch.setattr(jfa, "BWD_Q_KERNEL", "auto")
+    monkeypatch.setattr(jfa, "BWD_DQ_MODE", "fused")  # a typo must not quietly mean "separate"
+    with pytest.raises(ValueError, match="BWD_DQ_MODE"):
+        run_case([4], [4], dtype=torch.float32)
 
 
 @needs_gluon
