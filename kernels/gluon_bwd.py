@@ -458,14 +458,12 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
     pos_smem = gl.allocate_shared_memory(gl.int32, [2, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     # FUSE_DQ: dS^T (the dQ MMA's B operand: each group's, or both groups' in two alternating buffers) and
     # each group's fp32 dQ^T part (the TMA add's source)
-    if FUSE_DQ == 1:
-        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF_N, BLOCK_M], q_desc.dtype)
-        ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, HALF_N, BLOCK_M], ds_layout)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [2, DQ_ROWS, BLOCK_M], dq_desc.layout)
-    elif FUSE_DQ == 2:
-        gl.static_assert(HEAD_D == 2 * DQ_ROWS, "FUSE_DQ == 2 splits a head dim of 128 between the groups")
-        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], q_desc.dtype)
-        ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
+    if FUSE_DQ:
+        gl.static_assert(FUSE_DQ == 1 or HEAD_D == 2 * DQ_ROWS,
+                         "FUSE_DQ == 2 splits a head dim of 128 between the groups")
+        DS_ROWS: gl.constexpr = BLOCK_N if FUSE_DQ == 2 else HALF_N
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([DS_ROWS, BLOCK_M], q_desc.dtype)
+        ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, DS_ROWS, BLOCK_M], ds_layout)
         dq_smem = gl.allocate_shared_memory(gl.float32, [2, DQ_ROWS, BLOCK_M], dq_desc.layout)
     else:  # never touched; one element each (Triton 3.9 refuses empty buffers)
         ds_smem = gl.allocate_shared_memory(gl.float32, [2, 1, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
