@@ -10,8 +10,10 @@
   dS^T = P^T (dP^T - delta), dK += dS^T Q; dK is scaled once at the end.  dQ is left to a dQ kernel,
   so the backward stays deterministic, unless ``FUSE_DQ`` (jfa.BWD_DQ_MODE = "atomic"): then each group
   also stores dS^T to shared memory and computes its part of dQ^T = K^T dS^T, adding each 64-row
-  (head-dim) piece with one TMA reduce-add into a transposed fp32 buffer [Hq * D, rows] that the host
-  scales and transposes at the end (five matmuls per block pair instead of the separate kernel's seven;
+  (head-dim) piece with one TMA reduce-add into a transposed fp32 buffer [Hq * D, columns] that the host
+  scales and transposes at the end; every sequence starts at a column that is a multiple of 4, since a
+  TMA reduce-add whose innermost coordinate is not 16-byte aligned stops the kernel with an illegal
+  instruction on the H200 (measured) (five matmuls per block pair instead of the separate kernel's seven;
   summation order not fixed).  ``FUSE_DQ == 1``: each group covers the whole head dim over its own 64
   keys; ``FUSE_DQ == 2`` (head dim 128): each group one half of the head dim over all 128 keys, the two
   groups' dS^T meeting in shared memory at an mbarrier, which halves the reduce traffic (FA3's split).
@@ -138,7 +140,7 @@ def _kv_item(pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K,
     else:
         m_lo = n0 * 0
     n_steps = gl.maximum(lq - m_lo + BLOCK_M - 1, 0) // BLOCK_M
-    return q_start, o_start, lq, k_start, lk, hk, n0, diag, m_lo, n_steps
+    return q_start, o_start, lq, k_start, lk, hk, n0, diag, m_lo, n_steps, b
 
 
 @gluon.jit
@@ -153,7 +155,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, po
     tk = 0  # items so far: K/V buffer tk % 2
     pos = gl.program_id(0)
     while pos < n_items:
-        q_start, o_start, lq, k_start, lk, hk, n0, diag, m_lo, n_steps = _kv_item(
+        q_start, o_start, lq, k_start, lk, hk, n0, diag, m_lo, n_steps, b = _kv_item(
             pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, flags.CAUSAL, flags.GROUPED)
         kb = tk % 2
         # a fresh barrier counts as having completed the phase before 0, so first rounds do not wait
@@ -372,7 +374,7 @@ def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, qdo_ready, qdo_emp
 def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
               DK, DV, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
               stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale, ds_smem, dq_smem,
-              dq_desc, ds_ready, flags):
+              dq_desc, CU_DQ, ds_ready, flags):
     WG: gl.constexpr = flags.WG
     CAUSAL: gl.constexpr = flags.CAUSAL
     HEAD_D: gl.constexpr = flags.HEAD_D
@@ -391,8 +393,12 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo
     mbarrier.wait(kv_ready.index(0), 0)
     pos = _read_pos(pos_smem, 0)
     while pos < n_items:
-        q_start, o_start, lq, k_start, lk, hk, n0, diag, m_lo, n_steps = _kv_item(
+        q_start, o_start, lq, k_start, lk, hk, n0, diag, m_lo, n_steps, b = _kv_item(
             pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, CAUSAL, flags.GROUPED)
+        # FUSE_DQ: the sequence's first column of the dQ^T buffer (a multiple of 4, see jfa._fused_dq_layout)
+        dq_col = o_start
+        if flags.FUSE_DQ:
+            dq_col = gl.load(CU_DQ + b)
         kb = tk % 2
         k_half = k_smem.index(2 * kb + WG)
         v_half = v_smem.index(2 * kb + WG)
@@ -416,7 +422,7 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo
                     dk, dv = _block(dk, dv, k_half, v_half, q_smem.index(s), do_smem.index(s), LSE, DELTA,
                                     lse_base, keys, rows, lq, diag, qk_scale, CAUSAL, s_layout, p_layout,
                                     ds_layout, ds_smem if flags.FUSE_DQ == 2 else ds_smem.index(WG),
-                                    dq_smem.index(WG), dq_desc, [(hk * GROUP + g) * HEAD_D, o_start + m],
+                                    dq_smem.index(WG), dq_desc, [(hk * GROUP + g) * HEAD_D, dq_col + m],
                                     flags.FUSE_DQ, HEAD_D, WG, k_smem.index(2 * kb), k_smem.index(2 * kb + 1),
                                     ds_ready, r)
                     mbarrier.arrive(qdo_empty.index(s))
@@ -445,7 +451,7 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo
 @gluon.jit
 def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS,
                 COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale,
-                HKV, GROUP, n_items, dq_desc,
+                HKV, GROUP, n_items, dq_desc, CU_DQ,
                 BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                 STAGES: gl.constexpr, GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
                 OVERLAP: gl.constexpr = False, FUSE_DQ: gl.constexpr = 0):
@@ -487,7 +493,7 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
     shared = (q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
               DK, DV, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
               stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale, ds_smem, dq_smem, dq_desc,
-              ds_ready)
+              CU_DQ, ds_ready)
     gl.warp_specialize([
         (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP,
                                        FUSE_DQ), )),
@@ -519,7 +525,7 @@ def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=Fals
         "CU_Q": "*i32", "CU_K": "*i32", "TILE_SEQ": "*i32", "TILE_BLK": "*i32", "ITEMS": "*i32", "COUNTER": "*i32",
         "stride_dkt": "i32", "stride_dkh": "i32", "stride_dvt": "i32", "stride_dvh": "i32", "stride_lh": "i32",
         "sm_scale": "fp32", "qk_scale": "fp32", "HKV": "i32", "GROUP": "i32", "n_items": "i32",
-        "dq_desc": desc(DQ_ROWS.value, BLOCK_M.value, "fp32", gl.float32),
+        "dq_desc": desc(DQ_ROWS.value, BLOCK_M.value, "fp32", gl.float32), "CU_DQ": "*i32",
         "BROADCAST": "constexpr", "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr",
         "STAGES": "constexpr", "GROUPED": "constexpr", "DYNAMIC": "constexpr", "OVERLAP": "constexpr",
         "FUSE_DQ": "constexpr",

@@ -707,7 +707,7 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     dq_tma = False
     dq_acc_t = None
     if fuse and LAST_BWD_KV_PATH == "gluon":
-        dq_acc_t = _fused_dq_buffer(q)
+        dq_acc_t, cu_dq, dq_cols = _fused_dq_buffer(q, cu_q)
         dq_acc = dq_arg = dk  # unused pointer
     elif fuse:
         dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
@@ -732,7 +732,8 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     else:
         LAST_BWD_DQ_PATH = "gluon" if gluon_dq else "separate"
     if LAST_BWD_KV_PATH == "gluon":
-        _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, scale, broadcast, dq_acc_t)
+        _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, scale, broadcast,
+                           (dq_acc_t, cu_dq) if dq_acc_t is not None else None)
     elif n_kv > 0 and hkv > 0:
         bm, bn, w, st = cfgs.bwd_kv
         persistent = s["kv_persistent"]
@@ -753,7 +754,7 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
             BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dvd, DOT_PREC=prec,
             PERSISTENT=persistent is not None, GROUPED=grouped, DQ_TMA=dq_tma, num_warps=w, num_stages=st)
     if dq_acc_t is not None:
-        return _fused_dq_result(dq_acc_t, q, scale), dk, dv
+        return _fused_dq_result(dq_acc_t, dq_cols, q, scale), dk, dv
     if fuse:
         return dq_acc.to(q.dtype), dk, dv
     # dQ
@@ -789,9 +790,9 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     return dq, dk, dv
 
 
-def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, scale, broadcast, dq_acc_t=None):
-    """The Gluon dK/dV kernel; with ``dq_acc_t`` (fp32 [Hq * D, rows, padded]) it also adds the unscaled
-    dQ^T into it (the fused atomic mode)."""
+def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, scale, broadcast, fused_dq=None):
+    """The Gluon dK/dV kernel; with ``fused_dq`` = (buffer, cu_dq) from _fused_dq_buffer it also adds the
+    unscaled dQ^T into the buffer (the fused atomic mode)."""
     from . import gluon_bwd as gb
     assert (gb.BLOCK_M.value, gb.HALF_N.value) == GLUON_BWD_BOX_ROWS
     seq_t, blk_t, n_tiles, items = s["kv_gluon"]
@@ -802,16 +803,16 @@ def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, s
         return
     (qd, kd, vd, dod), n_programs, dynamic, counter = _gluon_backward_launch(q, k, v, do, GLUON_BWD_BOX_ROWS,
                                                                              n_items, seq_t)
-    fuse_dq = dq_acc_t is not None
+    fuse_dq = fused_dq is not None
     if fuse_dq:
-        dqd = _fused_dq_descriptor(dq_acc_t, q.shape[0])
-    else:  # a descriptor of the right type all the same (the kernel never uses it)
+        dqd, cu_dq = _fused_dq_descriptor(fused_dq[0]), fused_dq[1]
+    else:  # a descriptor of the right type all the same (the kernel never uses it, nor cu_dq)
         dummy = torch.zeros((gb.DQ_ROWS.value, gb.BLOCK_M.value), device=q.device, dtype=torch.float32)
-        dqd = _fused_dq_descriptor(dummy, dummy.shape[1])
+        dqd, cu_dq = _fused_dq_descriptor(dummy), cu_q
     gb.dkdv_kernel[(n_programs,)](
         qd, kd, vd, dod, dk, dv, lse, delta, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0), scale, scale * tk.LOG2E,
-        hkv, hq // hkv, n_items, dqd,
+        hkv, hq // hkv, n_items, dqd, cu_dq,
         BROADCAST=broadcast, CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=_gluon_bwd_stages(),
         GROUPED=items is not None, DYNAMIC=dynamic, OVERLAP=GLUON_BWD_ORDER == "overlap",
         FUSE_DQ=(2 if _fused_dq_split(d) == "dim" else 1) if fuse_dq else 0,
@@ -825,25 +826,42 @@ def _fused_dq_split(head_dim):
     return "dim" if GLUON_FUSED_DQ_SPLIT == "dim" and head_dim == 128 else "keys"
 
 
-def _fused_dq_buffer(q):
-    """The fused Gluon dQ's accumulator: dQ^T in fp32, [Hq * D, rows] (so that a [64 head-dim rows, 32 query
-    rows] tile of the kernel's dQ^T partial is one TMA box as it is), row stride padded to 16 bytes."""
-    return torch.zeros((q.shape[1] * q.shape[2], -(-q.shape[0] // 4) * 4), device=q.device, dtype=torch.float32)
+def _fused_dq_buffer(q, cu_q):
+    """The fused Gluon dQ's accumulator and where each query row lies in it.
+
+    The kernel adds dQ^T in fp32: [Hq * D, columns], so that a [64 head-dim rows, 32 query rows] tile of
+    its partial is one TMA box as it is.  A TMA reduce-add whose innermost coordinate is not 16 bytes
+    aligned stops the kernel with an illegal instruction (measured on the H200), so every sequence starts
+    at a column that is a multiple of 4; the row stride is one too.  Returns (buffer, cu_dq: int32 [B + 1]
+    first column of each sequence, cols: int32 [rows] column of each query row), all made on q's device
+    without reading the offsets on the host (the column count is the bound rows + 3 B)."""
+    n_rows, hq, d = q.shape
+    n_seq = cu_q.shape[0] - 1
+    lens = (cu_q[1:] - cu_q[:-1]).long()
+    cu_dq = torch.zeros(n_seq + 1, device=q.device, dtype=torch.int64)
+    torch.cumsum((lens + 3) // 4 * 4, 0, out=cu_dq[1:])
+    shift = cu_dq[:-1] - cu_q[:-1].long()
+    cols = torch.arange(n_rows, device=q.device) + torch.repeat_interleave(shift, lens, output_size=n_rows)
+    n_cols = -(-(n_rows + 3 * n_seq) // 4) * 4
+    acc = torch.zeros((hq * d, n_cols), device=q.device, dtype=torch.float32)
+    return acc, cu_dq.to(torch.int32), cols.to(torch.int32)
 
 
-def _fused_dq_descriptor(dq_acc_t, n_rows):
-    """TMA descriptor of the kernel's reduce-adds: its extent stops at the last query row (TMA drops the
-    box's columns past it)."""
+def _fused_dq_descriptor(dq_acc_t):
+    """TMA descriptor of the kernel's reduce-adds (boxes of 64 head-dim rows x 32 columns)."""
     from . import gluon_bwd as gb
     from .gluon_fwd import descriptor
-    return descriptor(dq_acc_t[:, :n_rows], [gb.DQ_ROWS.value, gb.BLOCK_M.value])
+    return descriptor(dq_acc_t, [gb.DQ_ROWS.value, gb.BLOCK_M.value])
 
 
-def _fused_dq_result(dq_acc_t, q, scale):
-    """dQ [rows, Hq, D] in q's dtype from the accumulator: transposed back and scaled in one pass."""
+def _fused_dq_result(dq_acc_t, cols, q, scale):
+    """dQ [rows, Hq, D] in q's dtype from the accumulator: gathered, transposed back and scaled in one pass."""
     n_rows, hq, d = q.shape
     dq = torch.empty_like(q)
-    torch.mul(dq_acc_t[:, :n_rows].view(hq, d, n_rows).permute(2, 0, 1), scale, out=dq)
+    if n_rows and hq:
+        tk._fused_dq_readback[(triton_cdiv(n_rows, 64), hq)](
+            dq_acc_t, dq, cols, n_rows, dq_acc_t.stride(0), dq.stride(0), dq.stride(1), scale,
+            BLOCK=64, HEAD_D=d, num_warps=4)
     return dq
 
 

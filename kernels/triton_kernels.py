@@ -248,6 +248,26 @@ def _bwd_preprocess(O, DO, DELTA, n_rows, stride_ot, stride_oh, stride_dot, stri
 
 
 # ----------------------------------------------------------------------------
+# backward, dQ fused into the Gluon dK/dV kernel: that kernel adds dQ^T (fp32,
+# [Hq * D, columns], query row t in column COLS[t]); this reads it back:
+# dq[t, h, :] = scale * acc[h * D + :, COLS[t]], in dq's dtype
+# ----------------------------------------------------------------------------
+@triton.jit
+def _fused_dq_readback(ACC, DQ, COLS, n_rows, stride_acc, stride_dqt, stride_dqh, scale,
+                       BLOCK: tl.constexpr, HEAD_D: tl.constexpr):
+    pid = tl.program_id(0)
+    h = tl.program_id(1)
+    rows = pid * BLOCK + tl.arange(0, BLOCK)
+    ok = rows < n_rows
+    cols = tl.load(COLS + rows, mask=ok, other=0).to(tl.int64)
+    offs = tl.arange(0, HEAD_D)
+    acc = tl.load(ACC + (h * HEAD_D + offs[None, :]).to(tl.int64) * stride_acc + cols[:, None],
+                  mask=ok[:, None], other=0.0)
+    tl.store(DQ + rows[:, None].to(tl.int64) * stride_dqt + h * stride_dqh + offs[None, :],
+             (acc * scale).to(DQ.dtype.element_ty), mask=ok[:, None])
+
+
+# ----------------------------------------------------------------------------
 # backward: dK, dV (one program per (k-block tile, kv head); loops over the
 # query-head group and the query blocks that see the key block)
 # ----------------------------------------------------------------------------

@@ -1130,21 +1130,28 @@ def test_adapter_declares_what_the_dq_mode_gives(mode, deterministic, monkeypatc
 
 @needs_kernels
 def test_fused_gluon_dq_buffer_round_trip():
-    # host side of the fused Gluon dQ: the kernel adds dQ^T[h * D + c, row] (TMA boxes of 64 head-dim rows x
-    # 32 query rows); the host must read back dq[row, h, c] * scale, also with the row stride padded
+    # host side of the fused Gluon dQ: the kernel adds dQ^T[h * D + c, column of row t]; every sequence starts
+    # at a column that is a multiple of 4 (a TMA reduce-add at an unaligned innermost coordinate is an
+    # illegal instruction on the H200), and the read-back must find dq[t, h, c] * scale there
     pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
     from kernels import jfa
-    q = torch.zeros(7, 2, 128, dtype=torch.bfloat16)
-    acc = jfa._fused_dq_buffer(q)
-    assert acc.shape == (256, 8) and acc.dtype == torch.float32 and (acc.stride(0) * 4) % 16 == 0
-    want = torch.randn(7, 2, 128, generator=torch.Generator().manual_seed(3))
-    acc[:, :7] = want.permute(1, 2, 0).reshape(256, 7)
-    acc[:, 7:] = float("nan")  # the padding is never read
-    got = jfa._fused_dq_result(acc, q, 0.5)
+    lens = [7, 1, 5, 0, 6]
+    q = torch.zeros(sum(lens), 2, 128, dtype=torch.bfloat16, device=DEVICE)
+    cu_q = torch.tensor([0, 7, 8, 13, 13, 19], dtype=torch.int32, device=DEVICE)
+    acc, cu_dq, cols = jfa._fused_dq_buffer(q, cu_q)
+    assert cu_dq.tolist() == [0, 8, 12, 20, 20, 28] and cu_dq.dtype == torch.int32
+    assert cols.tolist() == [0, 1, 2, 3, 4, 5, 6, 8, 12, 13, 14, 15, 16, 20, 21, 22, 23, 24, 25]
+    assert acc.shape == (256, 36) and acc.dtype == torch.float32 and (acc.stride(0) * 4) % 16 == 0
+    assert bool((acc == 0).all())  # the kernel only adds
+    # values that bf16 holds exactly, also halved: the interpreter's float32 -> bf16 cast truncates
+    want = torch.randn(19, 2, 128, generator=torch.Generator().manual_seed(3)).bfloat16().float().to(DEVICE)
+    acc.fill_(float("nan"))  # columns that hold no row are never read
+    acc[:, cols.long()] = want.permute(1, 2, 0).reshape(256, 19)
+    got = jfa._fused_dq_result(acc, cols, q, 0.5)
     assert got.dtype == torch.bfloat16 and got.is_contiguous()
     torch.testing.assert_close(got, (want * 0.5).to(torch.bfloat16), rtol=0, atol=0)
-    desc = jfa._fused_dq_descriptor(acc, 7)
-    assert list(desc.shape) == [256, 7] and list(desc.strides) == [8, 1] and list(desc.block_shape) == [64, 32]
+    desc = jfa._fused_dq_descriptor(acc)
+    assert list(desc.shape) == [256, 36] and list(desc.strides) == [36, 1] and list(desc.block_shape) == [64, 32]
 
 
 @needs_kernels
