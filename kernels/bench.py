@@ -118,7 +118,7 @@ def impl_triton_plan(shape, q, k, v, cu_q, cu_k):
 
 def _triton_with(base=None, **switches):
     """``base`` (impl_triton) with module switches of kernels.jfa set (and restored) around its set-up and
-    around each call."""
+    around each forward call; the backward acts on the switches its forward read (jfa.BackwardSwitches)."""
     base = base or impl_triton
 
     def make(shape, q, k, v, cu_q, cu_k):
@@ -379,9 +379,11 @@ def main(argv=None):
                     tf, tb = float(np.median(rec["fwd_ms_rounds"])), float(np.median(rec["bwd_ms_rounds"]))
                     rec.update(fwd_ms=tf, bwd_ms=tb, fwd_tflops=flops_f / tf * 1e-9,
                                bwd_tflops=2.5 * flops_f / tb * 1e-9, wall_s=time.time() - t0)
-                    if name.startswith("triton"):  # the forward path that ran: a fallback cannot pass as a variant
+                    if name.startswith("triton"):  # the paths that ran: a fallback cannot pass as a variant
                         from kernels import jfa
                         rec["fwd_path"] = jfa.LAST_FWD_PATH
+                        if name not in args.fwd_only.split(","):
+                            rec["bwd_path"] = f"dK/dV {jfa.LAST_BWD_KV_PATH}; dQ {jfa.LAST_BWD_DQ_PATH}"
                     if ref_out is None:
                         ref_out = out.float()
                     elif rnd == 0:

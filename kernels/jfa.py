@@ -366,13 +366,12 @@ def _grids():
     return FWD_GRID, BWD_KV_GRID, PERSISTENT_CTAS_PER_SM, ITEM_ORDER, SECTION_BYTES
 
 
-def _gluon_grid(n_items, device):
-    """(programs, dynamic) for a Gluon kernel's n_items under GLUON_GRID: "sorted" runs one program per
-    item; "persistent" and "dynamic" one per SM (one such CTA fills it), and "dynamic" deals by counter
-    only when some program gets more than one item."""
-    _grids()  # a bad GLUON_GRID is a clear error
-    n_programs = n_items if GLUON_GRID == "sorted" else min(n_items, _num_sms(device))
-    return n_programs, GLUON_GRID == "dynamic" and n_programs < n_items
+def _gluon_grid(n_items, device, grid):
+    """(programs, dynamic) for a Gluon kernel's n_items under ``grid`` (a GLUON_GRID value): "sorted" runs
+    one program per item; "persistent" and "dynamic" one per SM (one such CTA fills it), and "dynamic"
+    deals by counter only when some program gets more than one item."""
+    n_programs = n_items if grid == "sorted" else min(n_items, _num_sms(device))
+    return n_programs, grid == "dynamic" and n_programs < n_items
 
 
 def _gluon_bwd_stages():
@@ -384,6 +383,18 @@ def _gluon_bwd_stages():
         # block t-1 keeps its buffer until block t's MMAs are issued: one buffer would deadlock
         raise ValueError("jfa.GLUON_BWD_ORDER 'overlap' needs jfa.GLUON_BWD_STAGES >= 2")
     return GLUON_BWD_STAGES
+
+
+class BackwardSwitches(NamedTuple):
+    """The module switches a backward acts on, read (and checked) when its forward is prepared, so that a
+    backward runs what its forward planned even if the switches change in between (a benchmark that sets
+    them around the forward call only, a plan made under other switches)."""
+    gluon_grid: str  # GLUON_GRID for the Gluon dK/dV and dQ kernels
+    gluon_bwd_stages: int  # GLUON_BWD_STAGES
+    gluon_bwd_overlap: bool  # GLUON_BWD_ORDER == "overlap"
+    fused_dq_split: str  # the GLUON_FUSED_DQ_SPLIT that runs at this head dim ("keys" where "dim" cannot)
+    dq_reduce_tma: bool  # the fused atomic dQ adds blocks by TMA (BWD_DQ_REDUCE "tma" where TMA exists)
+    gluon_dq_stages: int  # GLUON_DQ_STAGES
 
 
 class LaunchConfig(NamedTuple):
@@ -400,6 +411,7 @@ class LaunchConfig(NamedTuple):
     bwd_q_kernel: str = "triton"  # "gluon" where BWD_Q_KERNEL asks for it (or "auto") and the call allows it
     why_not_gluon_dq: str = ""  # why it was asked for explicitly and cannot run
     gluon_dq_silent: bool = False  # "auto": a refusal found at the backward (dO) is not reported either
+    bwd: Optional[BackwardSwitches] = None  # the switches the backward acts on
 
 
 def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq, hkv, device, row_bytes):
@@ -621,7 +633,8 @@ def _forward_gluon(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, out, 
     kd = gf.descriptor(k.view(k.shape[0], -1), [bn, d])
     vd = gf.descriptor(v.view(v.shape[0], -1), [bn, dv])
     n_items = n_tiles * hq
-    n_programs, dynamic = _gluon_grid(n_items, q.device)
+    _grids()  # a bad GLUON_GRID is a clear error
+    n_programs, dynamic = _gluon_grid(n_items, q.device, GLUON_GRID)
     # the dynamic deal's counter of items claimed beyond the first n_programs
     counter = torch.zeros(1, device=q.device, dtype=torch.int32) if dynamic else seq_t
     gf.fwd_kernel[(n_programs,)](
@@ -692,6 +705,7 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     prec = _dot_prec(q.dtype)
     # dK, dV (and dQ when fused)
     fuse = cfgs.fuse_dq
+    sw = cfgs.bwd
     seq_t, blk_t, n_kv = s["kv"]
     alloc = torch.zeros if s["kv_needs_zero"] else torch.empty
     dk = alloc(k.shape, device=k.device, dtype=k.dtype)
@@ -711,7 +725,7 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
         dq_acc = dq_arg = dk  # unused pointer
     elif fuse:
         dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-        dq_tma = _dq_reduce_by_tma(q)
+        dq_tma = sw.dq_reduce_tma
         dq_arg = (_descriptor(dq_acc.view(dq_acc.shape[0], -1), [cfgs.bwd_kv[0], d]) if dq_tma and n_kv > 0
                   else dq_acc)
     else:
@@ -725,14 +739,14 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
         if why_do and not cfgs.gluon_dq_silent:
             why_not_gluon_dq = f"dO: {why_do}"
     if fuse:
-        LAST_BWD_DQ_PATH = (f"atomic-gluon-{_fused_dq_split(d)}" if dq_acc_t is not None
+        LAST_BWD_DQ_PATH = (f"atomic-gluon-{sw.fused_dq_split}" if dq_acc_t is not None
                             else "atomic-tma" if dq_tma else "atomic-element")
     elif why_not_gluon_dq:
         LAST_BWD_DQ_PATH = f"separate (gluon: {why_not_gluon_dq})"
     else:
         LAST_BWD_DQ_PATH = "gluon" if gluon_dq else "separate"
     if LAST_BWD_KV_PATH == "gluon":
-        _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, scale, broadcast,
+        _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, sw, causal, scale, broadcast,
                            (dq_acc_t, cu_dq) if dq_acc_t is not None else None)
     elif n_kv > 0 and hkv > 0:
         bm, bn, w, st = cfgs.bwd_kv
@@ -759,7 +773,7 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
         return dq_acc.to(q.dtype), dk, dv
     # dQ
     if LAST_BWD_DQ_PATH == "gluon":
-        return _backward_q_gluon(q, k, v, do, lse, delta, cu_q, cu_k, s, causal, scale), dk, dv
+        return _backward_q_gluon(q, k, v, do, lse, delta, cu_q, cu_k, s, sw, causal, scale), dk, dv
     blo_t, bhi_t, mblk_t, slot_t, n_q, n_slots = s["q"]
     if broadcast and n_slots > 1:
         dq_buf = torch.empty((n_slots,) + tuple(q.shape), device=q.device, dtype=torch.float32)
@@ -790,7 +804,7 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     return dq, dk, dv
 
 
-def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, scale, broadcast, fused_dq=None):
+def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, sw, causal, scale, broadcast, fused_dq=None):
     """The Gluon dK/dV kernel; with ``fused_dq`` = (buffer, cu_dq) from _fused_dq_buffer it also adds the
     unscaled dQ^T into the buffer (the fused atomic mode)."""
     from . import gluon_bwd as gb
@@ -802,7 +816,7 @@ def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, s
     if n_items == 0:
         return
     (qd, kd, vd, dod), n_programs, dynamic, counter = _gluon_backward_launch(q, k, v, do, GLUON_BWD_BOX_ROWS,
-                                                                             n_items, seq_t)
+                                                                             n_items, seq_t, sw.gluon_grid)
     fuse_dq = fused_dq is not None
     if fuse_dq:
         dqd, cu_dq = _fused_dq_descriptor(fused_dq[0]), fused_dq[1]
@@ -813,9 +827,9 @@ def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, causal, s
         qd, kd, vd, dod, dk, dv, lse, delta, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0), scale, scale * tk.LOG2E,
         hkv, hq // hkv, n_items, dqd, cu_dq,
-        BROADCAST=broadcast, CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=_gluon_bwd_stages(),
-        GROUPED=items is not None, DYNAMIC=dynamic, OVERLAP=GLUON_BWD_ORDER == "overlap",
-        FUSE_DQ=(2 if _fused_dq_split(d) == "dim" else 1) if fuse_dq else 0,
+        BROADCAST=broadcast, CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=sw.gluon_bwd_stages,
+        GROUPED=items is not None, DYNAMIC=dynamic, OVERLAP=sw.gluon_bwd_overlap,
+        FUSE_DQ=(2 if sw.fused_dq_split == "dim" else 1) if fuse_dq else 0,
         num_warps=4)
 
 
@@ -865,19 +879,19 @@ def _fused_dq_result(dq_acc_t, cols, q, scale):
     return dq
 
 
-def _gluon_backward_launch(q, k, v, do, box_rows, n_items, unused_ptr):
+def _gluon_backward_launch(q, k, v, do, box_rows, n_items, unused_ptr, grid):
     """What both Gluon backward kernels launch with: TMA descriptors of q, k, v, dO (q / dO boxes of
     box_rows[0] rows, k / v boxes of box_rows[1]), the grid, and the dynamic grid's item counter."""
     from .gluon_fwd import descriptor
     rows_q, rows_kv = box_rows
     descs = tuple(descriptor(t.view(t.shape[0], -1), [rows, t.shape[2]])
                   for t, rows in ((q, rows_q), (k, rows_kv), (v, rows_kv), (do, rows_q)))
-    n_programs, dynamic = _gluon_grid(n_items, q.device)
+    n_programs, dynamic = _gluon_grid(n_items, q.device, grid)
     counter = torch.zeros(1, device=q.device, dtype=torch.int32) if dynamic else unused_ptr
     return descs, n_programs, dynamic, counter
 
 
-def _backward_q_gluon(q, k, v, do, lse, delta, cu_q, cu_k, s, causal, scale):
+def _backward_q_gluon(q, k, v, do, lse, delta, cu_q, cu_k, s, sw, causal, scale):
     from . import gluon_dq as gd
     assert (gd.HALF_M.value, gd.BLOCK_N.value) == GLUON_DQ_BOX_ROWS
     seq_t, blk_t, n_tiles, items = s["q_gluon"]
@@ -888,11 +902,11 @@ def _backward_q_gluon(q, k, v, do, lse, delta, cu_q, cu_k, s, causal, scale):
     if n_items == 0:
         return dq
     (qd, kd, vd, dod), n_programs, dynamic, counter = _gluon_backward_launch(q, k, v, do, GLUON_DQ_BOX_ROWS,
-                                                                             n_items, seq_t)
+                                                                             n_items, seq_t, sw.gluon_grid)
     gd.dq_kernel[(n_programs,)](
         qd, kd, vd, dod, dq, lse, delta, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
         dq.stride(0), dq.stride(1), lse.stride(0), scale, scale * tk.LOG2E, hq, hq // hkv, n_items,
-        CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=GLUON_DQ_STAGES, GROUPED=items is not None,
+        CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=sw.gluon_dq_stages, GROUPED=items is not None,
         DYNAMIC=dynamic, num_warps=4)
     return dq
 
@@ -1010,8 +1024,6 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
     why_not_gluon_bwd = ""
     if BWD_KV_KERNEL == "gluon":
         _gluon_bwd_stages()  # a bad value is a clear error before the forward runs
-        if fuse:
-            _fused_dq_split(dkey)  # likewise
         why_not_gluon_bwd = (_gluon_refusal(q, k, v, scale, block_rows=GLUON_BWD_BOX_ROWS)
                              or ("the Gluon dK/dV kernel fuses dQ in its plain order only"
                                  if fuse and GLUON_BWD_ORDER == "overlap" else ""))
@@ -1028,10 +1040,13 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
             why_not_gluon_dq = "not timed at these head dims"  # silent under "auto"
     bwd_q_kernel = "gluon" if BWD_Q_KERNEL != "triton" and not why_not_gluon_dq else "triton"
     silent_dq = BWD_Q_KERNEL == "auto"
+    bwd = BackwardSwitches(GLUON_GRID, GLUON_BWD_STAGES, GLUON_BWD_ORDER == "overlap",
+                           _fused_dq_split(q.shape[2]) if fuse and BWD_KV_KERNEL == "gluon" else "keys",
+                           fuse and _dq_reduce_by_tma(q), GLUON_DQ_STAGES)
     cfgs = LaunchConfig(_cfg("fwd", dkey, q.dtype, on_cpu), _cfg("kvf" if fuse else "kv", dkey, q.dtype, on_cpu),
                         _cfg("q", dkey, q.dtype, on_cpu), fuse, fwd_kernel, why_not_gluon, gluon,
                         "gluon" if BWD_KV_KERNEL == "gluon" and not why_not_gluon_bwd else "triton",
-                        why_not_gluon_bwd, bwd_q_kernel, "" if silent_dq else why_not_gluon_dq, silent_dq)
+                        why_not_gluon_bwd, bwd_q_kernel, "" if silent_dq else why_not_gluon_dq, silent_dq, bwd)
     if cu_seqlens_q.device != q.device:
         cu_seqlens_q = cu_seqlens_q.to(q.device)
     if cu_seqlens_k.device != q.device:

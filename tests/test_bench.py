@@ -93,6 +93,29 @@ def test_rounds_are_interleaved_and_reported_as_median_and_spread(monkeypatch, t
     assert by["sdpa"]["fwd_ms_rounds"] == [4.0] and len(by["triton"]["fwd_ms_rounds"]) == 3
 
 
+def test_rows_name_the_backward_that_ran(monkeypatch, tmp_path):
+    # the real timing loop on a tiny problem under the interpreter (one call per timing): each triton row
+    # names the dK/dV and dQ paths its backward took, so a variant that fell back cannot pass as itself
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        pytest.skip("runs the kernels under the Triton interpreter only")
+    import triton.testing
+    from kernels import bench
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), 1.0)[1])
+    real_build = bench.build
+    monkeypatch.setattr(bench, "build", lambda shape, D=128: real_build(shape, D=16, dtype=torch.float32, device="cpu"))
+    monkeypatch.setattr(bench, "warm_clocks", lambda seconds=0.5: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "test")
+    monkeypatch.setattr(bench, "make_shapes", lambda: {"T": dict(desc="t", lq=np.array([3, 5]), lk=np.array([4, 5]),
+                                                                  H=2, causal=True, bq=False)})
+    rows = bench.main(["--out", str(tmp_path), "--impls", "triton-plan,triton-plan-atomic,triton-plan-tl-dq",
+                       "--shapes", "T"])
+    by = {r["impl"]: r for r in rows}
+    assert all("error" not in r for r in rows), rows
+    assert by["triton-plan"]["bwd_path"] == "dK/dV triton; dQ separate"
+    assert by["triton-plan-atomic"]["bwd_path"] == "dK/dV triton; dQ atomic-element"
+    assert by["triton-plan-tl-dq"]["bwd_path"] == "dK/dV triton; dQ separate"
+
+
 def test_backward_sweep_rows_carry_their_difference_from_the_shipped_gradients(monkeypatch, tmp_path):
     # the sweep under the interpreter on a tiny float32 problem: every backward row is timed (a fake
     # clock) and compared with the shipped configuration's dQ / dK / dV

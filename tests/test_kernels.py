@@ -247,6 +247,51 @@ def test_fused_atomic_dq_mode(dtype, monkeypatch):
     run_case([12, 30], [25, 7], causal=True, deterministic=True, dtype=dtype)
 
 
+# every module switch a backward acts on (kernels/jfa.py BackwardSwitches and the kernel choices)
+BACKWARD_SWITCHES = ("BWD_DQ_MODE", "BWD_KV_KERNEL", "BWD_Q_KERNEL", "BWD_DQ_REDUCE", "GLUON_GRID",
+                     "GLUON_BWD_STAGES", "GLUON_BWD_ORDER", "GLUON_FUSED_DQ_SPLIT", "GLUON_DQ_STAGES")
+
+
+@needs_kernels
+@pytest.mark.parametrize("mode", ["separate", "atomic"])
+def test_backward_runs_the_switches_its_forward_saw(mode, monkeypatch):
+    # A benchmark sets the switches around the forward call only, and a plan is made once: the backward
+    # must act on what was read when its forward was prepared.  Every switch it could read is made invalid
+    # between the forward and the backward, which must neither notice nor change course.
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_DQ_MODE", mode)
+    q, k, v, cu_q, cu_k = (t.to(DEVICE) for t in make_inputs([40, 0, 33], [9, 50, 33], 2, 1, 32, 32,
+                                                                 torch.float16))
+    do = torch.randn(73, 2, 32, generator=torch.Generator().manual_seed(1)).half().to(DEVICE)
+
+    def grads(break_switches):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        with monkeypatch.context() as m:
+            out, _ = jagged_flash_attention(*leaves, cu_q, cu_k, 40, 50, causal=True)
+            if break_switches:
+                for name in BACKWARD_SWITCHES:
+                    m.setattr(jfa, name, "invalid")
+            out.backward(do)
+        return [t.grad for t in leaves], (jfa.LAST_BWD_KV_PATH, jfa.LAST_BWD_DQ_PATH)
+
+    want, want_paths = grads(False)
+    got, got_paths = grads(True)
+    assert got_paths == want_paths
+    assert got_paths[1].startswith("atomic" if mode == "atomic" else ("separate", "gluon"))
+    for g, w in zip(got, want):  # the atomic mode's adds may land in another order on a GPU
+        assert rel(g, w) < (TOL[torch.float16] if mode == "atomic" else 0) or torch.equal(g, w)
+
+
+@needs_kernels
+def test_a_bad_dq_reduce_is_an_error_before_the_forward(monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_DQ_MODE", "atomic")
+    monkeypatch.setattr(jfa, "BWD_DQ_REDUCE", "bulk")
+    q, k, v, cu_q, cu_k = (t.to(DEVICE) for t in make_inputs([5], [9], 1, 1, 32, 32, torch.float32))
+    with pytest.raises(ValueError, match="BWD_DQ_REDUCE"):
+        jagged_flash_attention(q.requires_grad_(), k, v, cu_q, cu_k, 5, 9)  # the forward call itself
+
+
 @needs_kernels
 @pytest.mark.parametrize("mode", ["separate", "atomic"])
 def test_gpu_block_shapes(mode, monkeypatch):
@@ -1104,13 +1149,12 @@ def test_gluon_backward_launch_boxes(grid, want_counter, monkeypatch):
     # host side of both Gluon backward kernels: each tensor gets its own box rows and its head dim
     pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
     from kernels import jfa
-    monkeypatch.setattr(jfa, "GLUON_GRID", grid)
     monkeypatch.setattr(jfa, "_num_sms", lambda device: 2)
     bf = dict(dtype=torch.bfloat16)
     q, k, v, do = (torch.zeros(300, 4, 128, **bf), torch.zeros(200, 2, 128, **bf), torch.zeros(200, 2, 64, **bf),
                    torch.zeros(300, 4, 64, **bf))
     unused = torch.zeros(1, dtype=torch.int32)
-    descs, n_programs, dynamic, counter = jfa._gluon_backward_launch(q, k, v, do, (32, 64), 5, unused)
+    descs, n_programs, dynamic, counter = jfa._gluon_backward_launch(q, k, v, do, (32, 64), 5, unused, grid)
     assert [list(d.block_shape) for d in descs] == [[32, 128], [64, 128], [64, 64], [32, 64]]
     assert [list(d.shape) for d in descs] == [[300, 512], [200, 256], [200, 128], [300, 256]]
     assert dynamic == want_counter and n_programs == (2 if want_counter else 5)
@@ -1218,12 +1262,12 @@ def test_gluon_grid_is_what_the_switch_names(grid, n_items, want, monkeypatch):
     # both Gluon kernels launch through this: one program per item, or one per SM dealt round-robin or
     # by counter (the counter only when some program gets a second item)
     from kernels import jfa
-    monkeypatch.setattr(jfa, "GLUON_GRID", grid)
     monkeypatch.setattr(jfa, "_num_sms", lambda device: 132)
-    assert jfa._gluon_grid(n_items, "cpu") == want
+    assert jfa._gluon_grid(n_items, "cpu", grid) == want
+    # the switch is read (and checked) when a call is prepared
     monkeypatch.setattr(jfa, "GLUON_GRID", "round-robin")
     with pytest.raises(ValueError, match="GLUON_GRID"):
-        jfa._gluon_grid(n_items, "cpu")
+        run_case([4], [4], dtype=torch.float32)
 
 
 @needs_kernels
