@@ -76,7 +76,8 @@ BWD_DQ_MODE = os.environ.get("JFA_BWD_DQ_MODE", "separate")
 #     query/key pair);
 #   "dim": each group adds one 64-row half of the head dim over all 128 keys, dS^T of both groups meeting
 #     in shared memory (4 bytes per pair, as FA3; head dim 128 only, 64 runs "keys").
-# Compiled for sm_90, not yet run on a GPU (PERF.md v13).
+# Exact on the H200 (its GPU tests), and slower than the default backward on every bench shape
+# ("keys": 0.69-0.86x, PERF.md v14), so opt-in.
 GLUON_FUSED_DQ_SPLITS = ("keys", "dim")
 GLUON_FUSED_DQ_SPLIT = os.environ.get("JFA_GLUON_FUSED_DQ_SPLIT", "keys")
 BWD_DQ_REDUCES = ("tma", "element")
@@ -954,7 +955,8 @@ def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     -inf for rows with no visible key.  With the default switches every gradient
     is computed without atomics and is bitwise reproducible whether or not
     ``deterministic`` is set; ``deterministic=True`` also keeps the opt-in
-    atomic dQ mode (jfa.BWD_DQ_MODE) off.
+    atomic dQ mode (jfa.BWD_DQ_MODE) off.  The module switches are read when
+    the call is made: its backward acts on those, whatever they are by then.
     """
     return _JaggedFlashAttention.apply(*_prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                  causal, softmax_scale, broadcast_q, deterministic))
@@ -973,8 +975,9 @@ class JaggedPlan:
         out, lse = plan(q, k, v)        # same answers, bit for bit, as jagged_flash_attention(...)
 
     A call takes q, k, v of the planned shapes, dtypes, devices and strides (any values); anything else is a
-    ValueError naming the field.  The forward kernel, the launch configs and the tile schedule are fixed
-    when the plan is made; the other module switches are read at each call, as in a plain call.
+    ValueError naming the field.  The forward kernel, the launch configs, the tile schedule and the switches
+    the backward acts on (BackwardSwitches) are fixed when the plan is made; the forward's other switches
+    are read at each call, as in a plain call.
     """
 
     def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
