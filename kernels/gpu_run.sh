@@ -21,6 +21,10 @@
 #   bash kernels/gpu_run.sh OUT_DIR dqtma   the fused atomic dQ mode: its GPU tests, then the shipped backward
 #                                           against it with TMA or element adds and other fused tiles
 #                                           (one round, the five non-broadcast shapes, no FA4)
+#   bash kernels/gpu_run.sh OUT_DIR retime  the backward variants whose earlier timings ran the defaults
+#                                           (PERF.md v14 part 3): the Gluon dK/dV kernel's orders and stages,
+#                                           both fused-dQ splits, the tl fused dQ by TMA or element adds;
+#                                           one round, six shapes, each row naming the paths that ran
 #   bash kernels/gpu_run.sh OUT_DIR rounds  seven interleaved rounds of FA4, the shipped kernel and its tl and
 #                                           Gluon forwards (plain calls) on all six shapes: ratios and spread
 #   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on S1 and S3
@@ -32,7 +36,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|fusedspec|verify|gbwd|gfused|dqtma|rounds|split|sdpa|sweep|ncu}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|fusedspec|verify|gbwd|gfused|dqtma|retime|rounds|split|sdpa|sweep|ncu}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -95,6 +99,13 @@ case $STAGE in
     kvf=triton-plan-atomic-kvf32x64w4s3,triton-plan-atomic-kvf32x64w4s2,triton-plan-atomic-kvf64x64w4s2
     kvf=$kvf,triton-plan-atomic-kvf64x128w8s2,triton-plan-atomic-kvf32x128w8s2
     run_bench 420 dq_tma --shapes S4b,S1,S1c,S4a,S3 --impls triton-plan,triton-plan-atomic,triton-plan-atomic-element,$kvf ;;
+  retime)
+    gb=triton-plan-gluon-bwd
+    run_bench 560 retime --shapes $ALL_SHAPES --impls triton-plan,$gb,$gb-s3,$gb-ovl-s2,$gb-ovl-s3,\
+triton-plan-gluon-fused-keys,triton-plan-gluon-fused-dim,triton-plan-gluon-fused-dim-s3,\
+triton-plan-atomic,triton-plan-atomic-element
+    python3 -c "import json,sys; [print(r['shape'], r['impl'], '|', r.get('bwd_path', r.get('error', ''))) for r in json.load(open(sys.argv[1]))]" \
+      "$OUT_DIR/bench_retime.json" ;;
   rounds)
     run_bench 280 v9_rounds --rounds 7 --impls fa4,triton,triton-tl,triton-gluon --fwd-only triton-tl,triton-gluon \
       --shapes $ALL_SHAPES ;;

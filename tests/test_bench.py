@@ -93,6 +93,16 @@ def test_rounds_are_interleaved_and_reported_as_median_and_spread(monkeypatch, t
     assert by["sdpa"]["fwd_ms_rounds"] == [4.0] and len(by["triton"]["fwd_ms_rounds"]) == 3
 
 
+def test_unknown_impl_or_shape_is_refused_before_any_timing(tmp_path, capsys):
+    from kernels import bench
+    for argv, bad in ((["--impls", "triton-plan,triton-plan-gluon-fused-dims"], "triton-plan-gluon-fused-dims"),
+                      (["--shapes", "S1,S5"], "S5"), (["--impls", "triton", "--once", "flexx"], "flexx")):
+        with pytest.raises(SystemExit):
+            bench.main(["--out", str(tmp_path)] + argv)
+        err = capsys.readouterr().err
+        assert f"unknown impls or shapes: {bad} (" in err
+
+
 def test_rows_name_the_backward_that_ran(monkeypatch, tmp_path):
     # the real timing loop on a tiny problem under the interpreter (one call per timing): each triton row
     # names the dK/dV and dQ paths its backward took, so a variant that fell back cannot pass as itself
