@@ -18,7 +18,8 @@
   keys; ``FUSE_DQ == 2`` (head dim 128): each group one half of the head dim over all 128 keys, the two
   groups' dS^T meeting in shared memory at an mbarrier, which halves the reduce traffic (FA3's split).
   The loader then also zeroes the K / V rows past a ragged key block's end, and columns past a ragged
-  query block's end are added as exact zeros.
+  query block's end are added as exact zeros.  ``DQ_BUFS`` (1 or 2) shared-memory buffers per group stage
+  the fp32 parts: with two, writing one part does not wait for the TMA unit to have read the previous one.
 * Items are claimed as in the forward (``DYNAMIC``: an atomic counter; else round-robin), and the
   loader names each item to the consumers through shared memory; K/V are double-buffered across
   items, so the loader fetches the next item's K/V while the consumers finish the current one.
@@ -94,9 +95,11 @@ class BwdFlags:
     DYNAMIC: gl.constexpr
     OVERLAP: gl.constexpr
     FUSE_DQ: gl.constexpr
+    DQ_BUFS: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP, FUSE_DQ):
+    def __init__(self, WG, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP, FUSE_DQ,
+                 DQ_BUFS):
         self.WG = gl.constexpr(WG)
         self.BROADCAST = gl.constexpr(BROADCAST)
         self.CAUSAL = gl.constexpr(CAUSAL)
@@ -107,6 +110,7 @@ class BwdFlags:
         self.DYNAMIC = gl.constexpr(DYNAMIC)
         self.OVERLAP = gl.constexpr(OVERLAP)
         self.FUSE_DQ = gl.constexpr(FUSE_DQ)
+        self.DQ_BUFS = gl.constexpr(DQ_BUFS)
 
 
 @gluon.jit
@@ -219,8 +223,8 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, po
 @gluon.jit
 def _block(dk, dv, k_half, v_half, q_s, do_s, LSE, DELTA, lse_base, keys, rows, lq, diag, qk_scale,
            CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-           ds_layout: gl.constexpr, ds_s, dq_s, dq_desc, dq_coord, FUSE_DQ: gl.constexpr, HEAD_D: gl.constexpr,
-           WG: gl.constexpr, k_lo, k_hi, ds_ready, r):
+           ds_layout: gl.constexpr, ds_s, dq_smem, dq_desc, dq_coord, FUSE_DQ: gl.constexpr, HEAD_D: gl.constexpr,
+           WG: gl.constexpr, k_lo, k_hi, ds_ready, r, DQ_BUFS: gl.constexpr):
     # one query block against this group's 64 keys: S^T and dP^T first (both only read shared
     # memory), then the two accumulating MMAs (and, FUSE_DQ, this group's share of the block's dQ)
     st = warpgroup_mma(k_half, q_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
@@ -255,11 +259,13 @@ def _block(dk, dv, k_half, v_half, q_s, do_s, LSE, DELTA, lse_base, keys, rows, 
         # dV / dK retire first: their register operands and the dQ^T accumulator together spill
         dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
         partition_barrier()
-        for half in gl.static_range(HEAD_D // DQ_ROWS):
+        HALVES: gl.constexpr = HEAD_D // DQ_ROWS
+        for half in gl.static_range(HALVES):
             dqt = warpgroup_mma(k_half.permute((1, 0)).slice(half * DQ_ROWS, DQ_ROWS), ds_s,
                                 gl.zeros([DQ_ROWS, BLOCK_M], gl.float32, s_layout), use_acc=False, is_async=True)
             dqt = warpgroup_mma_wait(0, deps=(dqt,))
-            _add_dq_part(dqt, row_ok, dq_s, dq_desc, [dq_coord[0] + half * DQ_ROWS, dq_coord[1]])
+            _add_dq_part(dqt, row_ok, _dq_buffer(dq_smem, WG, r * HALVES + half, DQ_BUFS), dq_desc,
+                         [dq_coord[0] + half * DQ_ROWS, dq_coord[1]], DQ_BUFS)
     elif FUSE_DQ == 2:
         # dQ^T's head-dim half WG over all 128 keys: both groups write their dS^T rows into one shared
         # [128 keys, rows] buffer (two of them, alternating by block), meet at an mbarrier, and each adds
@@ -278,19 +284,28 @@ def _block(dk, dv, k_half, v_half, q_s, do_s, LSE, DELTA, lse_base, keys, rows, 
         dqt = warpgroup_mma(k_hi.permute((1, 0)).slice(WG * DQ_ROWS, DQ_ROWS), ds_all.slice(HALF_N, HALF_N),
                             dqt, is_async=True)
         dqt = warpgroup_mma_wait(0, deps=(dqt,))
-        _add_dq_part(dqt, row_ok, dq_s, dq_desc, [dq_coord[0] + WG * DQ_ROWS, dq_coord[1]])
+        _add_dq_part(dqt, row_ok, _dq_buffer(dq_smem, WG, r, DQ_BUFS), dq_desc,
+                     [dq_coord[0] + WG * DQ_ROWS, dq_coord[1]], DQ_BUFS)
     else:
         dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
     return dk, dv
 
 
 @gluon.jit
-def _add_dq_part(dqt, row_ok, dq_s, dq_desc, coord):
+def _dq_buffer(dq_smem, WG: gl.constexpr, n_adds, DQ_BUFS: gl.constexpr):
+    # the staging buffer of this group's add number n_adds: DQ_BUFS per group, in turn
+    return dq_smem.index(WG * DQ_BUFS + n_adds % DQ_BUFS)
+
+
+@gluon.jit
+def _add_dq_part(dqt, row_ok, dq_s, dq_desc, coord, DQ_BUFS: gl.constexpr):
     # one [64 head-dim rows, 32 query rows] fp32 part of dQ^T, added into the global buffer by a TMA
     # reduce-add.  The block's columns past lq are the next sequence's rows: exact zeros go there (with
     # non-finite K here, K^T times a zero dS^T column is NaN).
     dqt = gl.where(gl.expand_dims(row_ok, 0), dqt, 0.0)
-    tma.store_wait(0)  # the previous add has read dq_s
+    # this buffer's previous add (DQ_BUFS adds ago; bulk groups finish in order) has read it; with two
+    # buffers the add just issued from the other one stays in flight
+    tma.store_wait(DQ_BUFS - 1)
     partition_barrier()
     dq_s.store(dqt)
     fence_async_shared()
@@ -422,9 +437,9 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo
                     dk, dv = _block(dk, dv, k_half, v_half, q_smem.index(s), do_smem.index(s), LSE, DELTA,
                                     lse_base, keys, rows, lq, diag, qk_scale, CAUSAL, s_layout, p_layout,
                                     ds_layout, ds_smem if flags.FUSE_DQ == 2 else ds_smem.index(WG),
-                                    dq_smem.index(WG), dq_desc, [(hk * GROUP + g) * HEAD_D, dq_col + m],
+                                    dq_smem, dq_desc, [(hk * GROUP + g) * HEAD_D, dq_col + m],
                                     flags.FUSE_DQ, HEAD_D, WG, k_smem.index(2 * kb), k_smem.index(2 * kb + 1),
-                                    ds_ready, r)
+                                    ds_ready, r, flags.DQ_BUFS)
                     mbarrier.arrive(qdo_empty.index(s))
                     r += 1
         mbarrier.arrive(kv_empty.index(kb))  # every MMA reading this item's K/V is done
@@ -454,7 +469,7 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
                 HKV, GROUP, n_items, dq_desc, CU_DQ,
                 BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                 STAGES: gl.constexpr, GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
-                OVERLAP: gl.constexpr = False, FUSE_DQ: gl.constexpr = 0):
+                OVERLAP: gl.constexpr = False, FUSE_DQ: gl.constexpr = 0, DQ_BUFS: gl.constexpr = 1):
     # work items: (128-key block, kv head) in ITEMS' order under GROUPED (else heaviest first);
     # program p runs the launch positions p, then p + P, ... (DYNAMIC: those it claims from COUNTER)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
@@ -463,14 +478,14 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [4, HALF_N, HEAD_DV], v_desc.layout)
     pos_smem = gl.allocate_shared_memory(gl.int32, [2, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     # FUSE_DQ: dS^T (the dQ MMA's B operand: each group's, or both groups' in two alternating buffers) and
-    # each group's fp32 dQ^T part (the TMA add's source)
+    # each group's fp32 dQ^T parts (the TMA adds' sources, DQ_BUFS per group)
     if FUSE_DQ:
         gl.static_assert(FUSE_DQ == 1 or HEAD_D == 2 * DQ_ROWS,
                          "FUSE_DQ == 2 splits a head dim of 128 between the groups")
         DS_ROWS: gl.constexpr = BLOCK_N if FUSE_DQ == 2 else HALF_N
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([DS_ROWS, BLOCK_M], q_desc.dtype)
         ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, DS_ROWS, BLOCK_M], ds_layout)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [2, DQ_ROWS, BLOCK_M], dq_desc.layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2 * DQ_BUFS, DQ_ROWS, BLOCK_M], dq_desc.layout)
     else:  # never touched; one element each (Triton 3.9 refuses empty buffers)
         ds_smem = gl.allocate_shared_memory(gl.float32, [2, 1, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         dq_smem = gl.allocate_shared_memory(gl.float32, [2, 1, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
@@ -496,18 +511,19 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
               CU_DQ, ds_ready)
     gl.warp_specialize([
         (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP,
-                                       FUSE_DQ), )),
+                                       FUSE_DQ, DQ_BUFS), )),
         (_consumer, shared + (BwdFlags(1, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP,
-                                       FUSE_DQ), )),
+                                       FUSE_DQ, DQ_BUFS), )),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, pos_smem,
                    kv_ready, kv_empty, qdo_ready, qdo_empty, tail_bar,
                    ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
-                   BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP, FUSE_DQ))),
+                   BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP, FUSE_DQ,
+                            DQ_BUFS))),
     ], [4, 1], [232, 40])
 
 
 def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=False, dtype="bf16",
-                 grouped=False, dynamic=False, overlap=False, fuse_dq=0):
+                 grouped=False, dynamic=False, overlap=False, fuse_dq=0, dq_bufs=1):
     """Compile ``dkdv_kernel`` for sm_90 without a GPU (Triton's bundled ptxas), as
     gluon_fwd.compile_sm90 does for the forward."""
     import triton
@@ -528,10 +544,10 @@ def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=Fals
         "dq_desc": desc(DQ_ROWS.value, BLOCK_M.value, "fp32", gl.float32), "CU_DQ": "*i32",
         "BROADCAST": "constexpr", "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr",
         "STAGES": "constexpr", "GROUPED": "constexpr", "DYNAMIC": "constexpr", "OVERLAP": "constexpr",
-        "FUSE_DQ": "constexpr",
+        "FUSE_DQ": "constexpr", "DQ_BUFS": "constexpr",
     }
     values = dict(BROADCAST=broadcast, CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages,
-                  GROUPED=grouped, DYNAMIC=dynamic, OVERLAP=overlap, FUSE_DQ=fuse_dq)
+                  GROUPED=grouped, DYNAMIC=dynamic, OVERLAP=overlap, FUSE_DQ=fuse_dq, DQ_BUFS=dq_bufs)
     names = list(signature)
     constexprs = {(names.index(k),): v for k, v in values.items()}
     return triton.compile(GluonASTSource(dkdv_kernel, signature, constexprs),

@@ -17,7 +17,8 @@
 #                                           beside either dQ kernel (one round, six shapes)
 #   bash kernels/gpu_run.sh OUT_DIR gfused  dQ fused into the Gluon dK/dV kernel: its GPU tests, then the shipped
 #                                           backward against it, the groups splitting the keys or the head dim
-#                                           (2 stages; the head-dim split also at 3), one round, six shapes
+#                                           (2 stages, one or two dQ^T staging buffers; the head-dim split also
+#                                           at 3 stages), one round, six shapes
 #   bash kernels/gpu_run.sh OUT_DIR dqtma   the fused atomic dQ mode: its GPU tests, then the shipped backward
 #                                           against it with TMA or element adds and other fused tiles
 #                                           (one round, the five non-broadcast shapes, no FA4)
@@ -93,7 +94,8 @@ case $STAGE in
   gfused)
     gpu_tests 200 14 "gluon_fused" gluon_fused
     run_bench 300 gluon_fused --shapes $ALL_SHAPES \
-      --impls triton-plan,triton-plan-gluon-fused-keys,triton-plan-gluon-fused-dim,triton-plan-gluon-fused-dim-s3 ;;
+      --impls triton-plan,triton-plan-gluon-fused-keys,triton-plan-gluon-fused-keys-b2,triton-plan-gluon-fused-dim,\
+triton-plan-gluon-fused-dim-b2,triton-plan-gluon-fused-dim-s3 ;;
   dqtma)
     gpu_tests 150 12 "atomic" atomic
     kvf=triton-plan-atomic-kvf32x64w4s3,triton-plan-atomic-kvf32x64w4s2,triton-plan-atomic-kvf64x64w4s2
@@ -102,7 +104,7 @@ case $STAGE in
   retime)
     gb=triton-plan-gluon-bwd
     run_bench 560 retime --shapes $ALL_SHAPES --impls triton-plan,$gb,$gb-s3,$gb-ovl-s2,$gb-ovl-s3,\
-triton-plan-gluon-fused-keys,triton-plan-gluon-fused-dim,triton-plan-gluon-fused-dim-s3,\
+triton-plan-gluon-fused-keys,triton-plan-gluon-fused-keys-b2,triton-plan-gluon-fused-dim,triton-plan-gluon-fused-dim-s3,\
 triton-plan-atomic,triton-plan-atomic-element
     python3 -c "import json,sys; [print(r['shape'], r['impl'], '|', r.get('bwd_path', r.get('error', ''))) for r in json.load(open(sys.argv[1]))]" \
       "$OUT_DIR/bench_retime.json" ;;

@@ -80,6 +80,11 @@ BWD_DQ_MODE = os.environ.get("JFA_BWD_DQ_MODE", "separate")
 # ("keys": 0.69-0.86x, PERF.md v14), so opt-in.
 GLUON_FUSED_DQ_SPLITS = ("keys", "dim")
 GLUON_FUSED_DQ_SPLIT = os.environ.get("JFA_GLUON_FUSED_DQ_SPLIT", "keys")
+# Shared-memory buffers each consumer group stages its dQ^T parts in (runtime switch, 1 or 2): with one,
+# a part waits until the TMA unit has read the previous one (with "keys" at head dim 128: the block's
+# first half, every block); with two, the previous add stays in flight.  Two are compiled for sm_90 (no
+# spills in the per-block loop with "keys") but not yet run on a GPU.  Environment: JFA_GLUON_FUSED_DQ_BUFFERS.
+GLUON_FUSED_DQ_BUFFERS = int(os.environ.get("JFA_GLUON_FUSED_DQ_BUFFERS", "1"))
 BWD_DQ_REDUCES = ("tma", "element")
 BWD_DQ_REDUCE = "tma"
 LAST_BWD_DQ_PATH = ""
@@ -375,6 +380,18 @@ def _gluon_grid(n_items, device, grid):
     return n_programs, grid == "dynamic" and n_programs < n_items
 
 
+def _gluon_bwd_smem_bytes(head_d, head_dv, stages, fused_split, dq_buffers):
+    """Shared memory the Gluon dK/dV kernel allocates (bf16/fp16; gluon_bwd.dkdv_kernel's buffers, without
+    its barriers and alignment, which tests/test_gluon_compile.py bounds by 1 KB); fused_split "" when dQ
+    is not fused."""
+    size = 2 * (stages * 32 * (head_d + head_dv) + 4 * 64 * (head_d + head_dv)) + 2 * 32 * 4  # rings, K/V, pos
+    if fused_split:  # dS^T (one or both groups' rows, two buffers) and the fp32 dQ^T staging buffers
+        size += 2 * (128 if fused_split == "dim" else 64) * 32 * 2 + 2 * dq_buffers * 64 * 32 * 4
+    else:
+        size += 2 * 2 * 4  # one-element stand-ins
+    return size
+
+
 def _gluon_bwd_stages():
     if not (isinstance(GLUON_BWD_STAGES, int) and 1 <= GLUON_BWD_STAGES <= 4):
         raise ValueError(f"jfa.GLUON_BWD_STAGES must be an int in 1..4, got {GLUON_BWD_STAGES!r}")
@@ -394,6 +411,7 @@ class BackwardSwitches(NamedTuple):
     gluon_bwd_stages: int  # GLUON_BWD_STAGES
     gluon_bwd_overlap: bool  # GLUON_BWD_ORDER == "overlap"
     fused_dq_split: str  # the GLUON_FUSED_DQ_SPLIT that runs at this head dim ("keys" where "dim" cannot)
+    fused_dq_buffers: int  # GLUON_FUSED_DQ_BUFFERS
     dq_reduce_tma: bool  # the fused atomic dQ adds blocks by TMA (BWD_DQ_REDUCE "tma" where TMA exists)
     gluon_dq_stages: int  # GLUON_DQ_STAGES
 
@@ -831,7 +849,7 @@ def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, sw, causa
         BROADCAST=broadcast, CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=sw.gluon_bwd_stages,
         GROUPED=items is not None, DYNAMIC=dynamic, OVERLAP=sw.gluon_bwd_overlap,
         FUSE_DQ=(2 if sw.fused_dq_split == "dim" else 1) if fuse_dq else 0,
-        num_warps=4)
+        DQ_BUFS=sw.fused_dq_buffers if fuse_dq else 1, num_warps=4)
 
 
 def _fused_dq_split(head_dim):
@@ -1025,8 +1043,21 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
     if BWD_KV_KERNEL not in BWD_KV_KERNELS:
         raise ValueError(f"jfa.BWD_KV_KERNEL must be one of {BWD_KV_KERNELS}, got {BWD_KV_KERNEL!r}")
     why_not_gluon_bwd = ""
+    fused_split = ""
     if BWD_KV_KERNEL == "gluon":
         _gluon_bwd_stages()  # a bad value is a clear error before the forward runs
+        if fuse:
+            fused_split = _fused_dq_split(q.shape[2])
+            if GLUON_FUSED_DQ_BUFFERS not in (1, 2):
+                raise ValueError(f"jfa.GLUON_FUSED_DQ_BUFFERS must be 1 or 2, got {GLUON_FUSED_DQ_BUFFERS!r}")
+        smem = _gluon_bwd_smem_bytes(q.shape[2], v.shape[2], GLUON_BWD_STAGES, fused_split, GLUON_FUSED_DQ_BUFFERS)
+        # (at head dims the kernel does not serve it is refused below, with its reason)
+        if {q.shape[2], v.shape[2]} <= set(GLUON_HEAD_DIMS) and smem > GLUON_SMEM_BYTES - 1024:
+            raise ValueError(f"the Gluon dK/dV kernel with jfa.GLUON_BWD_STAGES={GLUON_BWD_STAGES}"
+                             + (f", GLUON_FUSED_DQ_SPLIT={fused_split!r}, GLUON_FUSED_DQ_BUFFERS="
+                                f"{GLUON_FUSED_DQ_BUFFERS}" if fused_split else "")
+                             + f" at head dims {q.shape[2]} / {v.shape[2]} needs about {smem} bytes of shared "
+                             f"memory; sm_90 has {GLUON_SMEM_BYTES}")
         why_not_gluon_bwd = (_gluon_refusal(q, k, v, scale, block_rows=GLUON_BWD_BOX_ROWS)
                              or ("the Gluon dK/dV kernel fuses dQ in its plain order only"
                                  if fuse and GLUON_BWD_ORDER == "overlap" else ""))
@@ -1043,9 +1074,8 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
             why_not_gluon_dq = "not timed at these head dims"  # silent under "auto"
     bwd_q_kernel = "gluon" if BWD_Q_KERNEL != "triton" and not why_not_gluon_dq else "triton"
     silent_dq = BWD_Q_KERNEL == "auto"
-    bwd = BackwardSwitches(GLUON_GRID, GLUON_BWD_STAGES, GLUON_BWD_ORDER == "overlap",
-                           _fused_dq_split(q.shape[2]) if fuse and BWD_KV_KERNEL == "gluon" else "keys",
-                           fuse and _dq_reduce_by_tma(q), GLUON_DQ_STAGES)
+    bwd = BackwardSwitches(GLUON_GRID, GLUON_BWD_STAGES, GLUON_BWD_ORDER == "overlap", fused_split or "keys",
+                           GLUON_FUSED_DQ_BUFFERS, fuse and _dq_reduce_by_tma(q), GLUON_DQ_STAGES)
     cfgs = LaunchConfig(_cfg("fwd", dkey, q.dtype, on_cpu), _cfg("kvf" if fuse else "kv", dkey, q.dtype, on_cpu),
                         _cfg("q", dkey, q.dtype, on_cpu), fuse, fwd_kernel, why_not_gluon, gluon,
                         "gluon" if BWD_KV_KERNEL == "gluon" and not why_not_gluon_bwd else "triton",

@@ -40,6 +40,11 @@ CONFIGS = [
     dict(kernel="bwd", stages=2, fuse_dq=1, head_d=64, head_dv=64, dtype="fp16"),
     dict(kernel="bwd", stages=2, fuse_dq=2),
     dict(kernel="bwd", stages=3, fuse_dq=2, causal=True, grouped=True, dynamic=True, head_dv=64),
+    # ... staging the dQ^T parts in two buffers per group
+    dict(kernel="bwd", stages=2, fuse_dq=1, dq_bufs=2),
+    dict(kernel="bwd", stages=3, fuse_dq=1, dq_bufs=2, causal=True, grouped=True, dynamic=True),
+    dict(kernel="bwd", stages=2, fuse_dq=1, dq_bufs=2, head_d=64, head_dv=64, dtype="fp16"),
+    dict(kernel="bwd", stages=2, fuse_dq=2, dq_bufs=2),
     # the dQ kernel (kernels/gluon_dq.py)
     dict(kernel="dq", stages=2),
     dict(kernel="dq", stages=2, causal=True, grouped=True, dynamic=True),
@@ -81,8 +86,18 @@ def test_gluon_forward_compiles_for_sm90(probed, i):
         # offsets gave
         # the fused dQ adds a third (64 x 32) accumulator and dS^T's shared-memory store: Triton 3.6 about 30
         # spill stores, 3.9 about 75
-        bound = 96 if CONFIGS[i].get("fuse_dq") else 64
+        # (two staging buffers: Triton 3.6 29-55, 3.9 55-127)
+        bound = (160 if CONFIGS[i].get("dq_bufs", 1) == 2 else 96) if CONFIGS[i].get("fuse_dq") else 64
         assert result["spill_stores"] <= bound, result["spill_stores"]
+    if CONFIGS[i].get("kernel") == "bwd":
+        # the host's account of the kernel's shared memory (jfa checks the switches against sm_90's with it)
+        # is exact but for barriers and alignment
+        from kernels import jfa
+        c = CONFIGS[i]
+        d, dv = c.get("head_d", 128), c.get("head_dv", 128)
+        want = jfa._gluon_bwd_smem_bytes(d, dv, c["stages"], {0: "", 1: "keys", 2: "dim"}[c.get("fuse_dq", 0)],
+                                         c.get("dq_bufs", 1))
+        assert want <= result["shared"] <= want + 1024, (want, result["shared"])
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError,

@@ -249,7 +249,8 @@ def test_fused_atomic_dq_mode(dtype, monkeypatch):
 
 # every module switch a backward acts on (kernels/jfa.py BackwardSwitches and the kernel choices)
 BACKWARD_SWITCHES = ("BWD_DQ_MODE", "BWD_KV_KERNEL", "BWD_Q_KERNEL", "BWD_DQ_REDUCE", "GLUON_GRID",
-                     "GLUON_BWD_STAGES", "GLUON_BWD_ORDER", "GLUON_FUSED_DQ_SPLIT", "GLUON_DQ_STAGES")
+                     "GLUON_BWD_STAGES", "GLUON_BWD_ORDER", "GLUON_FUSED_DQ_SPLIT", "GLUON_FUSED_DQ_BUFFERS",
+                     "GLUON_DQ_STAGES")
 
 
 @needs_kernels
@@ -1112,16 +1113,17 @@ def test_gpu_gluon_dq_rows_past_the_end_never_leak(poison, monkeypatch):
 
 @needs_gluon
 @pytest.mark.parametrize("split", ["keys", "dim"])
-@pytest.mark.parametrize("stages, grid", [(2, "dynamic"), (3, "persistent"), (1, "sorted")])
+@pytest.mark.parametrize("stages, grid, buffers", [(2, "dynamic", 1), (3, "persistent", 1), (1, "sorted", 1),
+                                                   (2, "dynamic", 2), (1, "persistent", 2)])
 @pytest.mark.parametrize("case", [c for c in range(len(GLUON_CASES)) if not GLUON_CASES[c][6]])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_gluon_fused_dq(case, causal, stages, grid, split, monkeypatch):
+def test_gpu_gluon_fused_dq(case, causal, stages, grid, buffers, split, monkeypatch):
     # dQ fused into the Gluon dK/dV kernel (BWD_DQ_MODE "atomic" with BWD_KV_KERNEL "gluon"): every consumer
     # group adds its dQ^T parts by TMA reduce-adds; all three gradients against the float64 reference, on
     # few programs so that each takes many items
     from kernels import jfa
     run_gluon_case(case, causal, monkeypatch, BWD_KV_KERNEL="gluon", BWD_DQ_MODE="atomic", GLUON_FUSED_DQ_SPLIT=split,
-                   GLUON_BWD_STAGES=stages, GLUON_GRID=grid)
+                   GLUON_BWD_STAGES=stages, GLUON_GRID=grid, GLUON_FUSED_DQ_BUFFERS=buffers)
     ran = split if GLUON_CASES[case][4] == 128 else "keys"  # the head-dim split needs two 64-row halves
     assert (jfa.LAST_BWD_KV_PATH, jfa.LAST_BWD_DQ_PATH) == ("gluon", f"atomic-gluon-{ran}")
 
@@ -1130,7 +1132,8 @@ def test_gpu_gluon_fused_dq(case, causal, stages, grid, split, monkeypatch):
 @pytest.mark.parametrize("split", ["keys", "dim"])
 @pytest.mark.parametrize("poisoned_first", [True, False])
 @pytest.mark.parametrize("poison", ["inf", "nan"])
-def test_gpu_gluon_fused_dq_keeps_sequences_apart(poison, poisoned_first, split, monkeypatch):
+@pytest.mark.parametrize("buffers", [1, 2])
+def test_gpu_gluon_fused_dq_keeps_sequences_apart(buffers, poison, poisoned_first, split, monkeypatch):
     """The fused dQ adds whole [64, 32] dQ^T blocks: a ragged query block's columns past its sequence land
     on the next sequence's rows and must add nothing there; a ragged key block's rows past the end hold
     the next sequence's keys, which must not reach this sequence's dQ."""
@@ -1138,6 +1141,7 @@ def test_gpu_gluon_fused_dq_keeps_sequences_apart(poison, poisoned_first, split,
     monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "gluon")
     monkeypatch.setattr(jfa, "BWD_DQ_MODE", "atomic")
     monkeypatch.setattr(jfa, "GLUON_FUSED_DQ_SPLIT", split)
+    monkeypatch.setattr(jfa, "GLUON_FUSED_DQ_BUFFERS", buffers)
     check_grads_beside_a_poisoned_sequence(poison, poisoned_first=poisoned_first, d=128, names=("dq", "dk", "dv"),
                                            tol=2 * TOL[torch.bfloat16])
     assert jfa.LAST_BWD_DQ_PATH == f"atomic-gluon-{split}", jfa.LAST_BWD_DQ_PATH
@@ -1281,6 +1285,27 @@ def test_gluon_backward_stage_count_and_order_are_checked(stages, order, field, 
     monkeypatch.setattr(jfa, "GLUON_BWD_ORDER", order)
     with pytest.raises(ValueError, match=field):
         run_case([4], [4], dtype=torch.float32)
+
+
+@needs_kernels
+@pytest.mark.parametrize("split, buffers, stages, field", [("keys", 3, 2, "GLUON_FUSED_DQ_BUFFERS"),
+                                                           ("keys", 0, 2, "GLUON_FUSED_DQ_BUFFERS"),
+                                                           ("dim", 2, 4, "shared memory"),
+                                                           ("keys", 2, 4, "shared memory")])
+def test_fused_gluon_dq_switches_are_checked(split, buffers, stages, field, monkeypatch):
+    # a bad buffer count, or switches whose kernel would not fit sm_90's shared memory (at head dim 128: four
+    # stages with two staging buffers), are errors before the forward runs
+    from kernels import jfa
+    for name, value in (("BWD_KV_KERNEL", "gluon"), ("BWD_DQ_MODE", "atomic"), ("GLUON_FUSED_DQ_SPLIT", split),
+                        ("GLUON_FUSED_DQ_BUFFERS", buffers), ("GLUON_BWD_STAGES", stages)):
+        monkeypatch.setattr(jfa, name, value)
+    q, k, v, cu_q, cu_k = (t.to(DEVICE) for t in make_inputs([5], [9], 1, 1, 128, 128, torch.bfloat16))
+    with pytest.raises(ValueError, match=field):
+        jagged_flash_attention(q, k, v, cu_q, cu_k, 5, 9)
+    # what fits is accepted (on a machine without the kernel, the tl dK/dV kernel answers)
+    monkeypatch.setattr(jfa, "GLUON_FUSED_DQ_BUFFERS", 2)
+    monkeypatch.setattr(jfa, "GLUON_BWD_STAGES", 2)
+    jagged_flash_attention(q, k, v, cu_q, cu_k, 5, 9)
 
 
 @needs_kernels
