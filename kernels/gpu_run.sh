@@ -17,15 +17,14 @@
 #                                           beside either dQ kernel (one round, six shapes)
 #   bash kernels/gpu_run.sh OUT_DIR gfused  dQ fused into the Gluon dK/dV kernel: its GPU tests, then the shipped
 #                                           backward against it, the groups splitting the keys or the head dim
-#                                           (2 stages, one or two dQ^T staging buffers; the head-dim split also
-#                                           at 3 stages), one round, six shapes
+#                                           (2 stages, one or two dQ^T staging buffers), one round, six shapes
 #   bash kernels/gpu_run.sh OUT_DIR dqtma   the fused atomic dQ mode: its GPU tests, then the shipped backward
 #                                           against it with TMA or element adds and other fused tiles
 #                                           (one round, the five non-broadcast shapes, no FA4)
 #   bash kernels/gpu_run.sh OUT_DIR retime  the backward variants whose earlier timings ran the defaults
 #                                           (PERF.md v14 part 3): the Gluon dK/dV kernel's orders and stages,
 #                                           both fused-dQ splits, the tl fused dQ by TMA or element adds;
-#                                           one round, six shapes, each row naming the paths that ran
+#                                           one round, four shapes, each row naming the paths that ran
 #   bash kernels/gpu_run.sh OUT_DIR rounds  seven interleaved rounds of FA4, the shipped kernel and its tl and
 #                                           Gluon forwards (plain calls) on all six shapes: ratios and spread
 #   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on S1 and S3
@@ -92,10 +91,10 @@ case $STAGE in
     run_bench 300 gluon_bwd --shapes $ALL_SHAPES \
       --impls triton-plan,triton-plan-tl-dq,triton-plan-gluon-bwd,triton-plan-gluon-bwd-ovl-s2,triton-plan-gluon-bwd-tl-dq ;;
   gfused)
-    gpu_tests 200 14 "gluon_fused" gluon_fused
-    run_bench 300 gluon_fused --shapes $ALL_SHAPES \
+    gpu_tests 180 14 "gluon_fused" gluon_fused
+    run_bench 370 gluon_fused --shapes $ALL_SHAPES \
       --impls triton-plan,triton-plan-gluon-fused-keys,triton-plan-gluon-fused-keys-b2,triton-plan-gluon-fused-dim,\
-triton-plan-gluon-fused-dim-b2,triton-plan-gluon-fused-dim-s3 ;;
+triton-plan-gluon-fused-dim-b2 ;;
   dqtma)
     gpu_tests 150 12 "atomic" atomic
     kvf=triton-plan-atomic-kvf32x64w4s3,triton-plan-atomic-kvf32x64w4s2,triton-plan-atomic-kvf64x64w4s2
@@ -103,7 +102,7 @@ triton-plan-gluon-fused-dim-b2,triton-plan-gluon-fused-dim-s3 ;;
     run_bench 420 dq_tma --shapes S4b,S1,S1c,S4a,S3 --impls triton-plan,triton-plan-atomic,triton-plan-atomic-element,$kvf ;;
   retime)
     gb=triton-plan-gluon-bwd
-    run_bench 560 retime --shapes $ALL_SHAPES --impls triton-plan,$gb,$gb-s3,$gb-ovl-s2,$gb-ovl-s3,\
+    run_bench 560 retime --shapes S4b,S1,S1c,S3 --impls triton-plan,$gb,$gb-s3,$gb-ovl-s2,$gb-ovl-s3,\
 triton-plan-gluon-fused-keys,triton-plan-gluon-fused-keys-b2,triton-plan-gluon-fused-dim,triton-plan-gluon-fused-dim-s3,\
 triton-plan-atomic,triton-plan-atomic-element
     python3 -c "import json,sys; [print(r['shape'], r['impl'], '|', r.get('bwd_path', r.get('error', ''))) for r in json.load(open(sys.argv[1]))]" \
