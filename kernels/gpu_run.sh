@@ -33,10 +33,12 @@
 #                                           Gluon, split at 1024 / 2048 (three rounds): the split point
 #   bash kernels/gpu_run.sh OUT_DIR ncu     Nsight Compute on the tl and Gluon forwards for S3L and S4b
 #                                           (kernels/profile.py)
+#   bash kernels/gpu_run.sh OUT_DIR ncubwd  Nsight Compute on the backward kernels (tl dK/dV and Gluon dQ as
+#                                           shipped; the fused Gluon dK/dV/dQ kernel) for S1 and S4b
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|fusedspec|verify|gbwd|gfused|dqtma|retime|rounds|split|sdpa|sweep|ncu}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|fusedspec|verify|gbwd|gfused|dqtma|retime|rounds|split|sdpa|sweep|ncu|ncubwd}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -136,6 +138,20 @@ triton-plan-atomic,triton-plan-atomic-element
         echo "ncu $shape $impl rc=$?" | tee -a "$L"
         grep -E "Duration|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Block Limit (Reg|Shared)|Issue Slots Busy|Eligible Warps|No Eligible|Executed Ipc A" \
           "$f" | head -14
+      done
+    done ;;
+  ncubwd)
+    NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
+    for shape in S4b S1; do
+      for impl in triton-plan triton-plan-gluon-fused-keys; do
+        f=$OUT_DIR/ncu_bwd_${shape}_$impl.txt
+        timeout 140 "$NCU" --profile-from-start off --kernel-name regex:"_bwd_kv_kernel|dq_kernel|dkdv_kernel" \
+          --launch-count 2 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+          --section ComputeWorkloadAnalysis --section SchedulerStats --section MemoryWorkloadAnalysis \
+          python3 -m kernels.profile --shape "$shape" --impl $impl --iters 1 --backward > "$f" 2>&1
+        echo "ncu backward $shape $impl rc=$?" | tee -a "$L"
+        grep -E "^  [_a-z]+kernel|profiled|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Issue Slots Busy|No Eligible|Stall" \
+          "$f" | head -24
       done
     done ;;
   *) echo "unknown stage $STAGE"; exit 2 ;;

@@ -5,7 +5,7 @@ Nsight Compute / Nsight Systems capture only those launches, after the compiles 
         python -m kernels.profile --shape S3L --impl triton
 
 ``--impl`` names an implementation of ``kernels.bench`` (its switches apply, e.g. ``triton-gluon``).
-Prints the shape, the implementation and the forward path that ran.
+Prints the shape, the implementation and the paths that ran.
 """
 from __future__ import annotations
 
@@ -32,12 +32,15 @@ def main(argv=None):
     q, k, v, cu_q, cu_k = bench.build(shape)
     q, k, v = (t.requires_grad_(a.backward) for t in (q, k, v))
     fwd = bench.IMPLS[a.impl](shape, q, k, v, cu_q, cu_k)
+    do = None  # random, as in the benchmark
 
     def step():
+        nonlocal do
         with torch.set_grad_enabled(a.backward):
             out = fwd()
             if a.backward:
-                torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+                do = torch.randn_like(out) if do is None else do
+                torch.autograd.grad(out, (q, k, v), do)
     for _ in range(3):  # compile and warm up outside the profiled range
         step()
     cuda = q.device.type == "cuda"
@@ -50,8 +53,11 @@ def main(argv=None):
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
     from kernels import jfa
+    paths = f"forward path {jfa.LAST_FWD_PATH or '-'}"
+    if a.backward:
+        paths += f"; backward dK/dV {jfa.LAST_BWD_KV_PATH or '-'}, dQ {jfa.LAST_BWD_DQ_PATH or '-'}"
     print(f"profiled {a.iters} x {'fwd+bwd' if a.backward else 'fwd'} of {a.shape} ({shape['desc']}) with "
-          f"{a.impl}; forward path {jfa.LAST_FWD_PATH or '-'}", flush=True)
+          f"{a.impl}; {paths}", flush=True)
 
 
 if __name__ == "__main__":

@@ -154,7 +154,8 @@ def test_profile_driver_runs_a_bench_shape_and_names_bad_arguments(monkeypatch, 
     monkeypatch.setattr(bench, "make_shapes", lambda: {"T": dict(desc="tiny", lq=np.array([20, 3]),
                                                                   lk=np.array([20, 3]), H=2, causal=True, bq=False)})
     profile.main(["--shape", "T", "--impl", "triton", "--backward"])
-    assert "profiled 2 x fwd+bwd of T (tiny) with triton; forward path ptr" in capsys.readouterr().out
+    assert ("profiled 2 x fwd+bwd of T (tiny) with triton; forward path ptr; backward dK/dV triton, dQ separate"
+            in capsys.readouterr().out)
     with pytest.raises(SystemExit, match="--shape must be one of"):
         profile.main(["--shape", "S9"])
     with pytest.raises(SystemExit, match="--impl must be one of"):
