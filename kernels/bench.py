@@ -359,7 +359,8 @@ def main(argv=None):
     unknown = [n for n in impls + [x for x in (args.fwd_only + "," + args.once).split(",") if x] if n not in IMPLS]
     unknown += [n for n in args.shapes.split(",") if n not in shapes]
     if unknown:
-        ap.error(f"unknown impls or shapes: {', '.join(unknown)} (impls: {', '.join(IMPLS)}; shapes: {', '.join(shapes)})")
+        ap.error(f"unknown impls or shapes: {', '.join(unknown)} "
+                 f"(impls: {', '.join(IMPLS)}; shapes: {', '.join(shapes)})")
     rows = []
     dev = torch.cuda.get_device_name(0)
     print(f"device: {dev}; torch {torch.__version__}", flush=True)

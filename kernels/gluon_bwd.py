@@ -11,10 +11,10 @@
   so the backward stays deterministic, unless ``FUSE_DQ`` (jfa.BWD_DQ_MODE = "atomic"): then each group
   also stores dS^T to shared memory and computes its part of dQ^T = K^T dS^T, adding each 64-row
   (head-dim) piece with one TMA reduce-add into a transposed fp32 buffer [Hq * D, columns] that the host
-  scales and transposes at the end; every sequence starts at a column that is a multiple of 4, since a
-  TMA reduce-add whose innermost coordinate is not 16-byte aligned stops the kernel with an illegal
-  instruction on the H200 (measured) (five matmuls per block pair instead of the separate kernel's seven;
-  summation order not fixed).  ``FUSE_DQ == 1``: each group covers the whole head dim over its own 64
+  scales and transposes at the end: five matmuls per block pair instead of the separate kernel's seven,
+  summation order not fixed.  Every sequence starts at a column that is a multiple of 4: a TMA reduce-add
+  whose innermost coordinate is not 16-byte aligned stops the kernel with an illegal instruction on the
+  H200 (measured, PERF.md v14).  ``FUSE_DQ == 1``: each group covers the whole head dim over its own 64
   keys; ``FUSE_DQ == 2`` (head dim 128): each group one half of the head dim over all 128 keys, the two
   groups' dS^T meeting in shared memory at an mbarrier, which halves the reduce traffic (FA3's split).
   The loader then also zeroes the K / V rows past a ragged key block's end, and columns past a ragged
@@ -410,7 +410,7 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo
     while pos < n_items:
         q_start, o_start, lq, k_start, lk, hk, n0, diag, m_lo, n_steps, b = _kv_item(
             pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, CAUSAL, flags.GROUPED)
-        # FUSE_DQ: the sequence's first column of the dQ^T buffer (a multiple of 4, see jfa._fused_dq_layout)
+        # FUSE_DQ: the sequence's first column of the dQ^T buffer (a multiple of 4, see jfa._fused_dq_buffer)
         dq_col = o_start
         if flags.FUSE_DQ:
             dq_col = gl.load(CU_DQ + b)

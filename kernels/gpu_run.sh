@@ -105,9 +105,11 @@ triton-plan-gluon-fused-dim-b2 ;;
   retime)
     gb=triton-plan-gluon-bwd
     run_bench 560 retime --shapes S4b,S1,S1c,S3 --impls triton-plan,$gb,$gb-s3,$gb-ovl-s2,$gb-ovl-s3,\
-triton-plan-gluon-fused-keys,triton-plan-gluon-fused-keys-b2,triton-plan-gluon-fused-dim,triton-plan-gluon-fused-dim-s3,\
+triton-plan-gluon-fused-keys,triton-plan-gluon-fused-keys-b2,triton-plan-gluon-fused-dim,\
+triton-plan-gluon-fused-dim-s3,\
 triton-plan-atomic,triton-plan-atomic-element
-    python3 -c "import json,sys; [print(r['shape'], r['impl'], '|', r.get('bwd_path', r.get('error', ''))) for r in json.load(open(sys.argv[1]))]" \
+    python3 -c "import json, sys
+for r in json.load(open(sys.argv[1])): print(r['shape'], r['impl'], '|', r.get('bwd_path', r.get('error', '')))" \
       "$OUT_DIR/bench_retime.json" ;;
   rounds)
     run_bench 280 v9_rounds --rounds 7 --impls fa4,triton,triton-tl,triton-gluon --fwd-only triton-tl,triton-gluon \
