@@ -172,3 +172,24 @@ def test_plan_impls_launch_what_the_full_call_launches():
     full = bench.IMPLS["triton"](shape, *tensors)()
     for name in ("triton-plan", "triton-tl-plan", "triton-gluon-plan", "triton-split1024-plan"):
         assert torch.equal(bench.IMPLS[name](shape, *tensors)(), full), name
+
+
+def test_gpu_run_stages_name_only_known_impls_and_shapes():
+    # kernels/gpu_run.sh spends GPU calls: a misspelt implementation or shape should fail here, on the CPU
+    import re
+    from kernels import bench
+    script = open(os.path.join(os.path.dirname(bench.__file__), "gpu_run.sh")).read().replace("\\\n", "")
+    variables = {}
+    for name, value in re.findall(r"^\s*(\w+)=(\S+)$", script, re.M):
+        for known, expanded in sorted(variables.items(), key=lambda kv: -len(kv[0])):
+            value = value.replace("$" + known, expanded)
+        variables[name] = value
+    named = {"impls": [], "shapes": []}
+    for option, value in re.findall(r"--(impls|fwd-only|once|shapes) (\S+)", script):
+        for known, expanded in sorted(variables.items(), key=lambda kv: -len(kv[0])):
+            value = value.replace("$" + known, expanded)
+        named["shapes" if option == "shapes" else "impls"] += value.split(",")
+    assert len(named["impls"]) > 30 and named["shapes"]  # the parse found the stages
+    assert [n for n in named["impls"] if n not in bench.IMPLS] == []
+    shapes = bench.make_shapes()
+    assert [n for n in named["shapes"] if n not in shapes and not n.startswith("$")] == []
