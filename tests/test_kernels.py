@@ -253,17 +253,16 @@ BACKWARD_SWITCHES = ("BWD_DQ_MODE", "BWD_KV_KERNEL", "BWD_Q_KERNEL", "BWD_DQ_RED
                      "GLUON_DQ_STAGES")
 
 
-@needs_kernels
-@pytest.mark.parametrize("mode", ["separate", "atomic"])
-def test_backward_runs_the_switches_its_forward_saw(mode, monkeypatch):
-    # A benchmark sets the switches around the forward call only, and a plan is made once: the backward
-    # must act on what was read when its forward was prepared.  Every switch it could read is made invalid
-    # between the forward and the backward, which must neither notice nor change course.
+def check_backward_keeps_its_switches(monkeypatch, switches, d, dtype):
+    """A benchmark sets the switches around the forward call only, and a plan is made once: the backward
+    must act on what was read when its forward was prepared.  Under ``switches``, every switch it could
+    read is made invalid between the forward and the backward, which must neither notice nor change
+    course.  Returns the backward's (dK/dV path, dQ path)."""
     from kernels import jfa
-    monkeypatch.setattr(jfa, "BWD_DQ_MODE", mode)
-    q, k, v, cu_q, cu_k = (t.to(DEVICE) for t in make_inputs([40, 0, 33], [9, 50, 33], 2, 1, 32, 32,
-                                                                 torch.float16))
-    do = torch.randn(73, 2, 32, generator=torch.Generator().manual_seed(1)).half().to(DEVICE)
+    for name, value in switches.items():
+        monkeypatch.setattr(jfa, name, value)
+    q, k, v, cu_q, cu_k = (t.to(DEVICE) for t in make_inputs([40, 0, 33], [9, 50, 33], 2, 1, d, d, dtype))
+    do = torch.randn(73, 2, d, generator=torch.Generator().manual_seed(1)).to(dtype).to(DEVICE)
 
     def grads(break_switches):
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -278,9 +277,17 @@ def test_backward_runs_the_switches_its_forward_saw(mode, monkeypatch):
     want, want_paths = grads(False)
     got, got_paths = grads(True)
     assert got_paths == want_paths
-    assert got_paths[1].startswith("atomic" if mode == "atomic" else ("separate", "gluon"))
+    atomic = switches.get("BWD_DQ_MODE") == "atomic"
     for g, w in zip(got, want):  # the atomic mode's adds may land in another order on a GPU
-        assert rel(g, w) < (TOL[torch.float16] if mode == "atomic" else 0) or torch.equal(g, w)
+        assert torch.equal(g, w) or (atomic and rel(g, w) < TOL[dtype])
+    return got_paths
+
+
+@needs_kernels
+@pytest.mark.parametrize("mode", ["separate", "atomic"])
+def test_backward_runs_the_switches_its_forward_saw(mode, monkeypatch):
+    paths = check_backward_keeps_its_switches(monkeypatch, {"BWD_DQ_MODE": mode}, 32, torch.float16)
+    assert paths[1].startswith("atomic" if mode == "atomic" else ("separate", "gluon"))
 
 
 @needs_kernels
@@ -1109,6 +1116,18 @@ def test_gpu_gluon_dq_rows_past_the_end_never_leak(poison, monkeypatch):
     check_grads_beside_a_poisoned_sequence(poison, poisoned_first=False, d=64, names=("dq",),
                                            tol=TOL[torch.bfloat16])
     assert jfa.LAST_BWD_DQ_PATH == "gluon", jfa.LAST_BWD_DQ_PATH
+
+
+@needs_gluon
+@pytest.mark.parametrize("mode", ["separate", "atomic"])
+def test_gpu_gluon_backward_runs_the_switches_its_forward_saw(mode, monkeypatch):
+    # the same through the Gluon backward kernels, each switch away from its default
+    switches = dict(BWD_DQ_MODE=mode, BWD_KV_KERNEL="gluon", BWD_Q_KERNEL="gluon", GLUON_BWD_STAGES=3,
+                    GLUON_GRID="sorted", GLUON_DQ_STAGES=1)
+    switches.update(dict(GLUON_FUSED_DQ_SPLIT="dim", GLUON_FUSED_DQ_BUFFERS=2) if mode == "atomic"
+                    else dict(GLUON_BWD_ORDER="overlap"))
+    paths = check_backward_keeps_its_switches(monkeypatch, switches, 128, torch.bfloat16)
+    assert paths == ("gluon", "atomic-gluon-dim" if mode == "atomic" else "gluon")
 
 
 @needs_gluon
