@@ -271,6 +271,10 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          **{f"triton-plan-gluon-bwd-ovl-s{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon",
                                                           GLUON_BWD_ORDER="overlap", GLUON_BWD_STAGES=n)
             for n in (2, 3)},
+         # ... with 64-row query blocks (jfa.GLUON_BWD_BLOCK_M)
+         **{f"triton-plan-gluon-bwd-m64{sfx}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon", GLUON_BWD_BLOCK_M=64,
+                                                           **kw)
+            for sfx, kw in (("", {}), ("-s3", {"GLUON_BWD_STAGES": 3}), ("-ovl-s2", {"GLUON_BWD_ORDER": "overlap"}))},
          # the dQ kernel (jfa.BWD_Q_KERNEL): the tl one (the default before v13), the Gluon one (the default
          # on sm_90 since v13) asked for explicitly, and the tl dQ beside the Gluon dK/dV kernel
          "triton-plan-tl-dq": _triton_with(impl_triton_plan, BWD_Q_KERNEL="triton"),

@@ -2,9 +2,10 @@
 
 * A work item is one 128-key block of one sequence and one kv head.  The two consumer warp groups
   own 64 keys each: their K and V halves stay in shared memory for the whole item, and their dK / dV
-  accumulators in registers.  For every query head of the kv head's group and every 32-row query
-  block that sees the keys, a one-warp loader streams the Q block and the dO block through TMA into a
-  ring of ``STAGES`` buffers shared by both groups (ready / empty mbarriers, empty needs both).
+  accumulators in registers.  For every query head of the kv head's group and every query block
+  (BLOCK_M rows, 32 or 64: jfa.GLUON_BWD_BLOCK_M) that sees the keys, a one-warp loader streams the Q
+  block and the dO block through TMA into a ring of ``STAGES`` buffers shared by both groups (ready /
+  empty mbarriers, empty needs both).
 * Per block and group (keys x rows, all transposed so the keys stay the MMA's M extent):
   S^T = K Q^T, P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)), dV += P^T dO, dP^T = V dO^T,
   dS^T = P^T (dP^T - delta), dK += dS^T Q; dK is scaled once at the end.  dQ is left to a dQ kernel,
@@ -77,8 +78,8 @@ tma_reduce_add = _tma_reduce_add_builtin()
 # (constexpr globals: the jitted code reads them; the host reads .value)
 HALF_N = gl.constexpr(64)  # keys per consumer warp group: one wgmma M-extent
 BLOCK_N = gl.constexpr(128)  # keys per item
-BLOCK_M = gl.constexpr(32)  # query rows per streamed block
 DQ_ROWS = gl.constexpr(64)  # FUSE_DQ: head-dim rows of one dQ^T partial (one wgmma M-extent, one TMA add)
+DQ_COLS = gl.constexpr(32)  # FUSE_DQ: its query rows, so BLOCK_M must be 32 then
 LOG2E = gl.constexpr(1.4426950408889634)
 
 
@@ -96,10 +97,11 @@ class BwdFlags:
     OVERLAP: gl.constexpr
     FUSE_DQ: gl.constexpr
     DQ_BUFS: gl.constexpr
+    BLOCK_M: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, WG, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP, FUSE_DQ,
-                 DQ_BUFS):
+                 DQ_BUFS, BLOCK_M):
         self.WG = gl.constexpr(WG)
         self.BROADCAST = gl.constexpr(BROADCAST)
         self.CAUSAL = gl.constexpr(CAUSAL)
@@ -111,11 +113,12 @@ class BwdFlags:
         self.OVERLAP = gl.constexpr(OVERLAP)
         self.FUSE_DQ = gl.constexpr(FUSE_DQ)
         self.DQ_BUFS = gl.constexpr(DQ_BUFS)
+        self.BLOCK_M = gl.constexpr(BLOCK_M)
 
 
 @gluon.jit
 def _kv_item(pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K,
-             BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, GROUPED: gl.constexpr):
+             BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, GROUPED: gl.constexpr, BLOCK_M: gl.constexpr):
     # where the item at launch position ``pos`` (item = tile * HKV + kv head) reads and writes, and
     # the query blocks it visits: m_lo, m_lo + BLOCK_M, ... below lq
     if GROUPED:
@@ -154,13 +157,15 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, po
     HEAD_D: gl.constexpr = flags.HEAD_D
     HEAD_DV: gl.constexpr = flags.HEAD_DV
     STAGES: gl.constexpr = flags.STAGES
+    BLOCK_M: gl.constexpr = flags.BLOCK_M
     r = 0  # ring position of the next Q/dO block (runs on across items)
     n_tails = 0
     tk = 0  # items so far: K/V buffer tk % 2
     pos = gl.program_id(0)
     while pos < n_items:
         q_start, o_start, lq, k_start, lk, hk, n0, diag, m_lo, n_steps, b = _kv_item(
-            pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, flags.CAUSAL, flags.GROUPED)
+            pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, flags.CAUSAL, flags.GROUPED,
+            flags.BLOCK_M)
         kb = tk % 2
         # a fresh barrier counts as having completed the phase before 0, so first rounds do not wait
         mbarrier.wait(kv_empty.index(kb), ((tk // 2) & 1) ^ 1)
@@ -224,7 +229,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, po
 def _block(dk, dv, k_half, v_half, q_s, do_s, LSE, DELTA, lse_base, keys, rows, lq, diag, qk_scale,
            CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
            ds_layout: gl.constexpr, ds_s, dq_smem, dq_desc, dq_coord, FUSE_DQ: gl.constexpr, HEAD_D: gl.constexpr,
-           WG: gl.constexpr, k_lo, k_hi, ds_ready, r, DQ_BUFS: gl.constexpr):
+           WG: gl.constexpr, k_lo, k_hi, ds_ready, r, DQ_BUFS: gl.constexpr, BLOCK_M: gl.constexpr):
     # one query block against this group's 64 keys: S^T and dP^T first (both only read shared
     # memory), then the two accumulating MMAs (and, FUSE_DQ, this group's share of the block's dQ)
     st = warpgroup_mma(k_half, q_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
@@ -331,7 +336,7 @@ def _p_ds(st, dpt, LSE, DELTA, lse_base, keys, rows, lq, diag, qk_scale, dtype: 
 
 
 @gluon.jit
-def _issue_st_dpt(k_half, v_half, q_s, do_s, s_layout: gl.constexpr):
+def _issue_st_dpt(k_half, v_half, q_s, do_s, s_layout: gl.constexpr, BLOCK_M: gl.constexpr):
     st = warpgroup_mma(k_half, q_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
                        use_acc=False, is_async=True)
     dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
@@ -343,7 +348,7 @@ def _issue_st_dpt(k_half, v_half, q_s, do_s, s_layout: gl.constexpr):
 def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, r, keys,
                      lq, diag, qk_scale, hk, o_start, stride_lh, GROUP, m_lo, n_steps, STAGES: gl.constexpr,
                      CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                     ds_layout: gl.constexpr):
+                     ds_layout: gl.constexpr, BLOCK_M: gl.constexpr):
     # The forward's order over the item's blocks t (query head t // n_steps, rows block t % n_steps):
     # block t's S^T and dP^T are issued, then block t-1's dV and dK; a wait for S^T and dP^T alone
     # (dV / dK of t-1 stay in flight) and block t's P / dS are computed while they run; a wait for
@@ -353,7 +358,7 @@ def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, qdo_ready, qdo_emp
     if n_blocks > 0:
         s = r % STAGES
         mbarrier.wait(qdo_ready.index(s), (r // STAGES) & 1)
-        st, dpt = _issue_st_dpt(k_half, v_half, q_smem.index(s), do_smem.index(s), s_layout)
+        st, dpt = _issue_st_dpt(k_half, v_half, q_smem.index(s), do_smem.index(s), s_layout, BLOCK_M)
         st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
         lse_base = hk.to(gl.int64) * GROUP * stride_lh + o_start.to(gl.int64)
         rows = m_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
@@ -365,7 +370,7 @@ def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, qdo_ready, qdo_emp
             s = rt % STAGES
             sp = (rt - 1) % STAGES
             mbarrier.wait(qdo_ready.index(s), (rt // STAGES) & 1)
-            st, dpt = _issue_st_dpt(k_half, v_half, q_smem.index(s), do_smem.index(s), s_layout)
+            st, dpt = _issue_st_dpt(k_half, v_half, q_smem.index(s), do_smem.index(s), s_layout, BLOCK_M)
             dv_run = warpgroup_mma(p_prev, do_smem.index(sp), dv, is_async=True)
             dk_run = warpgroup_mma(ds_prev, q_smem.index(sp), dk, is_async=True)
             st, dpt = warpgroup_mma_wait(2, deps=(st, dpt))
@@ -395,6 +400,7 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo
     HEAD_D: gl.constexpr = flags.HEAD_D
     HEAD_DV: gl.constexpr = flags.HEAD_DV
     STAGES: gl.constexpr = flags.STAGES
+    BLOCK_M: gl.constexpr = flags.BLOCK_M
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     dk_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -409,7 +415,7 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo
     pos = _read_pos(pos_smem, 0)
     while pos < n_items:
         q_start, o_start, lq, k_start, lk, hk, n0, diag, m_lo, n_steps, b = _kv_item(
-            pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, CAUSAL, flags.GROUPED)
+            pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, CAUSAL, flags.GROUPED, BLOCK_M)
         # FUSE_DQ: the sequence's first column of the dQ^T buffer (a multiple of 4, see jfa._fused_dq_buffer)
         dq_col = o_start
         if flags.FUSE_DQ:
@@ -424,7 +430,7 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo
         if flags.OVERLAP:
             dk, dv = _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA,
                                       r, keys, lq, diag, qk_scale, hk, o_start, stride_lh, GROUP, m_lo, n_steps,
-                                      STAGES, CAUSAL, s_layout, p_layout, ds_layout)
+                                      STAGES, CAUSAL, s_layout, p_layout, ds_layout, BLOCK_M)
             r += GROUP * n_steps
         else:
             for g in range(GROUP):
@@ -439,7 +445,7 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo
                                     ds_layout, ds_smem if flags.FUSE_DQ == 2 else ds_smem.index(WG),
                                     dq_smem, dq_desc, [(hk * GROUP + g) * HEAD_D, dq_col + m],
                                     flags.FUSE_DQ, HEAD_D, WG, k_smem.index(2 * kb), k_smem.index(2 * kb + 1),
-                                    ds_ready, r, flags.DQ_BUFS)
+                                    ds_ready, r, flags.DQ_BUFS, BLOCK_M)
                     mbarrier.arrive(qdo_empty.index(s))
                     r += 1
         mbarrier.arrive(kv_empty.index(kb))  # every MMA reading this item's K/V is done
@@ -469,7 +475,8 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
                 HKV, GROUP, n_items, dq_desc, CU_DQ,
                 BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                 STAGES: gl.constexpr, GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
-                OVERLAP: gl.constexpr = False, FUSE_DQ: gl.constexpr = 0, DQ_BUFS: gl.constexpr = 1):
+                OVERLAP: gl.constexpr = False, FUSE_DQ: gl.constexpr = 0, DQ_BUFS: gl.constexpr = 1,
+                BLOCK_M: gl.constexpr = 32):
     # work items: (128-key block, kv head) in ITEMS' order under GROUPED (else heaviest first);
     # program p runs the launch positions p, then p + P, ... (DYNAMIC: those it claims from COUNTER)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
@@ -480,6 +487,7 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
     # FUSE_DQ: dS^T (the dQ MMA's B operand: each group's, or both groups' in two alternating buffers) and
     # each group's fp32 dQ^T parts (the TMA adds' sources, DQ_BUFS per group)
     if FUSE_DQ:
+        gl.static_assert(BLOCK_M == DQ_COLS, "the fused dQ adds 32-row parts")
         gl.static_assert(FUSE_DQ == 1 or HEAD_D == 2 * DQ_ROWS,
                          "FUSE_DQ == 2 splits a head dim of 128 between the groups")
         DS_ROWS: gl.constexpr = BLOCK_N if FUSE_DQ == 2 else HALF_N
@@ -509,21 +517,25 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
               DK, DV, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
               stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale, ds_smem, dq_smem, dq_desc,
               CU_DQ, ds_ready)
+    # 64-row blocks hold 64 x 64 S^T / dP^T: the consumer groups take 240 registers and the loader 24 (FA3's
+    # split), which keeps most spills out of the per-block loop (at 232: 10-29 local accesses in it)
+    CONSUMER_REGS: gl.constexpr = 240 if BLOCK_M == 64 else 232
+    LOADER_REGS: gl.constexpr = 24 if BLOCK_M == 64 else 40
     gl.warp_specialize([
         (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP,
-                                       FUSE_DQ, DQ_BUFS), )),
+                                       FUSE_DQ, DQ_BUFS, BLOCK_M), )),
         (_consumer, shared + (BwdFlags(1, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP,
-                                       FUSE_DQ, DQ_BUFS), )),
+                                       FUSE_DQ, DQ_BUFS, BLOCK_M), )),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, pos_smem,
                    kv_ready, kv_empty, qdo_ready, qdo_empty, tail_bar,
                    ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
                    BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP, FUSE_DQ,
-                            DQ_BUFS))),
-    ], [4, 1], [232, 40])
+                            DQ_BUFS, BLOCK_M))),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
 def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=False, dtype="bf16",
-                 grouped=False, dynamic=False, overlap=False, fuse_dq=0, dq_bufs=1):
+                 grouped=False, dynamic=False, overlap=False, fuse_dq=0, dq_bufs=1, block_m=32):
     """Compile ``dkdv_kernel`` for sm_90 without a GPU (Triton's bundled ptxas), as
     gluon_fwd.compile_sm90 does for the forward."""
     import triton
@@ -536,18 +548,20 @@ def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=Fals
         return f"tensordesc<{dt}[{rows}, {cols}],{gl.NVMMASharedLayout.get_default_for([rows, cols], gdt)!r}>"
 
     signature = {
-        "q_desc": desc(BLOCK_M.value, head_d), "k_desc": desc(HALF_N.value, head_d),
-        "v_desc": desc(HALF_N.value, head_dv), "do_desc": desc(BLOCK_M.value, head_dv), "DK": "*" + dtype, "DV": "*" + dtype, "LSE": "*fp32", "DELTA": "*fp32",
+        "q_desc": desc(block_m, head_d), "k_desc": desc(HALF_N.value, head_d),
+        "v_desc": desc(HALF_N.value, head_dv), "do_desc": desc(block_m, head_dv), "DK": "*" + dtype,
+        "DV": "*" + dtype, "LSE": "*fp32", "DELTA": "*fp32",
         "CU_Q": "*i32", "CU_K": "*i32", "TILE_SEQ": "*i32", "TILE_BLK": "*i32", "ITEMS": "*i32", "COUNTER": "*i32",
         "stride_dkt": "i32", "stride_dkh": "i32", "stride_dvt": "i32", "stride_dvh": "i32", "stride_lh": "i32",
         "sm_scale": "fp32", "qk_scale": "fp32", "HKV": "i32", "GROUP": "i32", "n_items": "i32",
-        "dq_desc": desc(DQ_ROWS.value, BLOCK_M.value, "fp32", gl.float32), "CU_DQ": "*i32",
+        "dq_desc": desc(DQ_ROWS.value, DQ_COLS.value, "fp32", gl.float32), "CU_DQ": "*i32",
         "BROADCAST": "constexpr", "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr",
         "STAGES": "constexpr", "GROUPED": "constexpr", "DYNAMIC": "constexpr", "OVERLAP": "constexpr",
-        "FUSE_DQ": "constexpr", "DQ_BUFS": "constexpr",
+        "FUSE_DQ": "constexpr", "DQ_BUFS": "constexpr", "BLOCK_M": "constexpr",
     }
     values = dict(BROADCAST=broadcast, CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages,
-                  GROUPED=grouped, DYNAMIC=dynamic, OVERLAP=overlap, FUSE_DQ=fuse_dq, DQ_BUFS=dq_bufs)
+                  GROUPED=grouped, DYNAMIC=dynamic, OVERLAP=overlap, FUSE_DQ=fuse_dq, DQ_BUFS=dq_bufs,
+                  BLOCK_M=block_m)
     names = list(signature)
     constexprs = {(names.index(k),): v for k, v in values.items()}
     return triton.compile(GluonASTSource(dkdv_kernel, signature, constexprs),

@@ -25,6 +25,10 @@
 #                                           (PERF.md v14 part 3): the Gluon dK/dV kernel's orders and stages,
 #                                           both fused-dQ splits, the tl fused dQ by TMA or element adds;
 #                                           one round, four shapes, each row naming the paths that ran
+#   bash kernels/gpu_run.sh OUT_DIR gm64    the Gluon dK/dV kernel with 64-row query blocks: its GPU tests beside the
+#                                           spec on the shipped kernel (8 and 6 workers), then the shipped backward
+#                                           against the Gluon dK/dV kernel with 32- and 64-row blocks (one round,
+#                                           six shapes)
 #   bash kernels/gpu_run.sh OUT_DIR rounds  seven interleaved rounds of FA4, the shipped kernel and its tl and
 #                                           Gluon forwards (plain calls) on all six shapes: ratios and spread
 #   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on S1 and S3
@@ -38,7 +42,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|fusedspec|verify|gbwd|gfused|dqtma|retime|rounds|split|sdpa|sweep|ncu|ncubwd}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|rounds|split|sdpa|sweep|ncu|ncubwd}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -111,6 +115,12 @@ triton-plan-atomic,triton-plan-atomic-element
     python3 -c "import json, sys
 for r in json.load(open(sys.argv[1])): print(r['shape'], r['impl'], '|', r.get('bwd_path', r.get('error', '')))" \
       "$OUT_DIR/bench_retime.json" ;;
+  gm64)
+    spec 250 ci-default 6 &
+    gpu_tests 240 8 "gluon_backward or gluon_fused_dq_refuses" gluon_bwd_m64
+    wait
+    gb=triton-plan-gluon-bwd
+    run_bench 260 gluon_m64 --shapes $ALL_SHAPES --impls triton-plan,$gb,$gb-ovl-s3,$gb-m64,$gb-m64-s3,$gb-m64-ovl-s2 ;;
   rounds)
     run_bench 280 v9_rounds --rounds 7 --impls fa4,triton,triton-tl,triton-gluon --fwd-only triton-tl,triton-gluon \
       --shapes $ALL_SHAPES ;;

@@ -177,8 +177,13 @@ FWD_KERNEL = os.environ.get("JFA_FWD_KERNEL", "auto")
 #     bench shapes (PERF.md v12), hence off.
 BWD_KV_KERNELS = ("triton", "gluon")
 BWD_KV_KERNEL = os.environ.get("JFA_BWD_KV_KERNEL", "triton")
-# Q/dO blocks in flight (32 rows each), 1..4: two are 20-25% faster than one, three no faster (PERF.md v11)
+# Q/dO blocks in flight (GLUON_BWD_BLOCK_M rows each), 1..4: at 32 rows two are 20-25% faster than one,
+# three no faster (PERF.md v11)
 GLUON_BWD_STAGES = 2
+# Query rows per streamed block, 32 or 64 (64: S^T / dP^T as 64 x 64 MMAs, half the waits per row; the
+# fused dQ adds 32-row parts, so it needs 32)
+GLUON_BWD_BLOCK_MS = (32, 64)
+GLUON_BWD_BLOCK_M = 32
 # Order of the blocks inside each consumer group (runtime switch):
 #   "plain": per block S^T and dP^T, wait, P and dS, dV and dK, wait (gluon_bwd._block).
 #   "overlap": the forward's order: block t's S^T / dP^T go ahead of block t-1's dV / dK, and block t's
@@ -202,7 +207,7 @@ BWD_Q_KERNEL = os.environ.get("JFA_BWD_Q_KERNEL", "auto")
 GLUON_DQ_AUTO_HEAD_DIMS = (128,)
 GLUON_DQ_STAGES = 2  # K/V blocks in flight (64 keys each); two fill sm_90's shared memory at head dim 128
 GLUON_DQ_BOX_ROWS = (64, 64)  # TMA box rows of its Q / dO halves and of its K / V blocks (gluon_dq.py)
-GLUON_BWD_BOX_ROWS = (32, 64)  # TMA box rows of its Q / dO blocks and of its K / V halves (gluon_bwd.py)
+GLUON_BWD_KV_ROWS = 64  # TMA box rows of the Gluon dK/dV kernel's K / V halves (its Q / dO: GLUON_BWD_BLOCK_M)
 LAST_BWD_KV_PATH = ""
 # (BLOCK_M, BLOCK_N, warps per consumer warp group, K/V stages, schedule); schedules (gluon_fwd.py):
 # "overlap" softmax(j) while PV(j-1) runs; "pingpong" overlap, and the two consumer groups take turns
@@ -380,11 +385,11 @@ def _gluon_grid(n_items, device, grid):
     return n_programs, grid == "dynamic" and n_programs < n_items
 
 
-def _gluon_bwd_smem_bytes(head_d, head_dv, stages, fused_split, dq_buffers):
+def _gluon_bwd_smem_bytes(head_d, head_dv, stages, fused_split, dq_buffers, block_m=32):
     """Shared memory the Gluon dK/dV kernel allocates (bf16/fp16; gluon_bwd.dkdv_kernel's buffers, without
     its barriers and alignment, which tests/test_gluon_compile.py bounds by 1 KB); fused_split "" when dQ
     is not fused."""
-    size = 2 * (stages * 32 * (head_d + head_dv) + 4 * 64 * (head_d + head_dv)) + 2 * 32 * 4  # rings, K/V, pos
+    size = 2 * (stages * block_m * (head_d + head_dv) + 4 * 64 * (head_d + head_dv)) + 2 * 32 * 4  # rings, K/V, pos
     if fused_split:  # dS^T (one or both groups' rows, two buffers) and the fp32 dQ^T staging buffers
         size += 2 * (128 if fused_split == "dim" else 64) * 32 * 2 + 2 * dq_buffers * 64 * 32 * 4
     else:
@@ -400,6 +405,8 @@ def _gluon_bwd_stages():
     if GLUON_BWD_ORDER == "overlap" and GLUON_BWD_STAGES < 2:
         # block t-1 keeps its buffer until block t's MMAs are issued: one buffer would deadlock
         raise ValueError("jfa.GLUON_BWD_ORDER 'overlap' needs jfa.GLUON_BWD_STAGES >= 2")
+    if GLUON_BWD_BLOCK_M not in GLUON_BWD_BLOCK_MS:
+        raise ValueError(f"jfa.GLUON_BWD_BLOCK_M must be one of {GLUON_BWD_BLOCK_MS}, got {GLUON_BWD_BLOCK_M!r}")
     return GLUON_BWD_STAGES
 
 
@@ -410,6 +417,7 @@ class BackwardSwitches(NamedTuple):
     gluon_grid: str  # GLUON_GRID for the Gluon dK/dV and dQ kernels
     gluon_bwd_stages: int  # GLUON_BWD_STAGES
     gluon_bwd_overlap: bool  # GLUON_BWD_ORDER == "overlap"
+    gluon_bwd_block_m: int  # GLUON_BWD_BLOCK_M
     fused_dq_split: str  # the GLUON_FUSED_DQ_SPLIT that runs at this head dim ("keys" where "dim" cannot)
     fused_dq_buffers: int  # GLUON_FUSED_DQ_BUFFERS
     dq_reduce_tma: bool  # the fused atomic dQ adds blocks by TMA (BWD_DQ_REDUCE "tma" where TMA exists)
@@ -733,7 +741,7 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     global LAST_BWD_KV_PATH
     why = cfgs.why_not_gluon_bwd
     if cfgs.bwd_kv_kernel == "gluon":
-        why = _tma_refusal(do, GLUON_BWD_BOX_ROWS[0])
+        why = _tma_refusal(do, sw.gluon_bwd_block_m)
         why = f"dO: {why}" if why else ""
     LAST_BWD_KV_PATH = "gluon" if cfgs.bwd_kv_kernel == "gluon" and not why else (
         f"triton (gluon: {why})" if why else "triton")
@@ -827,20 +835,21 @@ def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, sw, causa
     """The Gluon dK/dV kernel; with ``fused_dq`` = (buffer, cu_dq) from _fused_dq_buffer it also adds the
     unscaled dQ^T into the buffer (the fused atomic mode)."""
     from . import gluon_bwd as gb
-    assert (gb.BLOCK_M.value, gb.HALF_N.value) == GLUON_BWD_BOX_ROWS
+    assert gb.HALF_N.value == GLUON_BWD_KV_ROWS
+    block_m = sw.gluon_bwd_block_m
     seq_t, blk_t, n_tiles, items = s["kv_gluon"]
     hq, d = q.shape[1], q.shape[2]
     hkv, dvd = k.shape[1], v.shape[2]
     n_items = n_tiles * hkv
     if n_items == 0:
         return
-    (qd, kd, vd, dod), n_programs, dynamic, counter = _gluon_backward_launch(q, k, v, do, GLUON_BWD_BOX_ROWS,
+    (qd, kd, vd, dod), n_programs, dynamic, counter = _gluon_backward_launch(q, k, v, do, (block_m, GLUON_BWD_KV_ROWS),
                                                                              n_items, seq_t, sw.gluon_grid)
     fuse_dq = fused_dq is not None
     if fuse_dq:
         dqd, cu_dq = _fused_dq_descriptor(fused_dq[0]), fused_dq[1]
     else:  # a descriptor of the right type all the same (the kernel never uses it, nor cu_dq)
-        dummy = torch.zeros((gb.DQ_ROWS.value, gb.BLOCK_M.value), device=q.device, dtype=torch.float32)
+        dummy = torch.zeros((gb.DQ_ROWS.value, gb.DQ_COLS.value), device=q.device, dtype=torch.float32)
         dqd, cu_dq = _fused_dq_descriptor(dummy), cu_q
     gb.dkdv_kernel[(n_programs,)](
         qd, kd, vd, dod, dk, dv, lse, delta, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
@@ -849,7 +858,7 @@ def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, sw, causa
         BROADCAST=broadcast, CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=sw.gluon_bwd_stages,
         GROUPED=items is not None, DYNAMIC=dynamic, OVERLAP=sw.gluon_bwd_overlap,
         FUSE_DQ=(2 if sw.fused_dq_split == "dim" else 1) if fuse_dq else 0,
-        DQ_BUFS=sw.fused_dq_buffers if fuse_dq else 1, num_warps=4)
+        DQ_BUFS=sw.fused_dq_buffers if fuse_dq else 1, BLOCK_M=block_m, num_warps=4)
 
 
 def _fused_dq_split(head_dim):
@@ -884,7 +893,7 @@ def _fused_dq_descriptor(dq_acc_t):
     """TMA descriptor of the kernel's reduce-adds (boxes of 64 head-dim rows x 32 columns)."""
     from . import gluon_bwd as gb
     from .gluon_fwd import descriptor
-    return descriptor(dq_acc_t, [gb.DQ_ROWS.value, gb.BLOCK_M.value])
+    return descriptor(dq_acc_t, [gb.DQ_ROWS.value, gb.DQ_COLS.value])
 
 
 def _fused_dq_result(dq_acc_t, cols, q, scale):
@@ -1050,17 +1059,21 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
             fused_split = _fused_dq_split(q.shape[2])
             if GLUON_FUSED_DQ_BUFFERS not in (1, 2):
                 raise ValueError(f"jfa.GLUON_FUSED_DQ_BUFFERS must be 1 or 2, got {GLUON_FUSED_DQ_BUFFERS!r}")
-        smem = _gluon_bwd_smem_bytes(q.shape[2], v.shape[2], GLUON_BWD_STAGES, fused_split, GLUON_FUSED_DQ_BUFFERS)
+        smem = _gluon_bwd_smem_bytes(q.shape[2], v.shape[2], GLUON_BWD_STAGES, fused_split, GLUON_FUSED_DQ_BUFFERS,
+                                     GLUON_BWD_BLOCK_M)
         # (at head dims the kernel does not serve it is refused below, with its reason)
         if {q.shape[2], v.shape[2]} <= set(GLUON_HEAD_DIMS) and smem > GLUON_SMEM_BYTES - 1024:
-            raise ValueError(f"the Gluon dK/dV kernel with jfa.GLUON_BWD_STAGES={GLUON_BWD_STAGES}"
+            raise ValueError(f"the Gluon dK/dV kernel with jfa.GLUON_BWD_STAGES={GLUON_BWD_STAGES}, "
+                             f"GLUON_BWD_BLOCK_M={GLUON_BWD_BLOCK_M}"
                              + (f", GLUON_FUSED_DQ_SPLIT={fused_split!r}, GLUON_FUSED_DQ_BUFFERS="
                                 f"{GLUON_FUSED_DQ_BUFFERS}" if fused_split else "")
                              + f" at head dims {q.shape[2]} / {v.shape[2]} needs about {smem} bytes of shared "
                              f"memory; sm_90 has {GLUON_SMEM_BYTES}")
-        why_not_gluon_bwd = (_gluon_refusal(q, k, v, scale, block_rows=GLUON_BWD_BOX_ROWS)
+        why_not_gluon_bwd = (_gluon_refusal(q, k, v, scale, block_rows=(GLUON_BWD_BLOCK_M, GLUON_BWD_KV_ROWS))
                              or ("the Gluon dK/dV kernel fuses dQ in its plain order only"
-                                 if fuse and GLUON_BWD_ORDER == "overlap" else ""))
+                                 if fuse and GLUON_BWD_ORDER == "overlap" else "")
+                             or ("the Gluon dK/dV kernel fuses dQ with 32-row query blocks only"
+                                 if fuse and GLUON_BWD_BLOCK_M != 32 else ""))
     if BWD_Q_KERNEL not in BWD_Q_KERNELS:
         raise ValueError(f"jfa.BWD_Q_KERNEL must be one of {BWD_Q_KERNELS}, got {BWD_Q_KERNEL!r}")
     why_not_gluon_dq = ""
@@ -1074,7 +1087,8 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
             why_not_gluon_dq = "not timed at these head dims"  # silent under "auto"
     bwd_q_kernel = "gluon" if BWD_Q_KERNEL != "triton" and not why_not_gluon_dq else "triton"
     silent_dq = BWD_Q_KERNEL == "auto"
-    bwd = BackwardSwitches(GLUON_GRID, GLUON_BWD_STAGES, GLUON_BWD_ORDER == "overlap", fused_split or "keys",
+    bwd = BackwardSwitches(GLUON_GRID, GLUON_BWD_STAGES, GLUON_BWD_ORDER == "overlap", GLUON_BWD_BLOCK_M,
+                           fused_split or "keys",
                            GLUON_FUSED_DQ_BUFFERS, fuse and _dq_reduce_by_tma(q), GLUON_DQ_STAGES)
     cfgs = LaunchConfig(_cfg("fwd", dkey, q.dtype, on_cpu), _cfg("kvf" if fuse else "kv", dkey, q.dtype, on_cpu),
                         _cfg("q", dkey, q.dtype, on_cpu), fuse, fwd_kernel, why_not_gluon, gluon,

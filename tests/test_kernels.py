@@ -249,8 +249,8 @@ def test_fused_atomic_dq_mode(dtype, monkeypatch):
 
 # every module switch a backward acts on (kernels/jfa.py BackwardSwitches and the kernel choices)
 BACKWARD_SWITCHES = ("BWD_DQ_MODE", "BWD_KV_KERNEL", "BWD_Q_KERNEL", "BWD_DQ_REDUCE", "GLUON_GRID",
-                     "GLUON_BWD_STAGES", "GLUON_BWD_ORDER", "GLUON_FUSED_DQ_SPLIT", "GLUON_FUSED_DQ_BUFFERS",
-                     "GLUON_DQ_STAGES")
+                     "GLUON_BWD_STAGES", "GLUON_BWD_ORDER", "GLUON_BWD_BLOCK_M", "GLUON_FUSED_DQ_SPLIT",
+                     "GLUON_FUSED_DQ_BUFFERS", "GLUON_DQ_STAGES")
 
 
 def check_backward_keeps_its_switches(monkeypatch, switches, d, dtype):
@@ -1076,18 +1076,20 @@ def test_gpu_gluon_rows_past_lk_never_leak(poison, causal, monkeypatch):
 
 
 @needs_gluon
-@pytest.mark.parametrize("stages, grid, order", [
-    (1, "persistent", "plain"), (3, "persistent", "plain"), (2, "dynamic", "plain"), (2, "sorted", "plain"),
-    (2, "persistent", "overlap"), (3, "dynamic", "overlap"), (3, "sorted", "overlap")])
+@pytest.mark.parametrize("stages, grid, order, block_m", [
+    (1, "persistent", "plain", 32), (3, "persistent", "plain", 32), (2, "dynamic", "plain", 32),
+    (2, "sorted", "plain", 32), (2, "persistent", "overlap", 32), (3, "dynamic", "overlap", 32),
+    (3, "sorted", "overlap", 32),
+    (2, "dynamic", "plain", 64), (1, "persistent", "plain", 64), (2, "sorted", "overlap", 64)])
 @pytest.mark.parametrize("case", range(len(GLUON_CASES)))
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_gluon_backward(case, causal, stages, grid, order, monkeypatch):
+def test_gpu_gluon_backward(case, causal, stages, grid, order, block_m, monkeypatch):
     # the Gluon dK/dV kernel against the float64 reference's gradients, on few programs so that each
     # claims many items (ring, K/V double buffer and item hand-off running on across items); the ring
     # depth matters: a separate unmasked path went wrong from two stages on when D == Dv (PERF.md v11)
     from kernels import jfa
     run_gluon_case(case, causal, monkeypatch, BWD_KV_KERNEL="gluon", GLUON_BWD_STAGES=stages, GLUON_BWD_ORDER=order,
-                   GLUON_GRID=grid)
+                   GLUON_GRID=grid, GLUON_BWD_BLOCK_M=block_m)
     assert jfa.LAST_BWD_KV_PATH == "gluon", jfa.LAST_BWD_KV_PATH
 
 
@@ -1119,15 +1121,27 @@ def test_gpu_gluon_dq_rows_past_the_end_never_leak(poison, monkeypatch):
 
 
 @needs_gluon
-@pytest.mark.parametrize("mode", ["separate", "atomic"])
+@pytest.mark.parametrize("mode", ["separate", "separate-64-rows", "atomic"])
 def test_gpu_gluon_backward_runs_the_switches_its_forward_saw(mode, monkeypatch):
-    # the same through the Gluon backward kernels, each switch away from its default
-    switches = dict(BWD_DQ_MODE=mode, BWD_KV_KERNEL="gluon", BWD_Q_KERNEL="gluon", GLUON_BWD_STAGES=3,
+    # the same through the Gluon backward kernels, each switch away from its default (the fused dQ takes
+    # 32-row blocks only)
+    switches = dict(BWD_DQ_MODE=mode.split("-")[0], BWD_KV_KERNEL="gluon", BWD_Q_KERNEL="gluon", GLUON_BWD_STAGES=3,
                     GLUON_GRID="sorted", GLUON_DQ_STAGES=1)
-    switches.update(dict(GLUON_FUSED_DQ_SPLIT="dim", GLUON_FUSED_DQ_BUFFERS=2) if mode == "atomic"
-                    else dict(GLUON_BWD_ORDER="overlap"))
+    switches.update({"atomic": dict(GLUON_FUSED_DQ_SPLIT="dim", GLUON_FUSED_DQ_BUFFERS=2),
+                     "separate": dict(GLUON_BWD_ORDER="overlap"),
+                     "separate-64-rows": dict(GLUON_BWD_BLOCK_M=64, GLUON_BWD_STAGES=1)}[mode])
     paths = check_backward_keeps_its_switches(monkeypatch, switches, 128, torch.bfloat16)
     assert paths == ("gluon", "atomic-gluon-dim" if mode == "atomic" else "gluon")
+
+
+@needs_gluon
+def test_gpu_gluon_fused_dq_refuses_64_row_blocks_with_its_reason(monkeypatch):
+    # the fused dQ adds 32-row parts: with 64-row blocks asked for, the tl dK/dV kernel (with its own fused
+    # dQ) answers and the path says why
+    from kernels import jfa
+    run_gluon_case(0, True, monkeypatch, BWD_KV_KERNEL="gluon", BWD_DQ_MODE="atomic", GLUON_BWD_BLOCK_M=64)
+    assert jfa.LAST_BWD_KV_PATH == "triton (gluon: the Gluon dK/dV kernel fuses dQ with 32-row query blocks only)", \
+        jfa.LAST_BWD_KV_PATH
 
 
 @needs_gluon
@@ -1294,16 +1308,34 @@ def test_gluon_grid_is_what_the_switch_names(grid, n_items, want, monkeypatch):
 
 
 @needs_kernels
-@pytest.mark.parametrize("stages, order, field", [(0, "plain", "GLUON_BWD_STAGES"), (5, "plain", "GLUON_BWD_STAGES"),
-                                                  (2.0, "plain", "GLUON_BWD_STAGES"), (2, "fa3", "GLUON_BWD_ORDER"),
-                                                  (1, "overlap", "GLUON_BWD_STAGES")])
-def test_gluon_backward_stage_count_and_order_are_checked(stages, order, field, monkeypatch):
+@pytest.mark.parametrize("stages, order, block_m, field", [
+    (0, "plain", 32, "GLUON_BWD_STAGES"), (5, "plain", 32, "GLUON_BWD_STAGES"), (2.0, "plain", 32, "GLUON_BWD_STAGES"),
+    (2, "fa3", 32, "GLUON_BWD_ORDER"), (1, "overlap", 32, "GLUON_BWD_STAGES"), (2, "plain", 48, "GLUON_BWD_BLOCK_M"),
+    (2, "plain", "64", "GLUON_BWD_BLOCK_M")])
+def test_gluon_backward_stage_count_order_and_block_rows_are_checked(stages, order, block_m, field, monkeypatch):
     from kernels import jfa
     monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "gluon")
     monkeypatch.setattr(jfa, "GLUON_BWD_STAGES", stages)
     monkeypatch.setattr(jfa, "GLUON_BWD_ORDER", order)
+    monkeypatch.setattr(jfa, "GLUON_BWD_BLOCK_M", block_m)
     with pytest.raises(ValueError, match=field):
         run_case([4], [4], dtype=torch.float32)
+
+
+@needs_kernels
+@pytest.mark.parametrize("block_m, stages, fits", [(64, 3, True), (64, 4, False), (32, 4, True)])
+def test_gluon_backward_block_rows_are_checked_against_shared_memory(block_m, stages, fits, monkeypatch):
+    # 64-row Q / dO blocks double the ring: at head dim 128 four stages no longer fit sm_90 (an error
+    # before the forward runs); what fits is accepted (without the kernel, the tl dK/dV kernel answers)
+    from kernels import jfa
+    for name, value in (("BWD_KV_KERNEL", "gluon"), ("GLUON_BWD_BLOCK_M", block_m), ("GLUON_BWD_STAGES", stages)):
+        monkeypatch.setattr(jfa, name, value)
+    q, k, v, cu_q, cu_k = (t.to(DEVICE) for t in make_inputs([5], [9], 1, 1, 128, 128, torch.bfloat16))
+    if fits:
+        jagged_flash_attention(q, k, v, cu_q, cu_k, 5, 9)
+    else:
+        with pytest.raises(ValueError, match="GLUON_BWD_BLOCK_M=64 at head dims 128 / 128 needs about"):
+            jagged_flash_attention(q, k, v, cu_q, cu_k, 5, 9)
 
 
 @needs_kernels
