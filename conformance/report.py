@@ -329,8 +329,11 @@ def merge(reports: list[dict], name: str = "merged") -> dict:
             timings.setdefault(timing_key(t), {**t, "shard": shard_index})
     first = reports[0]["run"]
     profiles = sorted({rep["run"].get("profile") for rep in reports} - {None})
+    seeds = {str(rep["run"].get("seed")) for rep in reports}
     run = {
         "name": name, "profile": profiles[0] if len(profiles) == 1 else ",".join(profiles),
+        # the shards' seed where they agree; else each shard's stays under "shards"
+        "seed": reports[0]["run"].get("seed") if len(seeds) == 1 else "mixed",
         "started": min((rep["run"].get("started") or "") for rep in reports) or None,
         "finished": max((rep["run"].get("finished") or "") for rep in reports) or None,
         "duration_s": sum(rep["run"].get("duration_s") or 0 for rep in reports),

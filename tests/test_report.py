@@ -91,6 +91,10 @@ def test_merge_keeps_every_shard_and_the_worst_outcome_of_a_repeated_check():
     assert "Merged from `gpu0`" in render_markdown(merged) and "`gpu1`" in render_markdown(merged)
     assert set(merged["backends"]) == {"a", "b"} and len(merged["timings"]) == 1
     assert rp.exit_code(merged) == 1
+    # the shards' common seed is the merged run's; shards drawn from other seeds say so
+    assert merged["run"]["seed"] == "derandomized" and "seed `derandomized`" in render_markdown(merged)
+    shard_b["run"]["seed"] = 7
+    assert rp.merge([shard_a, shard_b])["run"]["seed"] == "mixed"
 
 
 def test_merge_completes_a_cut_short_shard_with_a_rerun():
