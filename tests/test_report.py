@@ -231,3 +231,12 @@ def test_unrun_checks_are_listed_apart_from_the_failures():
     assert "--time-limit" in unrun_part
     page = render_html(report)
     assert "Failures (1)" in page and "Not run (2)" in page
+
+
+def test_the_summary_says_when_the_code_that_ran_was_not_its_commit():
+    rep = make_report([record("a", "forward", "pass")])
+    rep["run"]["environment"].update(git_commit="0123456789abcdef", git_dirty=False)
+    assert "commit `0123456789ab`" in render_markdown(rep) and "uncommitted" not in render_markdown(rep)
+    rep["run"]["environment"]["git_dirty"] = True
+    assert "commit `0123456789ab` with uncommitted changes" in render_markdown(rep)
+

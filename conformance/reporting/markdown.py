@@ -26,7 +26,10 @@ def run_line(run: dict) -> str:
     bits = [f"profile `{run.get('profile')}`", f"seed `{run.get('seed')}`", f"device `{env.get('device_name') or env.get('device')}`"]
     if env.get("compute_capability"):
         bits.append(f"compute capability {env['compute_capability']}")
-    bits += [f"torch {env.get('torch')}", f"triton {env.get('triton')}", f"commit `{(env.get('git_commit') or '?')[:12]}`"]
+    commit = f"commit `{(env.get('git_commit') or '?')[:12]}`"
+    if env.get("git_dirty"):  # the code that ran is not the commit's: say so where the commit is read
+        commit += " with uncommitted changes"
+    bits += [f"torch {env.get('torch')}", f"triton {env.get('triton')}", commit]
     if run.get("duration_s") is not None:
         bits.append(f"{run['duration_s']:.0f} s")
     return " · ".join(bits)
