@@ -35,11 +35,12 @@
   dK).  Neither leaves an MMA in flight across a loop's back edge: ptxas then serializes every wgmma of
   the kernel (PERF.md v12, pinned by tests/test_gluon_compile.py).
 
-Status (H200, PERF.md v11-v13): exact against the float64 reference at 1-3 stages on all three grids,
-once every block runs the masked code (see _block).  On the default dynamic grid it is level with the
-tl dK/dV kernel on the long dense causal shape and 7-14% slower on the others, in either order, so it
-is opt-in (jfa.BWD_KV_KERNEL).  The fused dQ (v13) is compiled and checked for sm_90 without a GPU
-(tests/test_gluon_compile.py) but has not run on one yet: its GPU tests are test_gpu_gluon_fused_dq*.
+Status (H200, PERF.md v11-v15): exact against the float64 reference at 1-3 stages on all three grids,
+with 32- or 64-row blocks and with dQ fused, once every block runs the masked code (see _block).  On the
+default dynamic grid, against the tl dK/dV kernel: the overlapped order at three stages is 7-9% faster on
+the long dense causal shape and 5-11% slower on the jagged ones; the plain order is level there and
+slower elsewhere; 64-row blocks are 3-8% slower than 32-row ones; the fused dQ is slower than the
+separate dQ kernel on every bench shape.  So it is opt-in (jfa.BWD_KV_KERNEL).
 
 Conventions as the rest of kernels/: natural-log LSE [Hq, rows] with -inf for rows that see no key,
 bottom-right causal, broadcast-Q output (and dO) row b * Lq + i.

@@ -173,15 +173,15 @@ FWD_KERNEL = os.environ.get("JFA_FWD_KERNEL", "auto")
 #     layout TMA can describe, checked at the backward).  Anywhere else the tl kernel runs and
 #     LAST_BWD_KV_PATH says why.  dQ stays with a dQ kernel, so the backward stays deterministic, unless
 #     BWD_DQ_MODE = "atomic" fuses it in (see there).
-#     Exact on the H200; on the dynamic grid level with the tl kernel on S4b and 7-14% slower on the other
-#     bench shapes (PERF.md v12), hence off.
+#     Exact on the H200; on the dynamic grid slower than the tl kernel on every bench shape but S4b, where
+#     the overlapped order at three stages is 7-9% faster (PERF.md v15), hence off.
 BWD_KV_KERNELS = ("triton", "gluon")
 BWD_KV_KERNEL = os.environ.get("JFA_BWD_KV_KERNEL", "triton")
 # Q/dO blocks in flight (GLUON_BWD_BLOCK_M rows each), 1..4: at 32 rows two are 20-25% faster than one,
 # three no faster (PERF.md v11)
 GLUON_BWD_STAGES = 2
-# Query rows per streamed block, 32 or 64 (64: S^T / dP^T as 64 x 64 MMAs, half the waits per row; the
-# fused dQ adds 32-row parts, so it needs 32)
+# Query rows per streamed block, 32 or 64 (64: S^T / dP^T as 64 x 64 MMAs, half the waits per row; exact
+# and 3-8% slower on the H200, PERF.md v15; the fused dQ adds 32-row parts, so it needs 32)
 GLUON_BWD_BLOCK_MS = (32, 64)
 GLUON_BWD_BLOCK_M = 32
 # Order of the blocks inside each consumer group (runtime switch):
