@@ -33,6 +33,7 @@
 #                                           Gluon forwards (plain calls) on all six shapes: ratios and spread
 #   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on S1 and S3
 #   bash kernels/gpu_run.sh OUT_DIR sweep   forward configs on S3's parts; backward configs on S1 and S3
+#   bash kernels/gpu_run.sh OUT_DIR sweepkv the tl dK/dV kernel's configs (kernels/sweep.py KV) on S4b, S1 and S3
 #   bash kernels/gpu_run.sh OUT_DIR split   FA4 and the planned forwards: shipped (split at 512 keys), tl,
 #                                           Gluon, split at 1024 / 2048 (three rounds): the split point
 #   bash kernels/gpu_run.sh OUT_DIR ncu     Nsight Compute on the tl and Gluon forwards for S3L and S4b
@@ -42,7 +43,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|rounds|split|sdpa|sweep|ncu|ncubwd}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -132,6 +133,10 @@ for r in json.load(open(sys.argv[1])): print(r['shape'], r['impl'], '|', r.get('
     echo "sweep fwd rc=$?" | tee -a "$L"
     timeout 280 python3 -m kernels.sweep --out "$OUT_DIR/sweep_bwd" --shapes S1,S3 --kinds kv,q >> "$L" 2>&1
     echo "sweep bwd rc=$?" | tee -a "$L"
+    grep -E "^\|" "$L" | tail -40 ;;
+  sweepkv)
+    timeout 500 python3 -m kernels.sweep --out "$OUT_DIR/sweep_kv" --shapes S4b,S1,S3 --kinds kv >> "$L" 2>&1
+    echo "sweep kv rc=$?" | tee -a "$L"
     grep -E "^\|" "$L" | tail -40 ;;
   split)
     run_bench 330 v9_split --rounds 3 \

@@ -24,6 +24,7 @@ import torch
 from kernels import SUPPORTED_HEAD_DIMS, jagged_flash_attention, jfa
 from kernels import schedule as sched
 from kernels import triton_kernels as tk
+from kernels.sweep import KV as SWEPT_KV
 
 DEVICE = "cuda" if _HAS_CUDA else "cpu"
 INTERPRET = tk.INTERPRET
@@ -312,6 +313,16 @@ def test_gpu_block_shapes(mode, monkeypatch):
     run_case([300, 0, 129, 64], [257, 5, 400, 0], hq=2, hkv=1, d=16, causal=True, dtype=torch.float16)
     run_case([129, 200], [300, 1], hq=2, hkv=2, d=16, causal=False)
     run_case([160], [300, 0, 1, 129, 64], hq=2, hkv=2, d=16, causal=True, broadcast=True)
+
+
+@needs_kernels
+@pytest.mark.parametrize("cfg", SWEPT_KV, ids=lambda c: "kv{}x{}w{}s{}".format(*c))
+def test_swept_dkdv_configs_give_the_right_gradients(cfg, monkeypatch):
+    # every dK/dV config the sweep times is correct on multi-block, ragged, causal, GQA lengths (the sweep
+    # also records each row's difference from the shipped config on the GPU)
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "CONFIG_OVERRIDE", {"kv": cfg})
+    run_case([300, 0, 129, 64], [257, 5, 400, 0], hq=2, hkv=1, d=16, causal=True, dtype=torch.float16)
 
 
 # ---------------------------------------------------------------------------
