@@ -275,6 +275,11 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          **{f"triton-plan-gluon-bwd-m64{sfx}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon", GLUON_BWD_BLOCK_M=64,
                                                            **kw)
             for sfx, kw in (("", {}), ("-s3", {"GLUON_BWD_STAGES": 3}), ("-ovl-s2", {"GLUON_BWD_ORDER": "overlap"}))},
+         # dK/dV split by sequence length (jfa.BWD_KV_KERNEL "split"): sequences with at least n keys to the
+         # Gluon kernel in its overlapped order at three stages (v15's fastest on S4b), the rest to the tl kernel
+         **{f"triton-plan-bwd-split{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="split", GLUON_BWD_SPLIT_KEYS=n,
+                                                     GLUON_BWD_ORDER="overlap", GLUON_BWD_STAGES=3)
+            for n in (1024, 2048, 4096)},
          # the dQ kernel (jfa.BWD_Q_KERNEL): the tl one (the default before v13), the Gluon one (the default
          # on sm_90 since v13) asked for explicitly, and the tl dQ beside the Gluon dK/dV kernel
          "triton-plan-tl-dq": _triton_with(impl_triton_plan, BWD_Q_KERNEL="triton"),

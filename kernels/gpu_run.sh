@@ -29,6 +29,10 @@
 #                                           spec on the shipped kernel (8 and 6 workers), then the shipped backward
 #                                           against the Gluon dK/dV kernel with 32- and 64-row blocks (one round,
 #                                           six shapes)
+#   bash kernels/gpu_run.sh OUT_DIR gsplit  the dK/dV split by sequence length (Gluon for long sequences, tl for
+#                                           the rest): its GPU tests, then the shipped backward against it at
+#                                           1,024 / 2,048 / 4,096 keys and the Gluon kernel alone (one round, six
+#                                           shapes, each row naming the paths that ran)
 #   bash kernels/gpu_run.sh OUT_DIR rounds  seven interleaved rounds of FA4, the shipped kernel and its tl and
 #                                           Gluon forwards (plain calls) on all six shapes: ratios and spread
 #   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on S1 and S3
@@ -43,7 +47,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -122,6 +126,13 @@ for r in json.load(open(sys.argv[1])): print(r['shape'], r['impl'], '|', r.get('
     wait
     gb=triton-plan-gluon-bwd
     run_bench 260 gluon_m64 --shapes $ALL_SHAPES --impls triton-plan,$gb,$gb-ovl-s3,$gb-m64,$gb-m64-s3,$gb-m64-ovl-s2 ;;
+  gsplit)
+    gpu_tests 200 14 "gluon_split or runs_the_switches" gluon_split
+    run_bench 330 bwd_split --shapes $ALL_SHAPES --impls triton-plan,triton-plan-gluon-bwd-ovl-s3,\
+triton-plan-bwd-split1024,triton-plan-bwd-split2048,triton-plan-bwd-split4096
+    python3 -c "import json, sys
+for r in json.load(open(sys.argv[1])): print(r['shape'], r['impl'], '|', r.get('bwd_path', r.get('error', '')))" \
+      "$OUT_DIR/bench_bwd_split.json" ;;
   rounds)
     run_bench 280 v9_rounds --rounds 7 --impls fa4,triton,triton-tl,triton-gluon --fwd-only triton-tl,triton-gluon \
       --shapes $ALL_SHAPES ;;

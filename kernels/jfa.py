@@ -175,7 +175,14 @@ FWD_KERNEL = os.environ.get("JFA_FWD_KERNEL", "auto")
 #     BWD_DQ_MODE = "atomic" fuses it in (see there).
 #     Exact on the H200; on the dynamic grid slower than the tl kernel on every bench shape but S4b, where
 #     the overlapped order at three stages is 7-9% faster (PERF.md v15), hence off.
-BWD_KV_KERNELS = ("triton", "gluon")
+#   "split": the key blocks of sequences with at least GLUON_BWD_SPLIT_KEYS keys go to the Gluon kernel,
+#     the rest to the tl kernel: two launches writing disjoint dK / dV rows (as the forward's "split").
+#     Not with the fused atomic dQ (the tl kernel then does all).  Written after v15's device time: not yet
+#     run on a GPU.
+BWD_KV_KERNELS = ("triton", "gluon", "split")
+# "split": fewest keys a sequence needs for its dK / dV to go to the Gluon kernel (v15: it beats the tl
+# kernel on S4b's 4,096-key sequences only)
+GLUON_BWD_SPLIT_KEYS = 2048
 BWD_KV_KERNEL = os.environ.get("JFA_BWD_KV_KERNEL", "triton")
 # Q/dO blocks in flight (GLUON_BWD_BLOCK_M rows each), 1..4: at 32 rows two are 20-25% faster than one,
 # three no faster (PERF.md v11)
@@ -418,6 +425,7 @@ class BackwardSwitches(NamedTuple):
     gluon_bwd_stages: int  # GLUON_BWD_STAGES
     gluon_bwd_overlap: bool  # GLUON_BWD_ORDER == "overlap"
     gluon_bwd_block_m: int  # GLUON_BWD_BLOCK_M
+    gluon_bwd_split_keys: int  # GLUON_BWD_SPLIT_KEYS where BWD_KV_KERNEL is "split", else 0
     fused_dq_split: str  # the GLUON_FUSED_DQ_SPLIT that runs at this head dim ("keys" where "dim" cannot)
     fused_dq_buffers: int  # GLUON_FUSED_DQ_BUFFERS
     dq_reduce_tma: bool  # the fused atomic dQ adds blocks by TMA (BWD_DQ_REDUCE "tma" where TMA exists)
@@ -433,7 +441,7 @@ class LaunchConfig(NamedTuple):
     fwd_kernel: str  # "triton", "gluon" or "split" after the Gluon checks
     why_not_gluon: str  # why the Gluon forward was asked for and cannot run ("" otherwise)
     gluon: Optional[tuple]  # (Gluon config, fewest keys a sequence needs to go to it), or None
-    bwd_kv_kernel: str = "triton"  # "gluon" where BWD_KV_KERNEL asks for it and q/k/v allow it
+    bwd_kv_kernel: str = "triton"  # "gluon" / "split" where BWD_KV_KERNEL asks for it and q/k/v allow it
     why_not_gluon_bwd: str = ""  # why it was asked for and cannot run
     bwd_q_kernel: str = "triton"  # "gluon" where BWD_Q_KERNEL asks for it (or "auto") and the call allows it
     why_not_gluon_dq: str = ""  # why it was asked for explicitly and cannot run
@@ -500,10 +508,19 @@ def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq,
         order, _, _ = sched.block_innermost_round_robin(seq[tile] * hkv + head, blk[tile], work[tile], n_programs)
         s["kv_persistent"] = (dev((tile * hkv + head)[order]), int(tile.shape[0]), n_programs)
     s["kv_needs_zero"] = bool(np.any((lens_q == 0) & (lens_k > 0)))
+    # "split": the long sequences' key blocks go to the Gluon kernel (below), the rest to the tl kernel
+    # ("kv" keeps every tile for a backward whose dO the Gluon kernel refuses)
+    on_gluon_bwd = (lens_k >= cfgs.bwd.gluon_bwd_split_keys if cfgs.bwd_kv_kernel == "split"
+                    else np.full(lens_k.shape[0], cfgs.bwd_kv_kernel == "gluon"))
+    s["kv_short"] = None  # (on the sorted grid, whatever BWD_KV_GRID says)
+    if cfgs.bwd_kv_kernel == "split":
+        seq, blk, work = sched.kv_tiles(np.where(on_gluon_bwd, 0, lens_q), lens_k, bn_kv, causal)
+        seq, blk, work = sched.sort_by_work(seq, blk, work=work)
+        s["kv_short"] = (dev(seq), dev(blk), int(seq.shape[0]), launch_order(seq, work, hkv, lens_q))
     s["kv_gluon"] = None
-    if cfgs.bwd_kv_kernel == "gluon":
+    if cfgs.bwd_kv_kernel == "gluon" or on_gluon_bwd.any():
         from .gluon_bwd import BLOCK_N as GLUON_BWD_BLOCK_N
-        seq, blk, work = sched.kv_tiles(lens_q, lens_k, GLUON_BWD_BLOCK_N.value, causal)
+        seq, blk, work = sched.kv_tiles(np.where(on_gluon_bwd, lens_q, 0), lens_k, GLUON_BWD_BLOCK_N.value, causal)
         seq, blk, work = sched.sort_by_work(seq, blk, work=work)
         s["kv_gluon"] = (dev(seq), dev(blk), int(seq.shape[0]), launch_order(seq, work, hkv, lens_q))
     s["q_gluon"] = None
@@ -737,17 +754,21 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     alloc = torch.zeros if s["kv_needs_zero"] else torch.empty
     dk = alloc(k.shape, device=k.device, dtype=k.dtype)
     dv = alloc(v.shape, device=v.device, dtype=v.dtype)
-    # which dK/dV kernel runs (dO is known only now)
+    # which dK/dV kernels run (dO is known only now)
     global LAST_BWD_KV_PATH
     why = cfgs.why_not_gluon_bwd
-    if cfgs.bwd_kv_kernel == "gluon":
+    if cfgs.bwd_kv_kernel != "triton":
         why = _tma_refusal(do, sw.gluon_bwd_block_m)
         why = f"dO: {why}" if why else ""
-    LAST_BWD_KV_PATH = "gluon" if cfgs.bwd_kv_kernel == "gluon" and not why else (
-        f"triton (gluon: {why})" if why else "triton")
+    run_gluon = cfgs.bwd_kv_kernel != "triton" and not why and s["kv_gluon"] is not None
+    # "split": the tl kernel takes the short sequences' tiles, or all of them where Gluon cannot run
+    tl_tiles = (s["kv_short"] + (None,) if run_gluon and cfgs.bwd_kv_kernel == "split"
+                else None if run_gluon else (seq_t, blk_t, n_kv, s["kv_items"], s["kv_persistent"]))
+    LAST_BWD_KV_PATH = ("gluon+triton" if run_gluon and tl_tiles is not None and tl_tiles[2] > 0
+                        else "gluon" if run_gluon else f"triton (gluon: {why})" if why else "triton")
     dq_tma = False
     dq_acc_t = None
-    if fuse and LAST_BWD_KV_PATH == "gluon":
+    if fuse and run_gluon:  # (only BWD_KV_KERNEL "gluon" fuses dQ in)
         dq_acc_t, cu_dq, dq_cols = _fused_dq_buffer(q, cu_q)
         dq_acc = dq_arg = dk  # unused pointer
     elif fuse:
@@ -772,19 +793,19 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
         LAST_BWD_DQ_PATH = f"separate (gluon: {why_not_gluon_dq})"
     else:
         LAST_BWD_DQ_PATH = "gluon" if gluon_dq else "separate"
-    if LAST_BWD_KV_PATH == "gluon":
+    if run_gluon:
         _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, sw, causal, scale, broadcast,
                            (dq_acc_t, cu_dq) if dq_acc_t is not None else None)
-    elif n_kv > 0 and hkv > 0:
+    if tl_tiles is not None and tl_tiles[2] > 0 and hkv > 0:
+        seq_t, blk_t, n_kv, kv_items, persistent = tl_tiles
         bm, bn, w, st = cfgs.bwd_kv
-        persistent = s["kv_persistent"]
-        grouped = persistent is None and s["kv_items"] is not None
+        grouped = persistent is None and kv_items is not None
         if persistent is not None:
             items, n_items, n_programs = persistent
             grid = (n_programs,)
         else:
             n_items, n_programs, grid = 0, 1, (n_kv * hkv,)  # unused
-            items = s["kv_items"] if grouped else seq_t
+            items = kv_items if grouped else seq_t
         tk._bwd_kv_kernel[grid](
             q, k, v, do, lse, delta, dk, dv, dq_arg, cu_q, cu_k, seq_t, blk_t, items, n_items, n_programs,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -1053,9 +1074,11 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
         raise ValueError(f"jfa.BWD_KV_KERNEL must be one of {BWD_KV_KERNELS}, got {BWD_KV_KERNEL!r}")
     why_not_gluon_bwd = ""
     fused_split = ""
-    if BWD_KV_KERNEL == "gluon":
+    if BWD_KV_KERNEL != "triton":
         _gluon_bwd_stages()  # a bad value is a clear error before the forward runs
-        if fuse:
+        if BWD_KV_KERNEL == "split" and not (isinstance(GLUON_BWD_SPLIT_KEYS, int) and GLUON_BWD_SPLIT_KEYS >= 1):
+            raise ValueError(f"jfa.GLUON_BWD_SPLIT_KEYS must be an int >= 1, got {GLUON_BWD_SPLIT_KEYS!r}")
+        if fuse and BWD_KV_KERNEL == "gluon":
             fused_split = _fused_dq_split(q.shape[2])
             if GLUON_FUSED_DQ_BUFFERS not in (1, 2):
                 raise ValueError(f"jfa.GLUON_FUSED_DQ_BUFFERS must be 1 or 2, got {GLUON_FUSED_DQ_BUFFERS!r}")
@@ -1070,6 +1093,8 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
                              + f" at head dims {q.shape[2]} / {v.shape[2]} needs about {smem} bytes of shared "
                              f"memory; sm_90 has {GLUON_SMEM_BYTES}")
         why_not_gluon_bwd = (_gluon_refusal(q, k, v, scale, block_rows=(GLUON_BWD_BLOCK_M, GLUON_BWD_KV_ROWS))
+                             or ("the split dK/dV runs with the separate dQ kernels only"
+                                 if fuse and BWD_KV_KERNEL == "split" else "")
                              or ("the Gluon dK/dV kernel fuses dQ in its plain order only"
                                  if fuse and GLUON_BWD_ORDER == "overlap" else "")
                              or ("the Gluon dK/dV kernel fuses dQ with 32-row query blocks only"
@@ -1088,11 +1113,11 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
     bwd_q_kernel = "gluon" if BWD_Q_KERNEL != "triton" and not why_not_gluon_dq else "triton"
     silent_dq = BWD_Q_KERNEL == "auto"
     bwd = BackwardSwitches(GLUON_GRID, GLUON_BWD_STAGES, GLUON_BWD_ORDER == "overlap", GLUON_BWD_BLOCK_M,
-                           fused_split or "keys",
+                           GLUON_BWD_SPLIT_KEYS if BWD_KV_KERNEL == "split" else 0, fused_split or "keys",
                            GLUON_FUSED_DQ_BUFFERS, fuse and _dq_reduce_by_tma(q), GLUON_DQ_STAGES)
     cfgs = LaunchConfig(_cfg("fwd", dkey, q.dtype, on_cpu), _cfg("kvf" if fuse else "kv", dkey, q.dtype, on_cpu),
                         _cfg("q", dkey, q.dtype, on_cpu), fuse, fwd_kernel, why_not_gluon, gluon,
-                        "gluon" if BWD_KV_KERNEL == "gluon" and not why_not_gluon_bwd else "triton",
+                        BWD_KV_KERNEL if BWD_KV_KERNEL != "triton" and not why_not_gluon_bwd else "triton",
                         why_not_gluon_bwd, bwd_q_kernel, "" if silent_dq else why_not_gluon_dq, silent_dq, bwd)
     if cu_seqlens_q.device != q.device:
         cu_seqlens_q = cu_seqlens_q.to(q.device)

@@ -250,8 +250,8 @@ def test_fused_atomic_dq_mode(dtype, monkeypatch):
 
 # every module switch a backward acts on (kernels/jfa.py BackwardSwitches and the kernel choices)
 BACKWARD_SWITCHES = ("BWD_DQ_MODE", "BWD_KV_KERNEL", "BWD_Q_KERNEL", "BWD_DQ_REDUCE", "GLUON_GRID",
-                     "GLUON_BWD_STAGES", "GLUON_BWD_ORDER", "GLUON_BWD_BLOCK_M", "GLUON_FUSED_DQ_SPLIT",
-                     "GLUON_FUSED_DQ_BUFFERS", "GLUON_DQ_STAGES")
+                     "GLUON_BWD_STAGES", "GLUON_BWD_ORDER", "GLUON_BWD_BLOCK_M", "GLUON_BWD_SPLIT_KEYS",
+                     "GLUON_FUSED_DQ_SPLIT", "GLUON_FUSED_DQ_BUFFERS", "GLUON_DQ_STAGES")
 
 
 def check_backward_keeps_its_switches(monkeypatch, switches, d, dtype):
@@ -1105,6 +1105,19 @@ def test_gpu_gluon_backward(case, causal, stages, grid, order, block_m, monkeypa
 
 
 @needs_gluon
+@pytest.mark.parametrize("order, stages", [("overlap", 3), ("plain", 2)])
+@pytest.mark.parametrize("case", range(len(GLUON_CASES)))
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_gluon_split_backward(case, causal, order, stages, monkeypatch):
+    # BWD_KV_KERNEL "split" at 100 keys: every case has sequences on both sides, so the Gluon and the tl
+    # dK/dV kernels each write their own sequences' rows in one backward
+    from kernels import jfa
+    run_gluon_case(case, causal, monkeypatch, BWD_KV_KERNEL="split", GLUON_BWD_SPLIT_KEYS=100, GLUON_BWD_ORDER=order,
+                   GLUON_BWD_STAGES=stages)
+    assert jfa.LAST_BWD_KV_PATH == "gluon+triton", jfa.LAST_BWD_KV_PATH
+
+
+@needs_gluon
 @pytest.mark.parametrize("grid", ["dynamic", "persistent", "sorted"])
 @pytest.mark.parametrize("case", [c for c in range(len(GLUON_CASES)) if not GLUON_CASES[c][6]])
 @pytest.mark.parametrize("causal", [False, True])
@@ -1132,7 +1145,7 @@ def test_gpu_gluon_dq_rows_past_the_end_never_leak(poison, monkeypatch):
 
 
 @needs_gluon
-@pytest.mark.parametrize("mode", ["separate", "separate-64-rows", "atomic"])
+@pytest.mark.parametrize("mode", ["separate", "separate-64-rows", "separate-split", "atomic"])
 def test_gpu_gluon_backward_runs_the_switches_its_forward_saw(mode, monkeypatch):
     # the same through the Gluon backward kernels, each switch away from its default (the fused dQ takes
     # 32-row blocks only)
@@ -1140,9 +1153,11 @@ def test_gpu_gluon_backward_runs_the_switches_its_forward_saw(mode, monkeypatch)
                     GLUON_GRID="sorted", GLUON_DQ_STAGES=1)
     switches.update({"atomic": dict(GLUON_FUSED_DQ_SPLIT="dim", GLUON_FUSED_DQ_BUFFERS=2),
                      "separate": dict(GLUON_BWD_ORDER="overlap"),
-                     "separate-64-rows": dict(GLUON_BWD_BLOCK_M=64, GLUON_BWD_STAGES=1)}[mode])
+                     "separate-64-rows": dict(GLUON_BWD_BLOCK_M=64, GLUON_BWD_STAGES=1),
+                     "separate-split": dict(BWD_KV_KERNEL="split", GLUON_BWD_SPLIT_KEYS=40)}[mode])
     paths = check_backward_keeps_its_switches(monkeypatch, switches, 128, torch.bfloat16)
-    assert paths == ("gluon", "atomic-gluon-dim" if mode == "atomic" else "gluon")
+    assert paths == ("gluon+triton" if mode == "separate-split" else "gluon",
+                     "atomic-gluon-dim" if mode == "atomic" else "gluon")
 
 
 @needs_gluon
@@ -1331,6 +1346,58 @@ def test_gluon_backward_stage_count_order_and_block_rows_are_checked(stages, ord
     monkeypatch.setattr(jfa, "GLUON_BWD_BLOCK_M", block_m)
     with pytest.raises(ValueError, match=field):
         run_case([4], [4], dtype=torch.float32)
+
+
+@needs_kernels
+@pytest.mark.parametrize("causal", [False, True])
+def test_split_dkdv_sends_each_sequence_to_one_kernel(causal, monkeypatch):
+    # BWD_KV_KERNEL "split": the key blocks of sequences with at least GLUON_BWD_SPLIT_KEYS keys go to the Gluon
+    # kernel, the rest to the tl kernel; together every key block of every sequence with queries, once.  (The
+    # plan is made as on an H200: here the Gluon refusal is lifted, and only the host side runs.)
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "split")
+    monkeypatch.setattr(jfa, "GLUON_BWD_SPLIT_KEYS", 200)
+    monkeypatch.setattr(jfa, "_gluon_refusal", lambda *a, **kw: "")
+    lens_q, lens_k = [300, 0, 513, 129, 64, 700, 1, 65], [257, 5, 513, 400, 0, 199, 1, 200]
+    q, k, v, cu_q, cu_k = make_inputs(lens_q, lens_k, 2, 1, 64, 64, torch.float32)
+    *_, s, cfgs, _, _, _, _ = jfa._prepare(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal, None, False, False)
+    assert cfgs.bwd_kv_kernel == "split" and cfgs.bwd.gluon_bwd_split_keys == 200
+
+    def blocks(tiles, block_n):
+        pairs = sorted(zip(tiles[0].tolist(), tiles[1].tolist()))
+        assert len(pairs) == len(set(pairs)) == tiles[2]
+        return {(b, j * block_n) for b, j in pairs}
+    gluon = blocks(s["kv_gluon"], 128)
+    short = blocks(s["kv_short"], cfgs.bwd_kv[1])
+    assert {b for b, _ in gluon} == {0, 2, 3, 7} and {b for b, _ in short} == {5, 6}
+    # each sequence's blocks as its kernel would cover it alone
+    for tiles, block_n, seqs in ((gluon, 128, {0, 2, 3, 7}), (short, cfgs.bwd_kv[1], {5, 6})):
+        full = sched.kv_tiles(np.asarray(lens_q), np.asarray(lens_k), block_n, causal)
+        want = {(b, j * block_n) for b, j in zip(full[0].tolist(), full[1].tolist()) if b in seqs}
+        assert tiles == want
+    # the full tl list stays for a backward whose dO the Gluon kernel refuses
+    assert s["kv"][2] == sched.kv_tiles(np.asarray(lens_q), np.asarray(lens_k), cfgs.bwd_kv[1], causal)[0].shape[0]
+
+
+@needs_kernels
+@pytest.mark.parametrize("value", [0, 2048.0, "2048"])
+def test_split_dkdv_threshold_is_checked(value, monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "split")
+    monkeypatch.setattr(jfa, "GLUON_BWD_SPLIT_KEYS", value)
+    with pytest.raises(ValueError, match="GLUON_BWD_SPLIT_KEYS"):
+        run_case([4], [4], dtype=torch.float32)
+
+
+@needs_kernels
+def test_split_dkdv_falls_back_with_its_reason(monkeypatch):
+    # where Gluon cannot run (the interpreter, fp32, no sm_90) the tl kernel takes every tile and says why
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "split")
+    monkeypatch.setattr(jfa, "GLUON_BWD_SPLIT_KEYS", 16)
+    run_case([40, 0, 33], [9, 50, 33], hq=2, hkv=1, d=32, causal=True, dtype=torch.float32)
+    assert jfa.LAST_BWD_KV_PATH.startswith("triton (gluon: "), jfa.LAST_BWD_KV_PATH
 
 
 @needs_kernels
