@@ -272,8 +272,8 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
                                                           GLUON_BWD_ORDER="overlap", GLUON_BWD_STAGES=n)
             for n in (2, 3)},
          # ... with 64-row query blocks (jfa.GLUON_BWD_BLOCK_M)
-         **{f"triton-plan-gluon-bwd-m64{sfx}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon", GLUON_BWD_BLOCK_M=64,
-                                                           **kw)
+         **{f"triton-plan-gluon-bwd-m64{sfx}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon",
+                                                           GLUON_BWD_BLOCK_M=64, **kw)
             for sfx, kw in (("", {}), ("-s3", {"GLUON_BWD_STAGES": 3}), ("-ovl-s2", {"GLUON_BWD_ORDER": "overlap"}))},
          # dK/dV split by sequence length (jfa.BWD_KV_KERNEL "split"): sequences with at least n keys to the
          # Gluon kernel in its overlapped order at three stages (v15's fastest on S4b), the rest to the tl kernel

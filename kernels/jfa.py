@@ -864,8 +864,8 @@ def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, sw, causa
     n_items = n_tiles * hkv
     if n_items == 0:
         return
-    (qd, kd, vd, dod), n_programs, dynamic, counter = _gluon_backward_launch(q, k, v, do, (block_m, GLUON_BWD_KV_ROWS),
-                                                                             n_items, seq_t, sw.gluon_grid)
+    (qd, kd, vd, dod), n_programs, dynamic, counter = _gluon_backward_launch(
+        q, k, v, do, (block_m, GLUON_BWD_KV_ROWS), n_items, seq_t, sw.gluon_grid)
     fuse_dq = fused_dq is not None
     if fuse_dq:
         dqd, cu_dq = _fused_dq_descriptor(fused_dq[0]), fused_dq[1]
