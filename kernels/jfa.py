@@ -518,7 +518,7 @@ def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq,
         seq, blk, work = sched.sort_by_work(seq, blk, work=work)
         s["kv_short"] = (dev(seq), dev(blk), int(seq.shape[0]), launch_order(seq, work, hkv, lens_q))
     s["kv_gluon"] = None
-    if cfgs.bwd_kv_kernel == "gluon" or on_gluon_bwd.any():
+    if cfgs.bwd_kv_kernel == "gluon" or (on_gluon_bwd & (lens_q > 0)).any():  # ("split": a launch with work)
         from .gluon_bwd import BLOCK_N as GLUON_BWD_BLOCK_N
         seq, blk, work = sched.kv_tiles(np.where(on_gluon_bwd, lens_q, 0), lens_k, GLUON_BWD_BLOCK_N.value, causal)
         seq, blk, work = sched.sort_by_work(seq, blk, work=work)

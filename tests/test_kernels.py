@@ -1154,7 +1154,7 @@ def test_gpu_gluon_backward_runs_the_switches_its_forward_saw(mode, monkeypatch)
     switches.update({"atomic": dict(GLUON_FUSED_DQ_SPLIT="dim", GLUON_FUSED_DQ_BUFFERS=2),
                      "separate": dict(GLUON_BWD_ORDER="overlap"),
                      "separate-64-rows": dict(GLUON_BWD_BLOCK_M=64, GLUON_BWD_STAGES=1),
-                     "separate-split": dict(BWD_KV_KERNEL="split", GLUON_BWD_SPLIT_KEYS=40)}[mode])
+                     "separate-split": dict(BWD_KV_KERNEL="split", GLUON_BWD_SPLIT_KEYS=20)}[mode])
     paths = check_backward_keeps_its_switches(monkeypatch, switches, 128, torch.bfloat16)
     assert paths == ("gluon+triton" if mode == "separate-split" else "gluon",
                      "atomic-gluon-dim" if mode == "atomic" else "gluon")
@@ -1359,7 +1359,8 @@ def test_split_dkdv_sends_each_sequence_to_one_kernel(causal, monkeypatch):
     monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "split")
     monkeypatch.setattr(jfa, "GLUON_BWD_SPLIT_KEYS", 200)
     monkeypatch.setattr(jfa, "_gluon_refusal", lambda *a, **kw: "")
-    lens_q, lens_k = [300, 0, 513, 129, 64, 700, 1, 65], [257, 5, 513, 400, 0, 199, 1, 200]
+    # (sequence 1: long, but no query sees its keys, so neither kernel takes it and dK / dV are zeroed)
+    lens_q, lens_k = [300, 0, 513, 129, 64, 700, 1, 65], [257, 250, 513, 400, 0, 199, 1, 200]
     q, k, v, cu_q, cu_k = make_inputs(lens_q, lens_k, 2, 1, 64, 64, torch.float32)
     *_, s, cfgs, _, _, _, _ = jfa._prepare(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal, None, False, False)
     assert cfgs.bwd_kv_kernel == "split" and cfgs.bwd.gluon_bwd_split_keys == 200
@@ -1378,6 +1379,11 @@ def test_split_dkdv_sends_each_sequence_to_one_kernel(causal, monkeypatch):
         assert tiles == want
     # the full tl list stays for a backward whose dO the Gluon kernel refuses
     assert s["kv"][2] == sched.kv_tiles(np.asarray(lens_q), np.asarray(lens_k), cfgs.bwd_kv[1], causal)[0].shape[0]
+    assert s["kv_needs_zero"]
+    # no sequence long enough: no Gluon launch at all
+    monkeypatch.setattr(jfa, "GLUON_BWD_SPLIT_KEYS", 10 ** 6)
+    s = jfa._prepare(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal, None, False, False)[5]
+    assert s["kv_gluon"] is None and s["kv_short"][2] == s["kv"][2]
 
 
 @needs_kernels
