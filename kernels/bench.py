@@ -299,6 +299,15 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          **{f"triton-plan-atomic-kvf{c[0]}x{c[1]}w{c[2]}s{c[3]}": _triton_with(
              impl_triton_plan, BWD_DQ_MODE="atomic", CONFIG_OVERRIDE={"kvf": c})
             for c in ((32, 64, 4, 3), (32, 64, 4, 2), (64, 64, 4, 2), (64, 128, 8, 2), (32, 128, 8, 2))},
+         # dQ read back from the dS the tl dK/dV kernel stores (jfa.BWD_DQ_MODE "ds"); -q<BM>x<BN>w<warps>s<stages>:
+         # other tiles of its dQ kernel; -kv...: other tiles of the dK/dV kernel that stores dS
+         "triton-plan-ds": _triton_with(impl_triton_plan, BWD_DQ_MODE="ds"),
+         **{f"triton-plan-ds-q{c[0]}x{c[1]}w{c[2]}s{c[3]}": _triton_with(
+             impl_triton_plan, BWD_DQ_MODE="ds", CONFIG_OVERRIDE={"qds": c})
+            for c in ((64, 64, 4, 3), (128, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 3), (128, 32, 4, 4))},
+         **{f"triton-plan-ds-kv{c[0]}x{c[1]}w{c[2]}s{c[3]}": _triton_with(
+             impl_triton_plan, BWD_DQ_MODE="ds", CONFIG_OVERRIDE={"kv": c})
+            for c in ((32, 64, 4, 2), (64, 128, 8, 2), (32, 128, 8, 3))},
          "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
 
 

@@ -33,6 +33,9 @@
 #                                           the rest): its GPU tests, then the shipped backward against it at
 #                                           1,024 / 2,048 / 4,096 keys and the Gluon kernel alone (one round, six
 #                                           shapes, each row naming the paths that ran)
+#   bash kernels/gpu_run.sh OUT_DIR dsdq    dQ read back from stored dS (BWD_DQ_MODE "ds"): its GPU tests beside the
+#                                           multi-block ones, then the shipped backward against it with other dQ and
+#                                           dK/dV tiles (one round, six shapes; rows whose dQ did not run "ds" listed)
 #   bash kernels/gpu_run.sh OUT_DIR rounds  seven interleaved rounds of FA4, the shipped kernel and its tl and
 #                                           Gluon forwards (plain calls) on all six shapes: ratios and spread
 #   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on S1 and S3
@@ -133,6 +136,14 @@ triton-plan-bwd-split1024,triton-plan-bwd-split2048,triton-plan-bwd-split4096
     python3 -c "import json, sys
 for r in json.load(open(sys.argv[1])): print(r['shape'], r['impl'], '|', r.get('bwd_path', r.get('error', '')))" \
       "$OUT_DIR/bench_bwd_split.json" ;;
+  dsdq)
+    gpu_tests 200 14 "ds_dq or (gpu and (multiblock or block_shapes)) or runs_the_switches" ds_dq
+    ds=triton-plan-ds
+    run_bench 360 ds_dq --shapes $ALL_SHAPES --impls triton-plan,$ds,$ds-q64x64w4s3,$ds-q128x64w4s3,$ds-q128x128w8s2,\
+$ds-q64x128w4s3,$ds-q128x32w4s4,$ds-kv32x64w4s2,$ds-kv64x128w8s2,$ds-kv32x128w8s3
+    python3 -c "import json, sys
+for r in json.load(open(sys.argv[1])): print(r['shape'], r['impl'], '|', r.get('bwd_path', r.get('error', '')))" \
+      "$OUT_DIR/bench_ds_dq.json" | grep -v "dQ ds$" ;;
   rounds)
     run_bench 280 v9_rounds --rounds 7 --impls fa4,triton,triton-tl,triton-gluon --fwd-only triton-tl,triton-gluon \
       --shapes $ALL_SHAPES ;;

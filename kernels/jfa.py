@@ -44,15 +44,17 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # BLOCK_N so that the peeled causal loops are exercised).
 _GPU_CFG = {
     # head_dim: fwd, bwd_kv, bwd_q
-    16: dict(fwd=(64, 64, 4, 3), kv=(32, 64, 4, 3), kvf=(64, 128, 8, 2), q=(128, 64, 8, 3)),
-    32: dict(fwd=(64, 64, 4, 3), kv=(32, 64, 4, 3), kvf=(64, 128, 8, 2), q=(128, 64, 8, 3)),
-    64: dict(fwd=(64, 64, 4, 3), kv=(32, 64, 4, 3), kvf=(64, 128, 8, 2), q=(128, 64, 8, 3)),
-    128: dict(fwd=(128, 32, 4, 4), kv=(32, 64, 4, 3), kvf=(64, 128, 8, 3), q=(128, 64, 8, 3)),
+    16: dict(fwd=(64, 64, 4, 3), kv=(32, 64, 4, 3), kvf=(64, 128, 8, 2), q=(128, 64, 8, 3), qds=(128, 64, 8, 3)),
+    32: dict(fwd=(64, 64, 4, 3), kv=(32, 64, 4, 3), kvf=(64, 128, 8, 2), q=(128, 64, 8, 3), qds=(128, 64, 8, 3)),
+    64: dict(fwd=(64, 64, 4, 3), kv=(32, 64, 4, 3), kvf=(64, 128, 8, 2), q=(128, 64, 8, 3), qds=(128, 64, 8, 3)),
+    128: dict(fwd=(128, 32, 4, 4), kv=(32, 64, 4, 3), kvf=(64, 128, 8, 3), q=(128, 64, 8, 3),
+              qds=(128, 64, 8, 3)),
 }
-_GPU_CFG_FP32 = dict(fwd=(128, 32, 8, 2), kv=(32, 128, 8, 2), kvf=(32, 128, 8, 2), q=(128, 32, 8, 2))
-_CPU_CFG = dict(fwd=(32, 16, 4, 1), kv=(16, 32, 4, 1), kvf=(16, 32, 4, 1), q=(32, 16, 4, 1))
+_GPU_CFG_FP32 = dict(fwd=(128, 32, 8, 2), kv=(32, 128, 8, 2), kvf=(32, 128, 8, 2), q=(128, 32, 8, 2),
+                     qds=(64, 64, 4, 2))
+_CPU_CFG = dict(fwd=(32, 16, 4, 1), kv=(16, 32, 4, 1), kvf=(16, 32, 4, 1), q=(32, 16, 4, 1), qds=(32, 16, 4, 1))
 
-# Tests / benchmarks may override: {"fwd": (...), "kv": (...), "kvf": (...), "q": (...)}
+# Tests / benchmarks may override: {"fwd": (...), "kv": (...), "kvf": (...), "q": (...), "qds": (...)}
 CONFIG_OVERRIDE: dict = {}
 
 # dQ strategy when deterministic=False and not broadcast-Q:
@@ -61,9 +63,16 @@ CONFIG_OVERRIDE: dict = {}
 #               summation order not fixed); with BWD_KV_KERNEL = "gluon" where it runs, the Gluon
 #               dK/dV kernel does it (dQ^T blocks added by TMA into a transposed fp32 buffer; the
 #               plain block order only)
-# deterministic=True and broadcast-Q always use "separate".  Environment: JFA_BWD_DQ_MODE.
-BWD_DQ_MODES = ("separate", "atomic")
+#   "ds":       the tl dK/dV kernel also stores dS (q's dtype, the value its dK matmul uses) in a workspace
+#               of Hq x sum(lq * lk) elements, and dQ = dS @ K reads it back (_bwd_q_from_ds_kernel): five
+#               matmuls in all instead of seven, for the workspace's write and read.  No atomics: as
+#               reproducible as "separate", so it also serves deterministic=True and broadcast-Q.  Runs
+#               with BWD_KV_KERNEL "triton" only and while the workspace fits DS_WORKSPACE_MAX_BYTES;
+#               otherwise the "separate" path runs and LAST_BWD_DQ_PATH says why.
+# "atomic" yields to deterministic=True and broadcast-Q ("separate" runs).  Environment: JFA_BWD_DQ_MODE.
+BWD_DQ_MODES = ("separate", "atomic", "ds")
 BWD_DQ_MODE = os.environ.get("JFA_BWD_DQ_MODE", "separate")
+DS_WORKSPACE_MAX_BYTES = 8 << 30
 # How the "atomic" mode adds a dQ block (runtime switch, for benchmarks):
 #   "tma": one bulk reduce-add of the block through a TMA descriptor of the fp32 accumulator, where the
 #     GPU has TMA (sm_90 or newer); elsewhere, and under the interpreter (no TMA reduce there), "element".
@@ -447,6 +456,8 @@ class LaunchConfig(NamedTuple):
     why_not_gluon_dq: str = ""  # why it was asked for explicitly and cannot run
     gluon_dq_silent: bool = False  # "auto": a refusal found at the backward (dO) is not reported either
     bwd: Optional[BackwardSwitches] = None  # the switches the backward acts on
+    ds_dq: bool = False  # BWD_DQ_MODE "ds" runs: dK/dV stores dS, dQ reads it back
+    why_not_ds: str = ""  # why BWD_DQ_MODE "ds" was asked for and cannot run
 
 
 def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq, hkv, device, row_bytes):
@@ -528,6 +539,11 @@ def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq,
         seq, blk, work = sched.forward_tiles(lens_q, lens_k, 128, causal)
         seq, blk, work = sched.sort_by_work(seq, blk, work=work)
         s["q_gluon"] = (dev(seq), dev(blk), int(seq.shape[0]), launch_order(seq, work, hq, lens_k))
+    s["ds_off"], s["ds_total"] = None, 0
+    if cfgs.ds_dq:  # where each sequence's dS^T [lk, lq] starts in a head's part of the workspace
+        sizes = lens_q.astype(np.int64) * lens_k.astype(np.int64)
+        s["ds_off"] = torch.as_tensor(np.cumsum(sizes) - sizes).to(device, non_blocking=True)
+        s["ds_total"] = int(sizes.sum())
     if not broadcast:
         seq, blk, work = sched.forward_tiles(lens_q, lens_k, bm_q, causal)
         seq, blk, work = sched.sort_by_work(seq, blk, work=work)
@@ -789,10 +805,17 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     if fuse:
         LAST_BWD_DQ_PATH = (f"atomic-gluon-{sw.fused_dq_split}" if dq_acc_t is not None
                             else "atomic-tma" if dq_tma else "atomic-element")
+    elif cfgs.ds_dq:
+        LAST_BWD_DQ_PATH = "ds"
     elif why_not_gluon_dq:
         LAST_BWD_DQ_PATH = f"separate (gluon: {why_not_gluon_dq})"
     else:
         LAST_BWD_DQ_PATH = "gluon" if gluon_dq else "separate"
+    if cfgs.why_not_ds:
+        LAST_BWD_DQ_PATH += f" (ds: {cfgs.why_not_ds})"
+    # BWD_DQ_MODE "ds": the workspace the dK/dV kernel writes dS^T into (rows: query heads)
+    ds_ws = (torch.empty((hq, max(1, s["ds_total"])), device=q.device, dtype=q.dtype) if cfgs.ds_dq
+             else None)
     if run_gluon:
         _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, sw, causal, scale, broadcast,
                            (dq_acc_t, cu_dq) if dq_acc_t is not None else None)
@@ -807,14 +830,16 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
             n_items, n_programs, grid = 0, 1, (n_kv * hkv,)  # unused
             items = kv_items if grouped else seq_t
         tk._bwd_kv_kernel[grid](
-            q, k, v, do, lse, delta, dk, dv, dq_arg, cu_q, cu_k, seq_t, blk_t, items, n_items, n_programs,
+            q, k, v, do, lse, delta, dk, dv, dq_arg, dk if ds_ws is None else ds_ws,
+            seq_t if ds_ws is None else s["ds_off"], cu_q, cu_k, seq_t, blk_t, items, n_items, n_programs,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
             dq_acc.stride(0), dq_acc.stride(1),
-            lse.stride(0), scale, scale * tk.LOG2E,
+            lse.stride(0), 0 if ds_ws is None else ds_ws.stride(0), scale, scale * tk.LOG2E,
             HKV=hkv, GROUP=hq // hkv, BROADCAST=broadcast, CAUSAL=causal, FUSE_DQ=fuse,
             BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dvd, DOT_PREC=prec,
-            PERSISTENT=persistent is not None, GROUPED=grouped, DQ_TMA=dq_tma, num_warps=w, num_stages=st)
+            PERSISTENT=persistent is not None, GROUPED=grouped, DQ_TMA=dq_tma, STORE_DS=ds_ws is not None,
+            num_warps=w, num_stages=st)
     if dq_acc_t is not None:
         return _fused_dq_result(dq_acc_t, dq_cols, q, scale), dk, dv
     if fuse:
@@ -829,7 +854,17 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
         dq_buf = torch.empty(q.shape, device=q.device, dtype=torch.float32 if broadcast else q.dtype)
         if broadcast:
             dq_buf = dq_buf.unsqueeze(0)
-    if n_q > 0 and hq > 0:
+    if n_q > 0 and hq > 0 and ds_ws is not None:
+        bm, bn, w, st = cfgs.bwd_q
+        dq3 = dq_buf if dq_buf.dim() == 4 else dq_buf.unsqueeze(0)
+        tk._bwd_q_from_ds_kernel[(n_q * hq,)](
+            ds_ws, s["ds_off"], k, dq3, cu_q, cu_k, blo_t, bhi_t, mblk_t, slot_t,
+            blo_t if s["q_items"] is None else s["q_items"],
+            ds_ws.stride(0), k.stride(0), k.stride(1), dq3.stride(0), dq3.stride(1), dq3.stride(2),
+            scale, H=hq, GROUP=hq // hkv, BROADCAST=broadcast, CAUSAL=causal,
+            BLOCK_M=bm, BLOCK_N=bn, HEAD_D=d, DOT_PREC=prec,
+            GROUPED=s["q_items"] is not None, num_warps=w, num_stages=st)
+    elif n_q > 0 and hq > 0:
         bm, bn, w, st = cfgs.bwd_q
         dq3 = dq_buf if dq_buf.dim() == 4 else dq_buf.unsqueeze(0)
         tk._bwd_q_kernel[(n_q * hq,)](
@@ -1110,15 +1145,29 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
                             else _gluon_refusal(q, k, v, scale, block_rows=GLUON_DQ_BOX_ROWS))
         if BWD_Q_KERNEL == "auto" and not {q.shape[2], v.shape[2]} <= set(GLUON_DQ_AUTO_HEAD_DIMS):
             why_not_gluon_dq = "not timed at these head dims"  # silent under "auto"
-    bwd_q_kernel = "gluon" if BWD_Q_KERNEL != "triton" and not why_not_gluon_dq else "triton"
+    why_not_ds = ""
+    if BWD_DQ_MODE == "ds":
+        if not (isinstance(DS_WORKSPACE_MAX_BYTES, int) and DS_WORKSPACE_MAX_BYTES >= 0):
+            raise ValueError(f"jfa.DS_WORKSPACE_MAX_BYTES must be an int >= 0, got {DS_WORKSPACE_MAX_BYTES!r}")
+        ds_bytes = q.shape[1] * int(np.dot(lens_q.astype(np.int64), lens_k.astype(np.int64))) * q.element_size()
+        if BWD_KV_KERNEL != "triton" and not why_not_gluon_bwd:
+            why_not_ds = f"dS is stored by the tl dK/dV kernel only (jfa.BWD_KV_KERNEL is {BWD_KV_KERNEL!r})"
+        elif ds_bytes > DS_WORKSPACE_MAX_BYTES:
+            why_not_ds = (f"its dS workspace would take {ds_bytes} bytes, over jfa.DS_WORKSPACE_MAX_BYTES "
+                          f"({DS_WORKSPACE_MAX_BYTES})")
+    ds_dq = BWD_DQ_MODE == "ds" and not why_not_ds
+    if ds_dq and BWD_Q_KERNEL == "gluon":
+        why_not_gluon_dq = "BWD_DQ_MODE 'ds' reads dQ's dS back in its own kernel"
+    bwd_q_kernel = "gluon" if BWD_Q_KERNEL != "triton" and not why_not_gluon_dq and not ds_dq else "triton"
     silent_dq = BWD_Q_KERNEL == "auto"
     bwd = BackwardSwitches(GLUON_GRID, GLUON_BWD_STAGES, GLUON_BWD_ORDER == "overlap", GLUON_BWD_BLOCK_M,
                            GLUON_BWD_SPLIT_KEYS if BWD_KV_KERNEL == "split" else 0, fused_split or "keys",
                            GLUON_FUSED_DQ_BUFFERS, fuse and _dq_reduce_by_tma(q), GLUON_DQ_STAGES)
     cfgs = LaunchConfig(_cfg("fwd", dkey, q.dtype, on_cpu), _cfg("kvf" if fuse else "kv", dkey, q.dtype, on_cpu),
-                        _cfg("q", dkey, q.dtype, on_cpu), fuse, fwd_kernel, why_not_gluon, gluon,
+                        _cfg("qds" if ds_dq else "q", dkey, q.dtype, on_cpu), fuse, fwd_kernel, why_not_gluon, gluon,
                         BWD_KV_KERNEL if BWD_KV_KERNEL != "triton" and not why_not_gluon_bwd else "triton",
-                        why_not_gluon_bwd, bwd_q_kernel, "" if silent_dq else why_not_gluon_dq, silent_dq, bwd)
+                        why_not_gluon_bwd, bwd_q_kernel, "" if silent_dq else why_not_gluon_dq, silent_dq, bwd,
+                        ds_dq, why_not_ds)
     if cu_seqlens_q.device != q.device:
         cu_seqlens_q = cu_seqlens_q.to(q.device)
     if cu_seqlens_k.device != q.device:

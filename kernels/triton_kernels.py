@@ -272,10 +272,10 @@ def _fused_dq_readback(ACC, DQ, COLS, n_rows, stride_acc, stride_dqt, stride_dqh
 # query-head group and the query blocks that see the key block)
 # ----------------------------------------------------------------------------
 @triton.jit
-def _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, dq_row, dq_col,
-                  stride_qt, stride_dot, stride_dqt, offs_n, lo, hi, lq, diag, qk_scale, sm_scale,
-                  MASKED: tl.constexpr, FUSE_DQ: tl.constexpr, DQ_TMA: tl.constexpr, BLOCK_M: tl.constexpr,
-                  HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, DOT_PREC: tl.constexpr):
+def _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, dq_row, dq_col, ds_base,
+                  stride_qt, stride_dot, stride_dqt, offs_n, lo, hi, lq, lk, diag, qk_scale, sm_scale,
+                  MASKED: tl.constexpr, FUSE_DQ: tl.constexpr, DQ_TMA: tl.constexpr, STORE_DS: tl.constexpr,
+                  BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, DOT_PREC: tl.constexpr):
     offs_d = tl.arange(0, HEAD_D)
     offs_dv = tl.arange(0, HEAD_DV)
     for start_m in range(lo, hi, BLOCK_M):
@@ -295,7 +295,13 @@ def _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, 
         delta = tl.load(delta_base + rows, mask=rok, other=0.0)
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)  # [BN, BM]
         dsT = pT * (dpT - delta[None, :])
-        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PREC)
+        ds_lo = dsT.to(q.dtype)
+        dk = tl.dot(ds_lo, q, dk, input_precision=DOT_PREC)
+        if STORE_DS:
+            # dS^T of this (sequence, head), key-major [lk, lq], for the dQ kernel to read back
+            # (_bwd_q_from_ds_kernel); keys past lk would carry -p * delta, so they are not written
+            tl.store(ds_base + offs_n.to(tl.int64)[:, None] * lq + rows[None, :], ds_lo,
+                     mask=(offs_n < lk)[:, None] & rok[None, :])
         if FUSE_DQ:
             # dQ[rows] += scale * dS @ K, fp32 atomics (non-deterministic order)
             dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PREC) * sm_scale
@@ -313,12 +319,13 @@ def _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, 
 
 
 @triton.jit
-def _bwd_kv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, b, nblk, hk,
+def _bwd_kv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, DS, DS_OFF, CU_Q, CU_K, b, nblk, hk,
                  stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                  stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-                 stride_dqt, stride_dqh, stride_lh,
+                 stride_dqt, stride_dqh, stride_lh, stride_dsh,
                  sm_scale, qk_scale, GROUP,
                  BROADCAST: tl.constexpr, CAUSAL: tl.constexpr, FUSE_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
+                 STORE_DS: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
                  DOT_PREC: tl.constexpr):
@@ -356,17 +363,21 @@ def _bwd_kv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, b, nblk, hk,
             dq_base = DQ
         else:
             dq_base = DQ + q_start * stride_dqt + h * stride_dqh
+        if STORE_DS:
+            ds_base = DS + h * stride_dsh + tl.load(DS_OFF + b)
+        else:
+            ds_base = DS
         if CAUSAL:
             dk, dv = _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-                                   q_start, h * HEAD_D,
-                                   stride_qt, stride_dot, stride_dqt, offs_n, m_lo, m_full, lq, diag,
+                                   q_start, h * HEAD_D, ds_base,
+                                   stride_qt, stride_dot, stride_dqt, offs_n, m_lo, m_full, lq, lk, diag,
                                    qk_scale, sm_scale,
-                                   True, FUSE_DQ, DQ_TMA, BLOCK_M, HEAD_D, HEAD_DV, DOT_PREC)
+                                   True, FUSE_DQ, DQ_TMA, STORE_DS, BLOCK_M, HEAD_D, HEAD_DV, DOT_PREC)
         dk, dv = _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-                               q_start, h * HEAD_D,
-                               stride_qt, stride_dot, stride_dqt, offs_n, m_full, lq, lq, diag,
+                               q_start, h * HEAD_D, ds_base,
+                               stride_qt, stride_dot, stride_dqt, offs_n, m_full, lq, lq, lk, diag,
                                qk_scale, sm_scale,
-                               False, FUSE_DQ, DQ_TMA, BLOCK_M, HEAD_D, HEAD_DV, DOT_PREC)
+                               False, FUSE_DQ, DQ_TMA, STORE_DS, BLOCK_M, HEAD_D, HEAD_DV, DOT_PREC)
     dk = dk * sm_scale
     tl.store(DK + (k_start + n64[:, None]) * stride_dkt + hk * stride_dkh + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=nok[:, None])
@@ -375,18 +386,18 @@ def _bwd_kv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, b, nblk, hk,
 
 
 @triton.jit
-def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS,
+def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, DS, DS_OFF, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS,
                    N_ITEMS, N_PROGRAMS,
                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                    stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-                   stride_dqt, stride_dqh, stride_lh,
+                   stride_dqt, stride_dqh, stride_lh, stride_dsh,
                    sm_scale, qk_scale,
                    HKV, GROUP,
                    BROADCAST: tl.constexpr, CAUSAL: tl.constexpr, FUSE_DQ: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
                    DOT_PREC: tl.constexpr, PERSISTENT: tl.constexpr = False, GROUPED: tl.constexpr = False,
-                   DQ_TMA: tl.constexpr = False):
+                   DQ_TMA: tl.constexpr = False, STORE_DS: tl.constexpr = False):
     # Sorted grid (default): one program per (tile, kv head), heaviest tiles first; GROUPED: program
     # p runs item ITEMS[p] (sequence-major launch order).
     # PERSISTENT: N_PROGRAMS programs deal the items ITEMS[i] (= tile * HKV + kv head, in
@@ -399,22 +410,22 @@ def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, TILE_SEQ, TI
             hk = item % HKV
             b = tl.load(TILE_SEQ + tile)
             nblk = tl.load(TILE_BLK + tile).to(tl.int32)
-            _bwd_kv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, b, nblk, hk,
+            _bwd_kv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, DS, DS_OFF, CU_Q, CU_K, b, nblk, hk,
                          stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                          stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-                         stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, GROUP,
-                         BROADCAST, CAUSAL, FUSE_DQ, DQ_TMA, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC)
+                         stride_dqt, stride_dqh, stride_lh, stride_dsh, sm_scale, qk_scale, GROUP,
+                         BROADCAST, CAUSAL, FUSE_DQ, DQ_TMA, STORE_DS, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC)
     else:
         item = _launched_item(ITEMS, pid, GROUPED)
         tile = item // HKV
         hk = item % HKV
         b = tl.load(TILE_SEQ + tile)
         nblk = tl.load(TILE_BLK + tile).to(tl.int32)
-        _bwd_kv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K, b, nblk, hk,
+        _bwd_kv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, DS, DS_OFF, CU_Q, CU_K, b, nblk, hk,
                      stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                      stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-                     stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, GROUP,
-                     BROADCAST, CAUSAL, FUSE_DQ, DQ_TMA, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC)
+                     stride_dqt, stride_dqh, stride_lh, stride_dsh, sm_scale, qk_scale, GROUP,
+                     BROADCAST, CAUSAL, FUSE_DQ, DQ_TMA, STORE_DS, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC)
 
 
 # ----------------------------------------------------------------------------
@@ -507,6 +518,84 @@ def _bwd_q_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
         dq = _bwd_q_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kt, stride_vt,
                           offs_m, full_hi, hi, lk, diag, qk_scale,
                           True, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC)
+    dq = dq * sm_scale
+    if BROADCAST:
+        q_row = m64
+    else:
+        q_row = q_start + m64
+    tl.store(DQ + slot * stride_dqs + q_row[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+# ----------------------------------------------------------------------------
+# backward: dQ from the dS^T the dK/dV kernel stored (BWD_DQ_MODE "ds").  One
+# matmul per block, dQ += dS @ K, instead of the three of _bwd_q_kernel (which
+# recomputes QK^T and dO V^T); the tiles and the broadcast-Q chunks are
+# _bwd_q_kernel's.  dS^T of sequence b, query head h: DS + h * stride_dsh +
+# DS_OFF[b], key-major [lk, lq].  Entries the dK/dV kernel did not write (above
+# the causal diagonal) are never read.
+# ----------------------------------------------------------------------------
+@triton.jit
+def _bwd_q_ds_inner(dq, ds_base, k_base, stride_kt, offs_m, row_ok, lo, hi, lq, lk, diag,
+                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
+                    HEAD_D: tl.constexpr, DOT_PREC: tl.constexpr):
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_D)
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        c64 = cols.to(tl.int64)
+        if MASKED:
+            key_ok = cols < lk
+            k = tl.load(k_base + c64[:, None] * stride_kt + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+            seen = key_ok[:, None] & row_ok[None, :]
+            if CAUSAL:
+                seen = seen & (cols[:, None] <= offs_m[None, :] + diag)
+        else:
+            k = tl.load(k_base + c64[:, None] * stride_kt + offs_d[None, :])
+            seen = (cols[:, None] >= 0) & row_ok[None, :]
+        dsT = tl.load(ds_base + c64[:, None] * lq + offs_m[None, :], mask=seen, other=0.0)
+        dq = tl.dot(tl.trans(dsT), k, dq, input_precision=DOT_PREC)
+    return dq
+
+
+@triton.jit
+def _bwd_q_from_ds_kernel(DS, DS_OFF, K, DQ, CU_Q, CU_K, TILE_BLO, TILE_BHI, TILE_BLK, TILE_SLOT, ITEMS,
+                          stride_dsh, stride_kt, stride_kh, stride_dqs, stride_dqt, stride_dqh,
+                          sm_scale, H, GROUP,
+                          BROADCAST: tl.constexpr, CAUSAL: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
+                          DOT_PREC: tl.constexpr, GROUPED: tl.constexpr = False):
+    item = _launched_item(ITEMS, tl.program_id(0), GROUPED)
+    tile = item // H
+    h = item % H
+    b_lo = tl.load(TILE_BLO + tile)
+    b_hi = tl.load(TILE_BHI + tile)
+    mblk = tl.load(TILE_BLK + tile).to(tl.int32)
+    slot = tl.load(TILE_SLOT + tile).to(tl.int64)
+    hk = h // GROUP
+    m0 = mblk * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_D)
+    m64 = offs_m.to(tl.int64)
+    dq = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
+    q_start, o_start, lq, k_start, lk = _seq_info(CU_Q, CU_K, b_lo, BROADCAST)
+    row_ok = offs_m < lq
+    for b in range(b_lo, b_hi):
+        q_start, o_start, lq, k_start, lk = _seq_info(CU_Q, CU_K, b, BROADCAST)
+        diag = lk - lq
+        if CAUSAL:
+            hi = tl.maximum(tl.minimum(lk, m0 + BLOCK_M + diag), 0)
+            full_hi = tl.maximum(tl.minimum(lk, m0 + 1 + diag), 0)
+        else:
+            hi = lk
+            full_hi = lk
+        full_hi = (full_hi // BLOCK_N) * BLOCK_N
+        ds_base = DS + h * stride_dsh + tl.load(DS_OFF + b)
+        k_base = K + k_start * stride_kt + hk * stride_kh
+        dq = _bwd_q_ds_inner(dq, ds_base, k_base, stride_kt, offs_m, row_ok, 0, full_hi, lq, lk, diag,
+                             False, CAUSAL, BLOCK_N, HEAD_D, DOT_PREC)
+        dq = _bwd_q_ds_inner(dq, ds_base, k_base, stride_kt, offs_m, row_ok, full_hi, hi, lq, lk, diag,
+                             True, CAUSAL, BLOCK_N, HEAD_D, DOT_PREC)
     dq = dq * sm_scale
     if BROADCAST:
         q_row = m64

@@ -248,10 +248,52 @@ def test_fused_atomic_dq_mode(dtype, monkeypatch):
     run_case([12, 30], [25, 7], causal=True, deterministic=True, dtype=dtype)
 
 
+@needs_kernels
+@pytest.mark.parametrize("dtype", FP)
+def test_ds_dq_mode(dtype, monkeypatch):
+    # dQ read back from the dS the dK/dV kernel stores: ragged, empty, causal with keys fewer and more than
+    # queries, GQA, broadcast-Q and deterministic=True all take it
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_DQ_MODE", "ds")
+    for kw in (dict(lens_q=[5, 0, 37, 3, 0, 20], lens_k=[9, 4, 30, 0, 0, 41]),
+               dict(lens_q=[40, 12, 7, 33, 5], lens_k=[9, 50, 0, 33, 1], causal=True, hq=4, hkv=2),
+               dict(lens_q=[40], lens_k=[50, 0, 13], broadcast=True, causal=True),
+               dict(lens_q=[12, 30], lens_k=[25, 7], causal=True, deterministic=True)):
+        run_case(d=32, dtype=dtype, **kw)
+        assert jfa.LAST_BWD_DQ_PATH == "ds", (kw, jfa.LAST_BWD_DQ_PATH)
+
+
+@needs_kernels
+def test_ds_dq_mode_is_bitwise_repeatable(monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_DQ_MODE", "ds")
+    first = run_case([40, 12, 7], [9, 50, 33], causal=True, hq=2, hkv=1, d=32, dtype=torch.float16)[2]
+    again = run_case([40, 12, 7], [9, 50, 33], causal=True, hq=2, hkv=1, d=32, dtype=torch.float16)[2]
+    assert all(torch.equal(first[n], again[n]) for n in first)
+
+
+@needs_kernels
+def test_ds_dq_mode_says_why_it_did_not_run(monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_DQ_MODE", "ds")
+    # 2 heads x (12 * 25 + 30 * 7) pairs x 4 bytes = 4,080 bytes of workspace
+    monkeypatch.setattr(jfa, "DS_WORKSPACE_MAX_BYTES", 4079)
+    run_case([12, 30], [25, 7], causal=True, d=32)
+    assert jfa.LAST_BWD_DQ_PATH.startswith(("separate (ds: its dS workspace would take 4080 bytes",
+                                            "gluon (ds: its dS workspace would take 4080 bytes")), jfa.LAST_BWD_DQ_PATH
+    monkeypatch.setattr(jfa, "DS_WORKSPACE_MAX_BYTES", 4080)
+    run_case([12, 30], [25, 7], causal=True, d=32)
+    assert jfa.LAST_BWD_DQ_PATH == "ds"
+    monkeypatch.setattr(jfa, "DS_WORKSPACE_MAX_BYTES", -1)
+    q, k, v, cu_q, cu_k = (t.to(DEVICE) for t in make_inputs([5], [9], 1, 1, 32, 32, torch.float32))
+    with pytest.raises(ValueError, match="DS_WORKSPACE_MAX_BYTES"):
+        jagged_flash_attention(q.requires_grad_(), k, v, cu_q, cu_k, 5, 9)
+
+
 # every module switch a backward acts on (kernels/jfa.py BackwardSwitches and the kernel choices)
 BACKWARD_SWITCHES = ("BWD_DQ_MODE", "BWD_KV_KERNEL", "BWD_Q_KERNEL", "BWD_DQ_REDUCE", "GLUON_GRID",
                      "GLUON_BWD_STAGES", "GLUON_BWD_ORDER", "GLUON_BWD_BLOCK_M", "GLUON_BWD_SPLIT_KEYS",
-                     "GLUON_FUSED_DQ_SPLIT", "GLUON_FUSED_DQ_BUFFERS", "GLUON_DQ_STAGES")
+                     "GLUON_FUSED_DQ_SPLIT", "GLUON_FUSED_DQ_BUFFERS", "GLUON_DQ_STAGES", "DS_WORKSPACE_MAX_BYTES")
 
 
 def check_backward_keeps_its_switches(monkeypatch, switches, d, dtype):
@@ -285,10 +327,10 @@ def check_backward_keeps_its_switches(monkeypatch, switches, d, dtype):
 
 
 @needs_kernels
-@pytest.mark.parametrize("mode", ["separate", "atomic"])
+@pytest.mark.parametrize("mode", ["separate", "atomic", "ds"])
 def test_backward_runs_the_switches_its_forward_saw(mode, monkeypatch):
     paths = check_backward_keeps_its_switches(monkeypatch, {"BWD_DQ_MODE": mode}, 32, torch.float16)
-    assert paths[1].startswith("atomic" if mode == "atomic" else ("separate", "gluon"))
+    assert paths[1].startswith({"atomic": "atomic", "ds": "ds"}.get(mode, ("separate", "gluon")))
 
 
 @needs_kernels
@@ -302,13 +344,13 @@ def test_a_bad_dq_reduce_is_an_error_before_the_forward(monkeypatch):
 
 
 @needs_kernels
-@pytest.mark.parametrize("mode", ["separate", "atomic"])
+@pytest.mark.parametrize("mode", ["separate", "atomic", "ds"])
 def test_gpu_block_shapes(mode, monkeypatch):
     """The H200 D=128 block shapes (BLOCK_M/BLOCK_N ratios differ from the
     interpreter defaults) on multi-block lengths; under the interpreter too."""
     from kernels import jfa
     cfg = jfa._GPU_CFG[128]
-    monkeypatch.setattr(jfa, "CONFIG_OVERRIDE", {kk: cfg[kk] for kk in ("fwd", "kv", "kvf", "q")})
+    monkeypatch.setattr(jfa, "CONFIG_OVERRIDE", {kk: cfg[kk] for kk in ("fwd", "kv", "kvf", "q", "qds")})
     monkeypatch.setattr(jfa, "BWD_DQ_MODE", mode)
     run_case([300, 0, 129, 64], [257, 5, 400, 0], hq=2, hkv=1, d=16, causal=True, dtype=torch.float16)
     run_case([129, 200], [300, 1], hq=2, hkv=2, d=16, causal=False)
@@ -455,19 +497,21 @@ needs_cuda = pytest.mark.skipif(not _HAS_CUDA, reason="needs a CUDA GPU (sizes t
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("mode", ["separate", "tl-dq", "gluon-dq", "atomic"])
+@pytest.mark.parametrize("mode", ["separate", "tl-dq", "gluon-dq", "atomic", "ds"])
 def test_gpu_multiblock(dtype, causal, mode, monkeypatch):
     # "separate": the default dQ kernel (Gluon on sm_90 for bf16/fp16 at head dim 128, else tl); "tl-dq": the
     # tl dQ kernel, which still serves broadcast-Q, fp32, head dim 64 and other GPUs; "gluon-dq": the Gluon
-    # one asked for (also at 64); "atomic": dQ fused into the dK/dV kernel
+    # one asked for (also at 64); "atomic": dQ fused into the dK/dV kernel; "ds": dQ read back from dS
     from kernels import jfa
-    monkeypatch.setattr(jfa, "BWD_DQ_MODE", "atomic" if mode == "atomic" else "separate")
+    monkeypatch.setattr(jfa, "BWD_DQ_MODE", mode if mode in ("atomic", "ds") else "separate")
     monkeypatch.setattr(jfa, "BWD_Q_KERNEL", {"tl-dq": "triton", "gluon-dq": "gluon"}.get(mode, "auto"))
     gluon_ok = not _GLUON_WHY and dtype != torch.float32
     for lens_q, lens_k, heads, d in (([300, 0, 513, 129, 64, 700], [257, 5, 513, 400, 0, 200], (4, 2), 128),
                                      ([129, 384], [700, 1], (2, 2), 64)):
         run_case(lens_q, lens_k, hq=heads[0], hkv=heads[1], d=d, causal=causal, dtype=dtype)
-        if mode != "atomic":
+        if mode == "ds":
+            assert jfa.LAST_BWD_DQ_PATH == "ds", jfa.LAST_BWD_DQ_PATH
+        elif mode != "atomic":
             gluon_dq = gluon_ok and (mode == "gluon-dq" or (mode == "separate" and d == 128))
             path = jfa.LAST_BWD_DQ_PATH
             if mode == "gluon-dq" and not gluon_dq:  # asked for by name: says why not
@@ -518,8 +562,23 @@ def test_gpu_atomic_dq_keeps_sequences_apart(reduce, poison, monkeypatch):
 
 
 @needs_cuda
+@pytest.mark.parametrize("poison", ["inf", "nan"])
+@pytest.mark.parametrize("poisoned_first", [True, False])
+def test_gpu_ds_dq_keeps_sequences_apart(poison, poisoned_first, monkeypatch):
+    """Each sequence's dS has its own part of the workspace: a poisoned neighbour must not reach it."""
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_DQ_MODE", "ds")
+    check_grads_beside_a_poisoned_sequence(poison, poisoned_first=poisoned_first, d=128, names=("dq", "dk", "dv"),
+                                           tol=2 * TOL[torch.bfloat16])
+    assert jfa.LAST_BWD_DQ_PATH == "ds", jfa.LAST_BWD_DQ_PATH
+
+
+@needs_cuda
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_broadcast_multiblock(causal):
+@pytest.mark.parametrize("mode", ["separate", "ds"])
+def test_gpu_broadcast_multiblock(causal, mode, monkeypatch):
+    from kernels import jfa
+    monkeypatch.setattr(jfa, "BWD_DQ_MODE", mode)
     run_case([256], [300, 0, 1, 513, 64, 200, 999, 128] * 3, hq=4, hkv=4, d=128, causal=causal,
              dtype=torch.bfloat16, broadcast=True)
 
