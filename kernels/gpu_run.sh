@@ -36,6 +36,8 @@
 #   bash kernels/gpu_run.sh OUT_DIR dsdq    dQ read back from stored dS (BWD_DQ_MODE "ds"): its GPU tests beside the
 #                                           multi-block ones, then the shipped backward against it with other dQ and
 #                                           dK/dV tiles (one round, six shapes; rows whose dQ did not run "ds" listed)
+#   bash kernels/gpu_run.sh OUT_DIR dsprof  the "ds" mode's GPU tests alone, then each kernel's GPU time (torch.profiler,
+#                                           three calls) of the shipped backward and the "ds" one on S1 and S4b
 #   bash kernels/gpu_run.sh OUT_DIR rounds  seven interleaved rounds of FA4, the shipped kernel and its tl and
 #                                           Gluon forwards (plain calls) on all six shapes: ratios and spread
 #   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on S1 and S3
@@ -144,6 +146,16 @@ $ds-q64x128w4s3,$ds-q128x32w4s4,$ds-kv32x64w4s2,$ds-kv64x128w8s2,$ds-kv32x128w8s
     python3 -c "import json, sys
 for r in json.load(open(sys.argv[1])): print(r['shape'], r['impl'], '|', r.get('bwd_path', r.get('error', '')))" \
       "$OUT_DIR/bench_ds_dq.json" | grep -v "dQ ds$" ;;
+  dsprof)
+    gpu_tests 150 14 "ds_dq or (gpu_multiblock and ds) or (broadcast_multiblock and ds) or (block_shapes and ds)" ds_dq2
+    for shape in S1 S4b; do
+      for impl in triton-plan triton-plan-ds-q128x64w4s3; do
+        timeout 60 python3 -m kernels.profile --shape $shape --impl $impl --iters 3 --backward --kernel-times \
+          > "$OUT_DIR/kernel_times_${shape}_$impl.txt" 2>&1
+        echo "kernel times $shape $impl rc=$?" | tee -a "$L"
+        grep -E "kernel|Self CUDA|Self CPU time total|profiled" "$OUT_DIR/kernel_times_${shape}_$impl.txt" | cut -c1-150 | head -12
+      done
+    done ;;
   rounds)
     run_bench 280 v9_rounds --rounds 7 --impls fa4,triton,triton-tl,triton-gluon --fwd-only triton-tl,triton-gluon \
       --shapes $ALL_SHAPES ;;

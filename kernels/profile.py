@@ -5,7 +5,8 @@ Nsight Compute / Nsight Systems capture only those launches, after the compiles 
         python -m kernels.profile --shape S3L --impl triton
 
 ``--impl`` names an implementation of ``kernels.bench`` (its switches apply, e.g. ``triton-gluon``).
-Prints the shape, the implementation and the paths that ran.
+Prints the shape, the implementation and the paths that ran; ``--kernel-times`` instead records the
+profiled calls with torch.profiler and prints each kernel's GPU time (no Nsight needed).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def main(argv=None):
     ap.add_argument("--impl", default="triton", help="a kernels.bench implementation name")
     ap.add_argument("--iters", type=int, default=2, help="profiled calls")
     ap.add_argument("--backward", action="store_true", help="profile forward + backward")
+    ap.add_argument("--kernel-times", action="store_true", help="print each kernel's GPU time (torch.profiler)")
     a = ap.parse_args(argv)
     shapes = bench.make_shapes()
     if a.shape not in shapes:
@@ -47,7 +49,15 @@ def main(argv=None):
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStart()
-    for _ in range(a.iters):
+    if a.kernel_times:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(a.iters):
+                step()
+            if cuda:
+                torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=48))
+    for _ in range(0 if a.kernel_times else a.iters):
         step()
     if cuda:
         torch.cuda.synchronize()
