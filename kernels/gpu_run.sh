@@ -9,6 +9,7 @@
 #                                           GPU tests at once no longer fit one 10-minute call
 #   bash kernels/gpu_run.sh OUT_DIR spec    the spec on triton-jfa as shipped (profile ci, on the GPU)
 #   bash kernels/gpu_run.sh OUT_DIR tldqspec the same with the tl dQ kernel (JFA_BWD_Q_KERNEL=triton)
+#   bash kernels/gpu_run.sh OUT_DIR dsspec  the same with dQ read back from stored dS (JFA_BWD_DQ_MODE=ds)
 #   bash kernels/gpu_run.sh OUT_DIR fusedspec the same with dQ fused into the Gluon dK/dV kernel (JFA_BWD_DQ_MODE=atomic,
 #                                           JFA_BWD_KV_KERNEL=gluon; JFA_GLUON_FUSED_DQ_SPLIT picks the split)
 #   bash kernels/gpu_run.sh OUT_DIR verify  spec and the non-Gluon tests side by side (8 workers each), one call
@@ -96,6 +97,8 @@ case $STAGE in
     spec 520 ci-default 14 ;;
   tldqspec)
     spec 520 ci-tl-dq 14 JFA_BWD_Q_KERNEL=triton ;;
+  dsspec)
+    spec 520 ci-ds 14 JFA_BWD_DQ_MODE=ds ;;
   fusedspec)
     spec 520 "ci-fused-${JFA_GLUON_FUSED_DQ_SPLIT:-keys}" 14 JFA_BWD_DQ_MODE=atomic JFA_BWD_KV_KERNEL=gluon ;;
   verify)
