@@ -621,7 +621,9 @@ def cmd_compare(ns) -> int:
         ("Timing changes", diff["timing_changes"],
          lambda t: f"{t['backend']} {t['shape']} {t['direction']}: {t['before_s'] * 1e3:.3f} ms -> "
                    f"{t['after_s'] * 1e3:.3f} ms ({t['change']:+.0%})"
-                   + ("  REGRESSION" if t["change"] > diff["threshold"] else "")),
+                   + ("  REGRESSION" if t["regression"]
+                      else "  past the threshold but within both runs' spread (not gated)" if t["within_spread"]
+                      else "")),
     ]
     for title, rows, fmt in sections:
         console.print(f"\n[bold]{title}[/] ({len(rows)})")

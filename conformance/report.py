@@ -129,7 +129,8 @@ def timings_from_benchmark(bench: dict) -> list[dict]:
             continue
         rows.append({
             "backend": info["backend"], "shape": info["shape"], "direction": info["direction"],
-            "median_s": median, "min_s": stats.get("min"), "rounds": stats.get("rounds"),
+            "median_s": median, "min_s": stats.get("min"), "q1_s": stats.get("q1"), "q3_s": stats.get("q3"),
+            "rounds": stats.get("rounds"),
             "useful_flops": info["useful_flops"], "tflops": info["useful_flops"] / median / 1e12,
             "padding_waste": info["padding_waste"], "length_skew": info["length_skew"], "problem": info["problem"],
         })
@@ -250,9 +251,20 @@ def cell_label(records, labels: dict[str, str]) -> str:
 
 
 # -- baseline gating and compare ------------------------------------------------------------------------
+def _spreads_apart(before: dict, after: dict) -> bool | None:
+    """Whether ``after``'s rounds are slower than ``before``'s beyond both runs' spread (its first quartile
+    above the other's third); None when either row has no quartiles (reports from before they were kept)."""
+    if before.get("q3_s") is None or after.get("q1_s") is None:
+        return None
+    return after["q1_s"] > before["q3_s"]
+
+
 def compare(old: dict, new: dict, threshold: float = DEFAULT_TIMING_THRESHOLD) -> dict:
     """Differences from ``old`` to ``new``: checks that newly fail or were fixed, error-budget changes,
-    and timing changes (``regressions`` are the ones slower than ``threshold``, e.g. 0.10 = 10%)."""
+    and timing changes.  A timing is a regression when its median grew by more than ``threshold`` (e.g.
+    0.10 = 10%) and its rounds lie apart from the baseline's (interquartile ranges not overlapping), so
+    that one noisy run does not fail a gate; a slowdown past the threshold inside the spread is kept as a
+    change with ``within_spread`` set."""
     old_by_id = {r["id"]: r for r in old["records"]}
     new_by_id = {r["id"]: r for r in new["records"]}
     new_failures, fixed, budget_changes = [], [], []
@@ -276,10 +288,13 @@ def compare(old: dict, new: dict, threshold: float = DEFAULT_TIMING_THRESHOLD) -
         if before is None:
             continue
         change = t["median_s"] / before["median_s"] - 1.0
+        apart = _spreads_apart(before, t)
         row = {"backend": t["backend"], "shape": t["shape"], "direction": t["direction"],
-               "before_s": before["median_s"], "after_s": t["median_s"], "change": change}
+               "before_s": before["median_s"], "after_s": t["median_s"], "change": change,
+               "regression": change > threshold and apart is not False,
+               "within_spread": change > threshold and apart is False}
         timing_changes.append(row)
-        if change > threshold:
+        if row["regression"]:
             regressions.append(row)
     gone = sorted(set(old_by_id) - set(new_by_id))
     return {"new_failures": new_failures, "fixed": fixed,

@@ -80,6 +80,35 @@ def test_compare_lists_new_and_fixed_failures_budget_and_timing_changes():
     assert rp.compare(old, new, threshold=0.30)["timing_regressions"] == []
 
 
+def spread(row, q1, q3):
+    return dict(row, q1_s=q1, q3_s=q3)
+
+
+def test_a_slowdown_inside_both_runs_spread_is_not_a_regression():
+    old = make_report([], [spread(timing("a", "dense", "forward", 1.0), 0.8, 1.3)])
+    noisy = make_report([], [spread(timing("a", "dense", "forward", 1.2), 1.1, 1.4)])
+    (row,) = rp.compare(old, noisy)["timing_changes"]
+    assert not row["regression"] and row["within_spread"] and rp.compare(old, noisy)["timing_regressions"] == []
+    # the same median with its rounds clear of the baseline's: a regression
+    apart = make_report([], [spread(timing("a", "dense", "forward", 1.2), 1.31, 1.4)])
+    (row,) = rp.compare(old, apart)["timing_regressions"]
+    assert row["regression"] and not row["within_spread"]
+    # rounds apart but inside the threshold: a change only
+    assert rp.compare(old, apart, threshold=0.25)["timing_regressions"] == []
+    # a baseline without quartiles (older report): the median alone decides
+    bare = make_report([], [timing("a", "dense", "forward", 1.0)])
+    assert len(rp.compare(bare, noisy)["timing_regressions"]) == 1
+
+
+def test_timings_keep_the_quartiles_the_gate_needs():
+    bench = {"benchmarks": [{"extra_info": {"backend": "a", "shape": "dense", "direction": "forward",
+                                            "useful_flops": 1e12, "padding_waste": 0.0, "length_skew": 1.0,
+                                            "problem": {}},
+                             "stats": {"median": 0.5, "min": 0.4, "q1": 0.45, "q3": 0.55, "rounds": 5}}]}
+    (row,) = rp.timings_from_benchmark(bench)
+    assert (row["q1_s"], row["q3_s"], row["min_s"], row["rounds"]) == (0.45, 0.55, 0.4, 5)
+
+
 def test_merge_keeps_every_shard_and_the_worst_outcome_of_a_repeated_check():
     shard_a = make_report([record("a", "forward", "pass"), record("a", "lse", "pass")], name="gpu0")
     shard_b = make_report([record("b", "forward", "pass"), record("a", "lse", "timeout")],
