@@ -44,6 +44,7 @@
 #   bash kernels/gpu_run.sh OUT_DIR sdpa    padded SDPA (and the shipped kernel) on S1 and S3
 #   bash kernels/gpu_run.sh OUT_DIR sweep   forward configs on S3's parts; backward configs on S1 and S3
 #   bash kernels/gpu_run.sh OUT_DIR sweepkv the tl dK/dV kernel's configs (kernels/sweep.py KV) on S4b, S1 and S3
+#   bash kernels/gpu_run.sh OUT_DIR sweepkv8 the shipped one beside v16's additions (8 warps on 64 keys, 4 stages)
 #   bash kernels/gpu_run.sh OUT_DIR split   FA4 and the planned forwards: shipped (split at 512 keys), tl,
 #                                           Gluon, split at 1024 / 2048 (three rounds): the split point
 #   bash kernels/gpu_run.sh OUT_DIR ncu     Nsight Compute on the tl and Gluon forwards for S3L and S4b
@@ -173,6 +174,11 @@ for r in json.load(open(sys.argv[1])): print(r['shape'], r['impl'], '|', r.get('
     grep -E "^\|" "$L" | tail -40 ;;
   sweepkv)
     timeout 500 python3 -m kernels.sweep --out "$OUT_DIR/sweep_kv" --shapes S4b,S1,S3 --kinds kv >> "$L" 2>&1
+    echo "sweep kv rc=$?" | tee -a "$L"
+    grep -E "^\|" "$L" | tail -40 ;;
+  sweepkv8)
+    timeout 200 python3 -m kernels.sweep --out "$OUT_DIR/sweep_kv8" --shapes S4b,S1,S3 --kinds kv \
+      --kv "32,64,4,3;32,64,8,3;64,64,8,3;32,64,8,2;32,64,4,4" >> "$L" 2>&1
     echo "sweep kv rc=$?" | tee -a "$L"
     grep -E "^\|" "$L" | tail -40 ;;
   split)

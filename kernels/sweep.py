@@ -2,7 +2,7 @@
 
     python -m kernels.sweep [--out DIR] [--shapes S1,S1c,S2] [--kinds fwd,kv,q]
                             [--fwd "BM,BN,W,S;..."] [--fwd-tma off|on|both] [--fwd-adv off|on|both]
-                            [--fwd-ws off|on|both]
+                            [--fwd-ws off|on|both] [--kv "BM,BN,W,S;..."]
 
 --fwd-tma / --fwd-adv time the forward with K/V loaded through TMA
 descriptors (jfa.FWD_TMA) / with advanced pointer tiles (jfa.FWD_PTR_ADVANCE);
@@ -34,7 +34,10 @@ KV = [(64, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 1
       # v15: the shipped (32, 64, 4, 3) issues on 37% of cycles with two warps per scheduler (Nsight); two
       # warp groups per 128 keys, a shallower ring (less shared memory) and 16-row blocks (no spills when
       # compiled for sm_90, against 184 bytes) are untimed
-      (32, 128, 8, 3), (32, 128, 8, 2), (32, 64, 4, 2), (16, 64, 4, 3), (16, 64, 4, 4)]
+      (32, 128, 8, 3), (32, 128, 8, 2), (32, 64, 4, 2), (16, 64, 4, 3), (16, 64, 4, 4),
+      # v16: none of the above beat the shipped one; two warp groups on 64 keys (half the dK / dV accumulator
+      # per thread, four warps per scheduler at two CTAs) and a deeper ring
+      (32, 64, 8, 3), (64, 64, 8, 3), (32, 64, 8, 2), (32, 64, 4, 4)]
 KVF = [(64, 128, 8, 2), (64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 8, 3), (128, 64, 8, 2)]
 # the Gluon forward (jfa.FWD_KERNEL = "gluon"): (BM, BN, warps per consumer group, stages, schedule)
 GLUON = [(128, 128, 4, 2, "overlap"), (128, 128, 4, 2, "pingpong"),
@@ -48,6 +51,7 @@ def main(argv=None):
     ap.add_argument("--shapes", default="S1,S1c,S2")
     ap.add_argument("--kinds", default="fwd,kv,q")
     ap.add_argument("--fwd", default="", help="fwd configs, e.g. 64,64,4,3;128,64,8,3")
+    ap.add_argument("--kv", default="", help="dK/dV configs instead of the KV list, same form")
     ap.add_argument("--fwd-tma", default="off", choices=("off", "on", "both"),
                     help="forward K/V loads through TMA descriptors")
     ap.add_argument("--fwd-adv", default="off", choices=("off", "on", "both"),
@@ -59,8 +63,11 @@ def main(argv=None):
     # (FWD_TMA, FWD_PTR_ADVANCE, FWD_WARP_SPECIALIZE) to time; the advance applies to the pointer path only
     fwd_modes = list(dict.fromkeys((t, ad and not t, ws) for t in onoff[a.fwd_tma] for ad in onoff[a.fwd_adv]
                                    for ws in onoff[a.fwd_ws]))
+    def configs(text):
+        return [tuple(int(x) for x in c.split(",")) for c in text.split(";")]
+    kv = configs(a.kv) if a.kv else KV
     if a.fwd:
-        fwd_default = [tuple(int(x) for x in c.split(",")) for c in a.fwd.split(";")]
+        fwd_default = configs(a.fwd)
     elif a.fwd_tma != "off":
         fwd_default = FWD + [c for c in FWD_TMA if c not in FWD]
     else:
@@ -84,7 +91,7 @@ def main(argv=None):
         out = f()
         do_shipped = torch.randn_like(out)
         shipped_grads = [g.float() for g in torch.autograd.grad(out, (q, k, v), do_shipped)]
-        for kind, lst in (("fwd", fwd_default), ("gluon", GLUON), ("kv", KV), ("kvf", KVF), ("q", Q)):
+        for kind, lst in (("fwd", fwd_default), ("gluon", GLUON), ("kv", kv), ("kvf", KVF), ("q", Q)):
             if kind not in a.kinds.split(","):
                 continue
             modes = fwd_modes if kind == "fwd" else [(False, False, False)]
