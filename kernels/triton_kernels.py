@@ -45,6 +45,20 @@ def _seq_info(CU_Q, CU_K, b, BROADCAST: tl.constexpr):
 # forward
 # ----------------------------------------------------------------------------
 @triton.jit
+def _key_range(m0, lq, lk, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # the keys that query rows [m0, m0 + BLOCK_M) see (bottom-right causal): [0, full_hi) whole key
+    # blocks with no masking, [full_hi, hi) the masked rest; diag = lk - lq
+    diag = lk - lq
+    if CAUSAL:
+        hi = tl.maximum(tl.minimum(lk, m0 + BLOCK_M + diag), 0)
+        full_hi = tl.maximum(tl.minimum(lk, m0 + 1 + diag), 0)
+    else:
+        hi = lk
+        full_hi = lk
+    return (full_hi // BLOCK_N) * BLOCK_N, hi, diag
+
+
+@triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kt, stride_vt,
                offs_m, lo, hi, lk, diag, qk_scale, k_row, k_col, v_col,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr,
@@ -138,14 +152,7 @@ def _fwd_tile(Q, K, V, O, LSE, CU_Q, CU_K, b, mblk, h,
     q_ptrs = Q + (q_start + offs_m[:, None].to(tl.int64)) * stride_qt + h * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
 
-    diag = lk - lq
-    if CAUSAL:
-        hi = tl.maximum(tl.minimum(lk, m0 + BLOCK_M + diag), 0)
-        full_hi = tl.maximum(tl.minimum(lk, m0 + 1 + diag), 0)
-    else:
-        hi = lk
-        full_hi = lk
-    full_hi = (full_hi // BLOCK_N) * BLOCK_N
+    full_hi, hi, diag = _key_range(m0, lq, lk, CAUSAL, BLOCK_M, BLOCK_N)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -435,6 +442,32 @@ def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, DS, DS_OFF, CU_Q, CU_K, 
 # (reduced afterwards in a fixed order: deterministic).
 # ----------------------------------------------------------------------------
 @triton.jit
+def _dq_tile(ITEMS, TILE_BLO, TILE_BHI, TILE_BLK, TILE_SLOT, H, GROUP, BLOCK_M: tl.constexpr, GROUPED: tl.constexpr):
+    # this program's dQ tile: (q head, kv head, batches [b_lo, b_hi), first row, partial slot)
+    item = _launched_item(ITEMS, tl.program_id(0), GROUPED)
+    tile = item // H
+    h = item % H
+    b_lo = tl.load(TILE_BLO + tile)
+    b_hi = tl.load(TILE_BHI + tile)
+    m0 = tl.load(TILE_BLK + tile).to(tl.int32) * BLOCK_M
+    slot = tl.load(TILE_SLOT + tile).to(tl.int64)
+    return h, h // GROUP, b_lo, b_hi, m0, slot
+
+
+@triton.jit
+def _dq_store(DQ, dq, slot, q_start, m64, row_ok, h, stride_dqs, stride_dqt, stride_dqh,
+              BROADCAST: tl.constexpr, HEAD_D: tl.constexpr):
+    # broadcast-Q: rows of the shared query block, in this chunk's partial slot
+    if BROADCAST:
+        q_row = m64
+    else:
+        q_row = q_start + m64
+    offs_d = tl.arange(0, HEAD_D)
+    tl.store(DQ + slot * stride_dqs + q_row[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
 def _bwd_q_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kt, stride_vt,
                  offs_m, lo, hi, lk, diag, qk_scale,
                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -477,15 +510,7 @@ def _bwd_q_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
                   HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
                   DOT_PREC: tl.constexpr, GROUPED: tl.constexpr = False):
     # one program per (tile, q head); GROUPED: program p runs item ITEMS[p] (sequence-major order)
-    item = _launched_item(ITEMS, tl.program_id(0), GROUPED)
-    tile = item // H
-    h = item % H
-    b_lo = tl.load(TILE_BLO + tile)
-    b_hi = tl.load(TILE_BHI + tile)
-    mblk = tl.load(TILE_BLK + tile).to(tl.int32)
-    slot = tl.load(TILE_SLOT + tile).to(tl.int64)
-    hk = h // GROUP
-    m0 = mblk * BLOCK_M
+    h, hk, b_lo, b_hi, m0, slot = _dq_tile(ITEMS, TILE_BLO, TILE_BHI, TILE_BLK, TILE_SLOT, H, GROUP, BLOCK_M, GROUPED)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_D)
     offs_dv = tl.arange(0, HEAD_DV)
@@ -502,14 +527,7 @@ def _bwd_q_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
         lse = tl.load(LSE + h * stride_lh + o_start + offs_m, mask=row_ok, other=float("inf"))
         lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
         delta = tl.load(DELTA + h * stride_lh + o_start + offs_m, mask=row_ok, other=0.0)
-        diag = lk - lq
-        if CAUSAL:
-            hi = tl.maximum(tl.minimum(lk, m0 + BLOCK_M + diag), 0)
-            full_hi = tl.maximum(tl.minimum(lk, m0 + 1 + diag), 0)
-        else:
-            hi = lk
-            full_hi = lk
-        full_hi = (full_hi // BLOCK_N) * BLOCK_N
+        full_hi, hi, diag = _key_range(m0, lq, lk, CAUSAL, BLOCK_M, BLOCK_N)
         k_base = K + k_start * stride_kt + hk * stride_kh
         v_base = V + k_start * stride_vt + hk * stride_vh
         dq = _bwd_q_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kt, stride_vt,
@@ -518,13 +536,7 @@ def _bwd_q_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
         dq = _bwd_q_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kt, stride_vt,
                           offs_m, full_hi, hi, lk, diag, qk_scale,
                           True, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, DOT_PREC)
-    dq = dq * sm_scale
-    if BROADCAST:
-        q_row = m64
-    else:
-        q_row = q_start + m64
-    tl.store(DQ + slot * stride_dqs + q_row[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+    _dq_store(DQ, dq * sm_scale, slot, q_start, m64, row_ok, h, stride_dqs, stride_dqt, stride_dqh, BROADCAST, HEAD_D)
 
 
 # ----------------------------------------------------------------------------
@@ -565,41 +577,19 @@ def _bwd_q_from_ds_kernel(DS, DS_OFF, K, DQ, CU_Q, CU_K, TILE_BLO, TILE_BHI, TIL
                           BROADCAST: tl.constexpr, CAUSAL: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
                           DOT_PREC: tl.constexpr, GROUPED: tl.constexpr = False):
-    item = _launched_item(ITEMS, tl.program_id(0), GROUPED)
-    tile = item // H
-    h = item % H
-    b_lo = tl.load(TILE_BLO + tile)
-    b_hi = tl.load(TILE_BHI + tile)
-    mblk = tl.load(TILE_BLK + tile).to(tl.int32)
-    slot = tl.load(TILE_SLOT + tile).to(tl.int64)
-    hk = h // GROUP
-    m0 = mblk * BLOCK_M
+    h, hk, b_lo, b_hi, m0, slot = _dq_tile(ITEMS, TILE_BLO, TILE_BHI, TILE_BLK, TILE_SLOT, H, GROUP, BLOCK_M, GROUPED)
     offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_D)
     m64 = offs_m.to(tl.int64)
     dq = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
     q_start, o_start, lq, k_start, lk = _seq_info(CU_Q, CU_K, b_lo, BROADCAST)
     row_ok = offs_m < lq
     for b in range(b_lo, b_hi):
         q_start, o_start, lq, k_start, lk = _seq_info(CU_Q, CU_K, b, BROADCAST)
-        diag = lk - lq
-        if CAUSAL:
-            hi = tl.maximum(tl.minimum(lk, m0 + BLOCK_M + diag), 0)
-            full_hi = tl.maximum(tl.minimum(lk, m0 + 1 + diag), 0)
-        else:
-            hi = lk
-            full_hi = lk
-        full_hi = (full_hi // BLOCK_N) * BLOCK_N
+        full_hi, hi, diag = _key_range(m0, lq, lk, CAUSAL, BLOCK_M, BLOCK_N)
         ds_base = DS + h * stride_dsh + tl.load(DS_OFF + b)
         k_base = K + k_start * stride_kt + hk * stride_kh
         dq = _bwd_q_ds_inner(dq, ds_base, k_base, stride_kt, offs_m, row_ok, 0, full_hi, lq, lk, diag,
                              False, CAUSAL, BLOCK_N, HEAD_D, DOT_PREC)
         dq = _bwd_q_ds_inner(dq, ds_base, k_base, stride_kt, offs_m, row_ok, full_hi, hi, lq, lk, diag,
                              True, CAUSAL, BLOCK_N, HEAD_D, DOT_PREC)
-    dq = dq * sm_scale
-    if BROADCAST:
-        q_row = m64
-    else:
-        q_row = q_start + m64
-    tl.store(DQ + slot * stride_dqs + q_row[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+    _dq_store(DQ, dq * sm_scale, slot, q_start, m64, row_ok, h, stride_dqs, stride_dqt, stride_dqh, BROADCAST, HEAD_D)
