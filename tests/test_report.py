@@ -205,7 +205,8 @@ def test_html_is_self_contained_and_shows_matrix_reasons_failures_and_plots():
                      replay={"artifact": "f/1.pt", "command": "jfa-conformance replay f/1.pt --backend b"})
     report = make_report([record("a", "forward", "pass"), record("a", "lse", "unsupported", budget=None, reason="no LSE here"),
                           failing, record("b", "lse", "crash", reason="device error: CUDA error")],
-                         [timing("a", "dense", "forward", 0.01), timing("a", "skewed", "forward", 0.02)])
+                         [spread(timing("a", "dense", "forward", 0.01), 0.009, 0.0125),
+                          timing("a", "skewed", "forward", 0.02)])
     page = render_html(report)
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page), "the page must not load anything from the network"
     assert page.count("data:image/png;base64,") == 2
@@ -215,6 +216,9 @@ def test_html_is_self_contained_and_shows_matrix_reasons_failures_and_plots():
     md = render_markdown(report)
     assert "❌ FAIL" in md and "replay: `jfa-conformance replay f/1.pt --backend b`" in md
     assert "| b | failing |" in md
+    # the rounds' spread beside the median (the baseline gate compares it); '-' where a row has none
+    assert "| a | dense | forward | 10.000 | 9.000–12.500 |" in md and "| a | skewed | forward | 20.000 | - |" in md
+    assert "9.000–12.500" in page
 
 
 # -- atomic writes --------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import json
 
 from .. import report as rp
 from . import plots
-from .markdown import fmt_budget, run_line
+from .markdown import fmt_budget, fmt_spread, run_line
 
 LABEL = {"pass": "pass", "fail": "FAIL", "crash": "CRASH", "timeout": "TIMEOUT", "not-run": "not run",
          "expected-fail": "xfail", "unsupported": "unsupported"}
@@ -184,16 +184,17 @@ def render_html(report: dict, regressions: list[dict] | None = None) -> str:
                       "No timings in this run (run with --bench)."))
     parts.append("<h2>Timings</h2>")
     if report.get("timings"):
-        parts.append("<p class='note'>Median of pytest-benchmark rounds. TFLOP/s count useful FLOPs only "
+        parts.append("<p class='note'>Median of pytest-benchmark rounds; IQR: their interquartile range. TFLOP/s count useful FLOPs only "
                      "(valid query-key pairs, causal halved; backward 2.5× forward). Padding waste: the share of a "
                      "padded [B, max L] layout's work that would be padding.</p>")
-        parts.append("<table><tr><th>backend</th><th>shape</th><th>direction</th><th>median ms</th><th>TFLOP/s</th>"
+        parts.append("<table><tr><th>backend</th><th>shape</th><th>direction</th><th>median ms</th><th>IQR ms</th><th>TFLOP/s</th>"
                      "<th>padding waste</th><th>skew</th><th>B</th><th>heads</th><th>D</th><th>dtype</th><th>causal</th></tr>")
         for t in sorted(report["timings"], key=lambda t: (t["shape"], t["direction"], t["backend"])):
             p = t.get("problem") or {}
             parts.append(
                 f"<tr><td>{esc(t['backend'])}</td><td>{esc(t['shape'])}</td><td>{esc(t['direction'])}</td>"
-                f"<td class='num'>{t['median_s'] * 1e3:.3f}</td><td class='num'>{t['tflops']:.3g}</td>"
+                f"<td class='num'>{t['median_s'] * 1e3:.3f}</td><td class='num'>{esc(fmt_spread(t))}</td>"
+                f"<td class='num'>{t['tflops']:.3g}</td>"
                 f"<td class='num'>{t['padding_waste']:.0%}</td><td class='num'>{t['length_skew']:.1f}</td>"
                 f"<td class='num'>{esc(p.get('batch'))}</td><td class='num'>{esc(p.get('heads_q'))}</td>"
                 f"<td class='num'>{esc(p.get('head_dim'))}</td><td>{esc(p.get('dtype'))}</td><td>{esc(p.get('causal'))}</td></tr>")

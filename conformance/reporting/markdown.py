@@ -13,6 +13,13 @@ def fmt_budget(value) -> str:
     return "inf" if value == float("inf") else f"{value:.0%}"
 
 
+def fmt_spread(timing: dict) -> str:
+    """The rounds' interquartile range in ms (what the baseline gate compares), or '-' where not kept."""
+    if timing.get("q1_s") is None or timing.get("q3_s") is None:
+        return "-"
+    return f"{timing['q1_s'] * 1e3:.3f}–{timing['q3_s'] * 1e3:.3f}"
+
+
 def describe_check(record: dict) -> str:
     return f"{record['backend']} · {record['feature']}" + (f" · {record['dtype']}" if record.get("dtype") else "")
 
@@ -74,11 +81,12 @@ def render_markdown(report: dict, regressions: list[dict] | None = None) -> str:
         lines += ["", f"## Not run ({sum(map(len, unrun.values()))})", "", "Reason: " + "; ".join(reasons), ""]
         lines += [f"- **{backend}**: " + ", ".join(labels) for backend, labels in unrun.items()]
     if report.get("timings"):
-        lines += ["", "## Timings (median)", "", "| backend | shape | direction | median ms | TFLOP/s | padding waste | skew |",
-                  "|---|---|---|---:|---:|---:|---:|"]
+        lines += ["", "## Timings (median)", "",
+                  "| backend | shape | direction | median ms | IQR ms | TFLOP/s | padding waste | skew |",
+                  "|---|---|---|---:|---:|---:|---:|---:|"]
         for t in report["timings"]:
             lines.append(f"| {t['backend']} | {t['shape']} | {t['direction']} | {t['median_s'] * 1e3:.3f} | "
-                         f"{t['tflops']:.3g} | {t['padding_waste']:.0%} | {t['length_skew']:.1f} |")
+                         f"{fmt_spread(t)} | {t['tflops']:.3g} | {t['padding_waste']:.0%} | {t['length_skew']:.1f} |")
     unsupported = sorted({(r["backend"], r.get("reason") or "") for r in report["records"] if r["outcome"] == "unsupported"})
     if unsupported:
         lines += ["", "<details><summary>Unsupported checks and why</summary>", ""]
