@@ -610,8 +610,13 @@ if given is not None:
         hq = hkv * data.draw(st.sampled_from([1, 2]), label="group")
         d = data.draw(st.sampled_from([16, 32]), label="d")
         dtype = data.draw(st.sampled_from(FP), label="dtype")
-        run_case(lens_q, lens_k, hq=hq, hkv=hkv, d=d, dtype=dtype, causal=causal, broadcast=broadcast,
-                 seed=data.draw(st.integers(0, 1000), label="seed"))
+        from kernels import jfa
+        # the dQ modes that serve every problem (the atomic one yields to broadcast-Q)
+        dq_mode = data.draw(st.sampled_from(["separate", "ds"]), label="dq_mode")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(jfa, "BWD_DQ_MODE", dq_mode)
+            run_case(lens_q, lens_k, hq=hq, hkv=hkv, d=d, dtype=dtype, causal=causal, broadcast=broadcast,
+                     seed=data.draw(st.integers(0, 1000), label="seed"))
 
 
 @needs_kernels
