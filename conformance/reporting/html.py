@@ -184,10 +184,12 @@ def render_html(report: dict, regressions: list[dict] | None = None) -> str:
                       "No timings in this run (run with --bench)."))
     parts.append("<h2>Timings</h2>")
     if report.get("timings"):
-        parts.append("<p class='note'>Median of pytest-benchmark rounds; IQR: their interquartile range. TFLOP/s count useful FLOPs only "
+        parts.append("<p class='note'>Median of pytest-benchmark rounds; IQR: their interquartile range. "
+                     "TFLOP/s count useful FLOPs only "
                      "(valid query-key pairs, causal halved; backward 2.5× forward). Padding waste: the share of a "
                      "padded [B, max L] layout's work that would be padding.</p>")
-        parts.append("<table><tr><th>backend</th><th>shape</th><th>direction</th><th>median ms</th><th>IQR ms</th><th>TFLOP/s</th>"
+        parts.append("<table><tr><th>backend</th><th>shape</th><th>direction</th><th>median ms</th><th>IQR ms</th>"
+                     "<th>TFLOP/s</th>"
                      "<th>padding waste</th><th>skew</th><th>B</th><th>heads</th><th>D</th><th>dtype</th><th>causal</th></tr>")
         for t in sorted(report["timings"], key=lambda t: (t["shape"], t["direction"], t["backend"])):
             p = t.get("problem") or {}
