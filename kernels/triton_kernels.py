@@ -311,7 +311,7 @@ def _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, 
                      mask=(offs_n < lk)[:, None] & rok[None, :])
         if FUSE_DQ:
             # dQ[rows] += scale * dS @ K, fp32 atomics (non-deterministic order)
-            dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PREC) * sm_scale
+            dq = tl.dot(tl.trans(ds_lo), k, input_precision=DOT_PREC) * sm_scale  # (q, k share a dtype)
             if DQ_TMA:
                 # one bulk reduce-add of the whole block through TMA (dq_base: a descriptor of the
                 # packed [rows, heads * D] accumulator).  Its rows past lq land on the next sequence's
