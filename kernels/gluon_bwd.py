@@ -82,6 +82,9 @@ BLOCK_N = gl.constexpr(128)  # keys per item
 DQ_ROWS = gl.constexpr(64)  # FUSE_DQ: head-dim rows of one dQ^T partial (one wgmma M-extent, one TMA add)
 DQ_COLS = gl.constexpr(32)  # FUSE_DQ: its query rows, so BLOCK_M must be 32 then
 LOG2E = gl.constexpr(1.4426950408889634)
+# the [1, BLOCK_M] fp32 boxes of the backward statistics: unswizzled, since a stage's box is 128 or 256
+# bytes and a swizzled TMA destination must start on a 1,024-byte boundary
+STATS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
 @aggregate
@@ -152,13 +155,17 @@ def _kv_item(pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K,
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, pos_smem,
+def _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem,
             kv_ready, kv_empty, qdo_ready, qdo_empty, tail_bar,
             ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items, flags):
     HEAD_D: gl.constexpr = flags.HEAD_D
     HEAD_DV: gl.constexpr = flags.HEAD_DV
     STAGES: gl.constexpr = flags.STAGES
     BLOCK_M: gl.constexpr = flags.BLOCK_M
+    HQ = HKV * GROUP
+    # one block's Q, dO and its rows' two statistics (log2-domain LSE, delta: rows h and HQ + h of stats_desc)
+    block_bytes: gl.constexpr = (q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                                 + 2 * stats_desc.block_type.nbytes)
     r = 0  # ring position of the next Q/dO block (runs on across items)
     n_tails = 0
     tk = 0  # items so far: K/V buffer tk % 2
@@ -202,14 +209,15 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, po
                 s = r % STAGES
                 mbarrier.wait(qdo_empty.index(s), ((r // STAGES) & 1) ^ 1)
                 if m + BLOCK_M <= lq:
-                    mbarrier.expect(qdo_ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-                    tma_load(q_desc, [q_start + m, h * HEAD_D], qdo_ready.index(s), q_smem.index(s))
-                    tma_load(do_desc, [o_start + m, h * HEAD_DV], qdo_ready.index(s), do_smem.index(s))
+                    mbarrier.expect(qdo_ready.index(s), block_bytes)
+                    _load_block(q_desc, do_desc, stats_desc, q_smem, do_smem, stats_smem, s, q_start + m,
+                                o_start + m, h, HQ, HEAD_D, HEAD_DV, qdo_ready.index(s))
                 else:
-                    # the ragged last block (one per query head and item): zero the rows past lq
-                    mbarrier.expect(tail_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-                    tma_load(q_desc, [q_start + m, h * HEAD_D], tail_bar, q_smem.index(s))
-                    tma_load(do_desc, [o_start + m, h * HEAD_DV], tail_bar, do_smem.index(s))
+                    # the ragged last block (one per query head and item): zero the rows past lq (the
+                    # statistics past lq are masked where they are read)
+                    mbarrier.expect(tail_bar, block_bytes)
+                    _load_block(q_desc, do_desc, stats_desc, q_smem, do_smem, stats_smem, s, q_start + m,
+                                o_start + m, h, HQ, HEAD_D, HEAD_DV, tail_bar)
                     mbarrier.wait(tail_bar, n_tails & 1)
                     _zero_rows_from(q_smem.index(s), lq - m, BLOCK_M, HEAD_D)
                     _zero_rows_from(do_smem.index(s), lq - m, BLOCK_M, HEAD_DV)
@@ -227,7 +235,29 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, po
 
 
 @gluon.jit
-def _block(dk, dv, k_half, v_half, q_s, do_s, LSE, DELTA, lse_base, keys, rows, lq, diag, qk_scale,
+def _load_block(q_desc, do_desc, stats_desc, q_smem, do_smem, stats_smem, s, q_row, o_row, h, HQ,
+                HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr, bar):
+    tma_load(q_desc, [q_row, h * HEAD_D], bar, q_smem.index(s))
+    tma_load(do_desc, [o_row, h * HEAD_DV], bar, do_smem.index(s))
+    # LSE and delta come with the block, as FA3 loads them: read from global memory by the consumers,
+    # they were a full memory latency on every block's critical path (ptxas issues the loads after the
+    # wait for S^T / dP^T, next to their use)
+    tma_load(stats_desc, [h, o_row], bar, stats_smem.index(2 * s))
+    tma_load(stats_desc, [HQ + h, o_row], bar, stats_smem.index(2 * s + 1))
+
+
+@gluon.jit
+def _row_stats(stats_smem, s, row_ok, s_layout: gl.constexpr):
+    # [1, BLOCK_M] log2-domain LSE (+inf where a row sees no key: its P is 0) and delta of ring buffer s;
+    # rows past lq hold the next sequence's (or TMA's zero fill) and are masked here
+    ok = gl.expand_dims(row_ok, 0)
+    lse2 = gl.where(ok, stats_smem.index(2 * s).load(s_layout), float("inf"))
+    delta = gl.where(ok, stats_smem.index(2 * s + 1).load(s_layout), 0.0)
+    return lse2, delta
+
+
+@gluon.jit
+def _block(dk, dv, k_half, v_half, q_s, do_s, stats_smem, s, keys, rows, lq, diag, qk_scale,
            CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
            ds_layout: gl.constexpr, ds_s, dq_smem, dq_desc, dq_coord, FUSE_DQ: gl.constexpr, HEAD_D: gl.constexpr,
            WG: gl.constexpr, k_lo, k_hi, ds_ready, r, DQ_BUFS: gl.constexpr, BLOCK_M: gl.constexpr):
@@ -238,12 +268,9 @@ def _block(dk, dv, k_half, v_half, q_s, do_s, LSE, DELTA, lse_base, keys, rows, 
     dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
                         use_acc=False, is_async=True)
     row_ok = rows < lq
-    lse = gl.load(LSE + lse_base + rows, mask=row_ok, other=float("inf"))
-    # rows that see no key carry -inf: their P must be 0
-    lse2 = gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
-    delta = gl.load(DELTA + lse_base + rows, mask=row_ok, other=0.0)
+    lse2, delta = _row_stats(stats_smem, s, row_ok, s_layout)
     st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
-    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
+    pt = gl.exp2(st * qk_scale - lse2)
     # Every block is masked, also those that need no mask: with a separate unmasked path, Triton 3.6
     # compiled that path wrong on the H200 once the Q/dO ring had two or more stages and D == Dv
     # (PERF.md v11); the selects cost little next to the four MMAs.
@@ -253,7 +280,7 @@ def _block(dk, dv, k_half, v_half, q_s, do_s, LSE, DELTA, lse_base, keys, rows, 
     pt = gl.where(keep, pt, 0.0)
     p_op = gl.convert_layout(pt.to(do_s.dtype), p_layout)
     dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
-    dst = pt * (dpt - gl.expand_dims(delta, 0))
+    dst = pt * (dpt - delta)
     ds_op = gl.convert_layout(dst.to(q_s.dtype), ds_layout)
     dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
     if FUSE_DQ == 1:
@@ -320,19 +347,17 @@ def _add_dq_part(dqt, row_ok, dq_s, dq_desc, coord, DQ_BUFS: gl.constexpr):
 
 
 @gluon.jit
-def _p_ds(st, dpt, LSE, DELTA, lse_base, keys, rows, lq, diag, qk_scale, dtype: gl.constexpr,
-          CAUSAL: gl.constexpr, p_layout: gl.constexpr, ds_layout: gl.constexpr):
+def _p_ds(st, dpt, stats_smem, s, keys, rows, lq, diag, qk_scale, dtype: gl.constexpr,
+          CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, ds_layout: gl.constexpr):
     # P^T and dS^T of one block as the dV and dK MMAs' register operands (every block masked, as in _block)
     row_ok = rows < lq
-    lse = gl.load(LSE + lse_base + rows, mask=row_ok, other=float("inf"))
-    lse2 = gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
-    delta = gl.load(DELTA + lse_base + rows, mask=row_ok, other=0.0)
-    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
+    lse2, delta = _row_stats(stats_smem, s, row_ok, s_layout)
+    pt = gl.exp2(st * qk_scale - lse2)
     keep = gl.expand_dims(row_ok, 0)
     if CAUSAL:
         keep = keep & (gl.expand_dims(keys, 1) <= gl.expand_dims(rows, 0) + diag)
     pt = gl.where(keep, pt, 0.0)
-    dst = pt * (dpt - gl.expand_dims(delta, 0))
+    dst = pt * (dpt - delta)
     return gl.convert_layout(pt.to(dtype), p_layout), gl.convert_layout(dst.to(dtype), ds_layout)
 
 
@@ -346,8 +371,8 @@ def _issue_st_dpt(k_half, v_half, q_s, do_s, s_layout: gl.constexpr, BLOCK_M: gl
 
 
 @gluon.jit
-def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, r, keys,
-                     lq, diag, qk_scale, hk, o_start, stride_lh, GROUP, m_lo, n_steps, STAGES: gl.constexpr,
+def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, stats_smem, qdo_ready, qdo_empty, r, keys,
+                     lq, diag, qk_scale, m_lo, n_steps, n_blocks, STAGES: gl.constexpr,
                      CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
                      ds_layout: gl.constexpr, BLOCK_M: gl.constexpr):
     # The forward's order over the item's blocks t (query head t // n_steps, rows block t % n_steps):
@@ -355,16 +380,14 @@ def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, qdo_ready, qdo_emp
     # (dV / dK of t-1 stay in flight) and block t's P / dS are computed while they run; a wait for
     # them, which frees block t-1's Q/dO buffer.  No MMA is in flight across the loop's back edge:
     # ptxas serializes every wgmma of the kernel when an accumulator is (PERF.md v12).
-    n_blocks = GROUP * n_steps
     if n_blocks > 0:
         s = r % STAGES
         mbarrier.wait(qdo_ready.index(s), (r // STAGES) & 1)
         st, dpt = _issue_st_dpt(k_half, v_half, q_smem.index(s), do_smem.index(s), s_layout, BLOCK_M)
         st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
-        lse_base = hk.to(gl.int64) * GROUP * stride_lh + o_start.to(gl.int64)
         rows = m_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-        p_prev, ds_prev = _p_ds(st, dpt, LSE, DELTA, lse_base, keys, rows, lq, diag, qk_scale, q_smem.dtype,
-                                CAUSAL, p_layout, ds_layout)
+        p_prev, ds_prev = _p_ds(st, dpt, stats_smem, s, keys, rows, lq, diag, qk_scale, q_smem.dtype,
+                                CAUSAL, s_layout, p_layout, ds_layout)
         for t in range(1, n_blocks):
             g = t // n_steps
             rt = r + t
@@ -375,10 +398,9 @@ def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, qdo_ready, qdo_emp
             dv_run = warpgroup_mma(p_prev, do_smem.index(sp), dv, is_async=True)
             dk_run = warpgroup_mma(ds_prev, q_smem.index(sp), dk, is_async=True)
             st, dpt = warpgroup_mma_wait(2, deps=(st, dpt))
-            lse_base = (hk * GROUP + g).to(gl.int64) * stride_lh + o_start.to(gl.int64)
             rows = m_lo + (t - g * n_steps) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-            p_op, ds_op = _p_ds(st, dpt, LSE, DELTA, lse_base, keys, rows, lq, diag, qk_scale, q_smem.dtype,
-                                CAUSAL, p_layout, ds_layout)
+            p_op, ds_op = _p_ds(st, dpt, stats_smem, s, keys, rows, lq, diag, qk_scale, q_smem.dtype,
+                                CAUSAL, s_layout, p_layout, ds_layout)
             dv, dk, p_prev, ds_prev = warpgroup_mma_wait(0, deps=(dv_run, dk_run, p_prev, ds_prev))
             mbarrier.arrive(qdo_empty.index(sp))
             p_prev = p_op
@@ -392,9 +414,9 @@ def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, qdo_ready, qdo_emp
 
 
 @gluon.jit
-def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
-              DK, DV, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
-              stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale, ds_smem, dq_smem,
+def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
+              DK, DV, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
+              stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, qk_scale, ds_smem, dq_smem,
               dq_desc, CU_DQ, ds_ready, flags):
     WG: gl.constexpr = flags.WG
     CAUSAL: gl.constexpr = flags.CAUSAL
@@ -429,20 +451,19 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo
         dk = gl.zeros([HALF_N, HEAD_D], gl.float32, dk_layout)
         dv = gl.zeros([HALF_N, HEAD_DV], gl.float32, dv_layout)
         if flags.OVERLAP:
-            dk, dv = _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA,
-                                      r, keys, lq, diag, qk_scale, hk, o_start, stride_lh, GROUP, m_lo, n_steps,
+            dk, dv = _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, stats_smem, qdo_ready, qdo_empty,
+                                      r, keys, lq, diag, qk_scale, m_lo, n_steps, GROUP * n_steps,
                                       STAGES, CAUSAL, s_layout, p_layout, ds_layout, BLOCK_M)
             r += GROUP * n_steps
         else:
             for g in range(GROUP):
-                lse_base = (hk * GROUP + g).to(gl.int64) * stride_lh + o_start.to(gl.int64)
                 for j in range(n_steps):
                     m = m_lo + j * BLOCK_M
                     s = r % STAGES
                     mbarrier.wait(qdo_ready.index(s), (r // STAGES) & 1)
                     rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-                    dk, dv = _block(dk, dv, k_half, v_half, q_smem.index(s), do_smem.index(s), LSE, DELTA,
-                                    lse_base, keys, rows, lq, diag, qk_scale, CAUSAL, s_layout, p_layout,
+                    dk, dv = _block(dk, dv, k_half, v_half, q_smem.index(s), do_smem.index(s), stats_smem, s,
+                                    keys, rows, lq, diag, qk_scale, CAUSAL, s_layout, p_layout,
                                     ds_layout, ds_smem if flags.FUSE_DQ == 2 else ds_smem.index(WG),
                                     dq_smem, dq_desc, [(hk * GROUP + g) * HEAD_D, dq_col + m],
                                     flags.FUSE_DQ, HEAD_D, WG, k_smem.index(2 * kb), k_smem.index(2 * kb + 1),
@@ -471,8 +492,8 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo
 
 
 @gluon.jit
-def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS,
-                COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale,
+def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS,
+                COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, qk_scale,
                 HKV, GROUP, n_items, dq_desc, CU_DQ,
                 BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                 STAGES: gl.constexpr, GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
@@ -482,6 +503,8 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
     # program p runs the launch positions p, then p + P, ... (DYNAMIC: those it claims from COUNTER)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DV], do_desc.layout)
+    # per stage: the block's log2-domain LSE, then its delta (jfa's backward statistics buffer)
+    stats_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, 1, BLOCK_M], stats_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [4, HALF_N, HEAD_D], k_desc.layout)  # 2 buffers x 2 halves
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [4, HALF_N, HEAD_DV], v_desc.layout)
     pos_smem = gl.allocate_shared_memory(gl.int32, [2, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -514,9 +537,9 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
         mbarrier.init(qdo_ready.index(i), count=1)
         mbarrier.init(qdo_empty.index(i), count=2)  # ... and every Q/dO buffer
     fence_async_shared()
-    shared = (q_smem, do_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
-              DK, DV, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
-              stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, sm_scale, qk_scale, ds_smem, dq_smem, dq_desc,
+    shared = (q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
+              DK, DV, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
+              stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, qk_scale, ds_smem, dq_smem, dq_desc,
               CU_DQ, ds_ready)
     # 64-row blocks hold 64 x 64 S^T / dP^T: the consumer groups take 240 registers and the loader 24 (FA3's
     # split), which keeps most spills out of the per-block loop (at 232: 10-29 local accesses in it)
@@ -527,7 +550,7 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, CU_Q, CU_K,
                                        FUSE_DQ, DQ_BUFS, BLOCK_M), )),
         (_consumer, shared + (BwdFlags(1, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP,
                                        FUSE_DQ, DQ_BUFS, BLOCK_M), )),
-        (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, pos_smem,
+        (_loader, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem,
                    kv_ready, kv_empty, qdo_ready, qdo_empty, tail_bar,
                    ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
                    BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP, FUSE_DQ,
@@ -550,10 +573,10 @@ def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=Fals
 
     signature = {
         "q_desc": desc(block_m, head_d), "k_desc": desc(HALF_N.value, head_d),
-        "v_desc": desc(HALF_N.value, head_dv), "do_desc": desc(block_m, head_dv), "DK": "*" + dtype,
-        "DV": "*" + dtype, "LSE": "*fp32", "DELTA": "*fp32",
+        "v_desc": desc(HALF_N.value, head_dv), "do_desc": desc(block_m, head_dv),
+        "stats_desc": f"tensordesc<fp32[1, {block_m}],{STATS_LAYOUT!r}>", "DK": "*" + dtype, "DV": "*" + dtype,
         "CU_Q": "*i32", "CU_K": "*i32", "TILE_SEQ": "*i32", "TILE_BLK": "*i32", "ITEMS": "*i32", "COUNTER": "*i32",
-        "stride_dkt": "i32", "stride_dkh": "i32", "stride_dvt": "i32", "stride_dvh": "i32", "stride_lh": "i32",
+        "stride_dkt": "i32", "stride_dkh": "i32", "stride_dvt": "i32", "stride_dvh": "i32",
         "sm_scale": "fp32", "qk_scale": "fp32", "HKV": "i32", "GROUP": "i32", "n_items": "i32",
         "dq_desc": desc(DQ_ROWS.value, DQ_COLS.value, "fp32", gl.float32), "CU_DQ": "*i32",
         "BROADCAST": "constexpr", "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr",

@@ -34,6 +34,9 @@
 #                                           the rest): its GPU tests, then the shipped backward against it at
 #                                           1,024 / 2,048 / 4,096 keys and the Gluon kernel alone (one round, six
 #                                           shapes, each row naming the paths that ran)
+#   bash kernels/gpu_run.sh OUT_DIR gstats  the Gluon dK/dV kernel with LSE / delta brought by TMA with each block: its GPU
+#                                           tests, then the shipped backward against its orders and stages (one round)
+#   bash kernels/gpu_run.sh OUT_DIR gfusedt the fused-dQ Gluon GPU tests alone
 #   bash kernels/gpu_run.sh OUT_DIR dsdq    dQ read back from stored dS (BWD_DQ_MODE "ds"): its GPU tests beside the
 #                                           multi-block ones, then the shipped backward against it with other dQ and
 #                                           dK/dV tiles (one round, six shapes; rows whose dQ did not run "ds" listed)
@@ -54,7 +57,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -142,6 +145,12 @@ triton-plan-bwd-split1024,triton-plan-bwd-split2048,triton-plan-bwd-split4096
     python3 -c "import json, sys
 for r in json.load(open(sys.argv[1])): print(r['shape'], r['impl'], '|', r.get('bwd_path', r.get('error', '')))" \
       "$OUT_DIR/bench_bwd_split.json" ;;
+  gstats)
+    gpu_tests 240 14 "gpu and (gluon_backward or gluon_split or runs_the_switches or gluon_fused_dq_keeps)" gluon_stats
+    gb=triton-plan-gluon-bwd
+    run_bench 300 gluon_stats --shapes $ALL_SHAPES --impls triton-plan,$gb,$gb-s3,$gb-ovl-s2,$gb-ovl-s3 ;;
+  gfusedt)
+    gpu_tests 200 14 "gpu and gluon_fused" gluon_fused ;;
   dsdq)
     gpu_tests 200 14 "ds_dq or (gpu and (multiblock or block_shapes)) or runs_the_switches" ds_dq
     ds=triton-plan-ds

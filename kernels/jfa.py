@@ -406,6 +406,7 @@ def _gluon_bwd_smem_bytes(head_d, head_dv, stages, fused_split, dq_buffers, bloc
     its barriers and alignment, which tests/test_gluon_compile.py bounds by 1 KB); fused_split "" when dQ
     is not fused."""
     size = 2 * (stages * block_m * (head_d + head_dv) + 4 * 64 * (head_d + head_dv)) + 2 * 32 * 4  # rings, K/V, pos
+    size += stages * 2 * block_m * 4  # each stage's LSE and delta
     if fused_split:  # dS^T (one or both groups' rows, two buffers) and the fp32 dQ^T staging buffers
         size += 2 * (128 if fused_split == "dim" else 64) * 32 * 2 + 2 * dq_buffers * 64 * 32 * 4
     else:
@@ -756,12 +757,6 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     n_out = out.shape[0]
     if do.stride(-1) != 1:
         do = do.contiguous()
-    delta = torch.empty_like(lse)
-    if n_out > 0 and hq > 0:
-        blk = 64 if dvd <= 128 else 32
-        tk._bwd_preprocess[(triton_cdiv(n_out, blk), hq)](
-            out, do, delta, n_out, out.stride(0), out.stride(1), do.stride(0), do.stride(1),
-            delta.stride(0), BLOCK=blk, HEAD_DV=dvd, num_warps=4)
     prec = _dot_prec(q.dtype)
     # dK, dV (and dQ when fused)
     fuse = cfgs.fuse_dq
@@ -782,6 +777,15 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
                 else None if run_gluon else (seq_t, blk_t, n_kv, s["kv_items"], s["kv_persistent"]))
     LAST_BWD_KV_PATH = ("gluon+triton" if run_gluon and tl_tiles is not None and tl_tiles[2] > 0
                         else "gluon" if run_gluon else f"triton (gluon: {why})" if why else "triton")
+    delta = torch.empty_like(lse)  # (the tl kernels read LSE and delta with one row stride)
+    # the Gluon dK/dV kernel's statistics: [2 * Hq, rows] fp32, rows padded to 16 bytes (a TMA row stride)
+    stats = (torch.empty((2 * hq, -(-n_out // 4) * 4), device=q.device, dtype=torch.float32)[:, :n_out]
+             if run_gluon else delta)
+    if n_out > 0 and hq > 0:
+        blk = 64 if dvd <= 128 else 32
+        tk._bwd_preprocess[(triton_cdiv(n_out, blk), hq)](
+            out, do, delta, lse, stats, n_out, out.stride(0), out.stride(1), do.stride(0), do.stride(1),
+            delta.stride(0), stats.stride(0), BLOCK=blk, HEAD_DV=dvd, WRITE_STATS=run_gluon, num_warps=4)
     dq_tma = False
     dq_acc_t = None
     if fuse and run_gluon:  # (only BWD_KV_KERNEL "gluon" fuses dQ in)
@@ -817,7 +821,7 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     ds_ws = (torch.empty((hq, max(1, s["ds_total"])), device=q.device, dtype=q.dtype) if cfgs.ds_dq
              else None)
     if run_gluon:
-        _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, sw, causal, scale, broadcast,
+        _backward_kv_gluon(q, k, v, do, stats, dk, dv, cu_q, cu_k, s, sw, causal, scale, broadcast,
                            (dq_acc_t, cu_dq) if dq_acc_t is not None else None)
     if tl_tiles is not None and tl_tiles[2] > 0 and hkv > 0:
         seq_t, blk_t, n_kv, kv_items, persistent = tl_tiles
@@ -887,9 +891,10 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     return dq, dk, dv
 
 
-def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, sw, causal, scale, broadcast, fused_dq=None):
-    """The Gluon dK/dV kernel; with ``fused_dq`` = (buffer, cu_dq) from _fused_dq_buffer it also adds the
-    unscaled dQ^T into the buffer (the fused atomic mode)."""
+def _backward_kv_gluon(q, k, v, do, stats, dk, dv, cu_q, cu_k, s, sw, causal, scale, broadcast, fused_dq=None):
+    """The Gluon dK/dV kernel; ``stats`` [2 * Hq, rows] holds LSE * log2(e) and delta (_bwd_preprocess).
+    With ``fused_dq`` = (buffer, cu_dq) from _fused_dq_buffer it also adds the unscaled dQ^T into the
+    buffer (the fused atomic mode)."""
     from . import gluon_bwd as gb
     assert gb.HALF_N.value == GLUON_BWD_KV_ROWS
     block_m = sw.gluon_bwd_block_m
@@ -907,9 +912,11 @@ def _backward_kv_gluon(q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, s, sw, causa
     else:  # a descriptor of the right type all the same (the kernel never uses it, nor cu_dq)
         dummy = torch.zeros((gb.DQ_ROWS.value, gb.DQ_COLS.value), device=q.device, dtype=torch.float32)
         dqd, cu_dq = _fused_dq_descriptor(dummy), cu_q
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    statsd = TensorDescriptor.from_tensor(stats, [1, block_m], gb.STATS_LAYOUT)
     gb.dkdv_kernel[(n_programs,)](
-        qd, kd, vd, dod, dk, dv, lse, delta, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
-        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0), scale, scale * tk.LOG2E,
+        qd, kd, vd, dod, statsd, dk, dv, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
+        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), scale, scale * tk.LOG2E,
         hkv, hq // hkv, n_items, dqd, cu_dq,
         BROADCAST=broadcast, CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=sw.gluon_bwd_stages,
         GROUPED=items is not None, DYNAMIC=dynamic, OVERLAP=sw.gluon_bwd_overlap,
