@@ -157,7 +157,7 @@ def _kv_item(pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K,
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem,
             kv_ready, kv_empty, qdo_ready, qdo_empty, tail_bar,
-            ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items, flags):
+            ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, CU_COLS, HKV, GROUP, n_items, flags):
     HEAD_D: gl.constexpr = flags.HEAD_D
     HEAD_DV: gl.constexpr = flags.HEAD_DV
     STAGES: gl.constexpr = flags.STAGES
@@ -174,6 +174,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, stats_
         q_start, o_start, lq, k_start, lk, hk, n0, diag, m_lo, n_steps, b = _kv_item(
             pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, flags.CAUSAL, flags.GROUPED,
             flags.BLOCK_M)
+        col0 = gl.load(CU_COLS + b)  # the sequence's first column of the statistics
         kb = tk % 2
         # a fresh barrier counts as having completed the phase before 0, so first rounds do not wait
         mbarrier.wait(kv_empty.index(kb), ((tk // 2) & 1) ^ 1)
@@ -211,13 +212,13 @@ def _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, stats_
                 if m + BLOCK_M <= lq:
                     mbarrier.expect(qdo_ready.index(s), block_bytes)
                     _load_block(q_desc, do_desc, stats_desc, q_smem, do_smem, stats_smem, s, q_start + m,
-                                o_start + m, h, HQ, HEAD_D, HEAD_DV, qdo_ready.index(s))
+                                o_start + m, col0 + m, h, HQ, HEAD_D, HEAD_DV, qdo_ready.index(s))
                 else:
                     # the ragged last block (one per query head and item): zero the rows past lq (the
                     # statistics past lq are masked where they are read)
                     mbarrier.expect(tail_bar, block_bytes)
                     _load_block(q_desc, do_desc, stats_desc, q_smem, do_smem, stats_smem, s, q_start + m,
-                                o_start + m, h, HQ, HEAD_D, HEAD_DV, tail_bar)
+                                o_start + m, col0 + m, h, HQ, HEAD_D, HEAD_DV, tail_bar)
                     mbarrier.wait(tail_bar, n_tails & 1)
                     _zero_rows_from(q_smem.index(s), lq - m, BLOCK_M, HEAD_D)
                     _zero_rows_from(do_smem.index(s), lq - m, BLOCK_M, HEAD_DV)
@@ -235,15 +236,17 @@ def _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, stats_
 
 
 @gluon.jit
-def _load_block(q_desc, do_desc, stats_desc, q_smem, do_smem, stats_smem, s, q_row, o_row, h, HQ,
+def _load_block(q_desc, do_desc, stats_desc, q_smem, do_smem, stats_smem, s, q_row, o_row, col, h, HQ,
                 HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr, bar):
     tma_load(q_desc, [q_row, h * HEAD_D], bar, q_smem.index(s))
     tma_load(do_desc, [o_row, h * HEAD_DV], bar, do_smem.index(s))
     # LSE and delta come with the block, as FA3 loads them: read from global memory by the consumers,
     # they were a full memory latency on every block's critical path (ptxas issues the loads after the
-    # wait for S^T / dP^T, next to their use)
-    tma_load(stats_desc, [h, o_row], bar, stats_smem.index(2 * s))
-    tma_load(stats_desc, [HQ + h, o_row], bar, stats_smem.index(2 * s + 1))
+    # wait for S^T / dP^T, next to their use).  Their column (a sequence starts at a multiple of 4, see
+    # jfa.AlignedColumns) keeps the TMA coordinate 16-byte aligned: unaligned, the H200 stops the kernel
+    # with an illegal instruction
+    tma_load(stats_desc, [h, col], bar, stats_smem.index(2 * s))
+    tma_load(stats_desc, [HQ + h, col], bar, stats_smem.index(2 * s + 1))
 
 
 @gluon.jit
@@ -417,7 +420,7 @@ def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, stats_smem, qdo_re
 def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
               DK, DV, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
               stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, qk_scale, ds_smem, dq_smem,
-              dq_desc, CU_DQ, ds_ready, flags):
+              dq_desc, CU_COLS, ds_ready, flags):
     WG: gl.constexpr = flags.WG
     CAUSAL: gl.constexpr = flags.CAUSAL
     HEAD_D: gl.constexpr = flags.HEAD_D
@@ -439,10 +442,10 @@ def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, k
     while pos < n_items:
         q_start, o_start, lq, k_start, lk, hk, n0, diag, m_lo, n_steps, b = _kv_item(
             pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, CAUSAL, flags.GROUPED, BLOCK_M)
-        # FUSE_DQ: the sequence's first column of the dQ^T buffer (a multiple of 4, see jfa._fused_dq_buffer)
+        # FUSE_DQ: the sequence's first column of the dQ^T buffer (a multiple of 4, see jfa.AlignedColumns)
         dq_col = o_start
         if flags.FUSE_DQ:
-            dq_col = gl.load(CU_DQ + b)
+            dq_col = gl.load(CU_COLS + b)
         kb = tk % 2
         k_half = k_smem.index(2 * kb + WG)
         v_half = v_smem.index(2 * kb + WG)
@@ -494,7 +497,7 @@ def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, k
 @gluon.jit
 def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS,
                 COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, qk_scale,
-                HKV, GROUP, n_items, dq_desc, CU_DQ,
+                HKV, GROUP, n_items, dq_desc, CU_COLS,
                 BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                 STAGES: gl.constexpr, GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
                 OVERLAP: gl.constexpr = False, FUSE_DQ: gl.constexpr = 0, DQ_BUFS: gl.constexpr = 1,
@@ -540,7 +543,7 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
     shared = (q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
               DK, DV, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
               stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, qk_scale, ds_smem, dq_smem, dq_desc,
-              CU_DQ, ds_ready)
+              CU_COLS, ds_ready)
     # 64-row blocks hold 64 x 64 S^T / dP^T: the consumer groups take 240 registers and the loader 24 (FA3's
     # split), which keeps most spills out of the per-block loop (at 232: 10-29 local accesses in it)
     CONSUMER_REGS: gl.constexpr = 240 if BLOCK_M == 64 else 232
@@ -552,7 +555,7 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
                                        FUSE_DQ, DQ_BUFS, BLOCK_M), )),
         (_loader, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem,
                    kv_ready, kv_empty, qdo_ready, qdo_empty, tail_bar,
-                   ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
+                   ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, CU_COLS, HKV, GROUP, n_items,
                    BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP, FUSE_DQ,
                             DQ_BUFS, BLOCK_M))),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -578,7 +581,7 @@ def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=Fals
         "CU_Q": "*i32", "CU_K": "*i32", "TILE_SEQ": "*i32", "TILE_BLK": "*i32", "ITEMS": "*i32", "COUNTER": "*i32",
         "stride_dkt": "i32", "stride_dkh": "i32", "stride_dvt": "i32", "stride_dvh": "i32",
         "sm_scale": "fp32", "qk_scale": "fp32", "HKV": "i32", "GROUP": "i32", "n_items": "i32",
-        "dq_desc": desc(DQ_ROWS.value, DQ_COLS.value, "fp32", gl.float32), "CU_DQ": "*i32",
+        "dq_desc": desc(DQ_ROWS.value, DQ_COLS.value, "fp32", gl.float32), "CU_COLS": "*i32",
         "BROADCAST": "constexpr", "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr",
         "STAGES": "constexpr", "GROUPED": "constexpr", "DYNAMIC": "constexpr", "OVERLAP": "constexpr",
         "FUSE_DQ": "constexpr", "DQ_BUFS": "constexpr", "BLOCK_M": "constexpr",

@@ -778,18 +778,20 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     LAST_BWD_KV_PATH = ("gluon+triton" if run_gluon and tl_tiles is not None and tl_tiles[2] > 0
                         else "gluon" if run_gluon else f"triton (gluon: {why})" if why else "triton")
     delta = torch.empty_like(lse)  # (the tl kernels read LSE and delta with one row stride)
-    # the Gluon dK/dV kernel's statistics: [2 * Hq, rows] fp32, rows padded to 16 bytes (a TMA row stride)
-    stats = (torch.empty((2 * hq, -(-n_out // 4) * 4), device=q.device, dtype=torch.float32)[:, :n_out]
-             if run_gluon else delta)
+    # the Gluon dK/dV kernel's statistics, [2 * Hq, columns] fp32: LSE * log2(e), then delta
+    columns = _aligned_columns(cu_q, cu_k.shape[0] - 1, n_out, broadcast) if run_gluon else None
+    stats = (torch.empty((2 * hq, columns.n_cols), device=q.device, dtype=torch.float32) if run_gluon
+             else delta)
     if n_out > 0 and hq > 0:
         blk = 64 if dvd <= 128 else 32
         tk._bwd_preprocess[(triton_cdiv(n_out, blk), hq)](
-            out, do, delta, lse, stats, n_out, out.stride(0), out.stride(1), do.stride(0), do.stride(1),
-            delta.stride(0), stats.stride(0), BLOCK=blk, HEAD_DV=dvd, WRITE_STATS=run_gluon, num_warps=4)
+            out, do, delta, lse, stats, cu_q if columns is None else columns.cols, n_out, out.stride(0),
+            out.stride(1), do.stride(0), do.stride(1), delta.stride(0), stats.stride(0),
+            BLOCK=blk, HEAD_DV=dvd, WRITE_STATS=run_gluon, num_warps=4)
     dq_tma = False
     dq_acc_t = None
     if fuse and run_gluon:  # (only BWD_KV_KERNEL "gluon" fuses dQ in)
-        dq_acc_t, cu_dq, dq_cols = _fused_dq_buffer(q, cu_q)
+        dq_acc_t = _fused_dq_buffer(q, columns)
         dq_acc = dq_arg = dk  # unused pointer
     elif fuse:
         dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
@@ -821,8 +823,8 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     ds_ws = (torch.empty((hq, max(1, s["ds_total"])), device=q.device, dtype=q.dtype) if cfgs.ds_dq
              else None)
     if run_gluon:
-        _backward_kv_gluon(q, k, v, do, stats, dk, dv, cu_q, cu_k, s, sw, causal, scale, broadcast,
-                           (dq_acc_t, cu_dq) if dq_acc_t is not None else None)
+        _backward_kv_gluon(q, k, v, do, stats, columns.cu, dk, dv, cu_q, cu_k, s, sw, causal, scale, broadcast,
+                           dq_acc_t)
     if tl_tiles is not None and tl_tiles[2] > 0 and hkv > 0:
         seq_t, blk_t, n_kv, kv_items, persistent = tl_tiles
         bm, bn, w, st = cfgs.bwd_kv
@@ -845,7 +847,7 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
             PERSISTENT=persistent is not None, GROUPED=grouped, DQ_TMA=dq_tma, STORE_DS=ds_ws is not None,
             num_warps=w, num_stages=st)
     if dq_acc_t is not None:
-        return _fused_dq_result(dq_acc_t, dq_cols, q, scale), dk, dv
+        return _fused_dq_result(dq_acc_t, columns.cols, q, scale), dk, dv
     if fuse:
         return dq_acc.to(q.dtype), dk, dv
     # dQ
@@ -891,10 +893,11 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     return dq, dk, dv
 
 
-def _backward_kv_gluon(q, k, v, do, stats, dk, dv, cu_q, cu_k, s, sw, causal, scale, broadcast, fused_dq=None):
-    """The Gluon dK/dV kernel; ``stats`` [2 * Hq, rows] holds LSE * log2(e) and delta (_bwd_preprocess).
-    With ``fused_dq`` = (buffer, cu_dq) from _fused_dq_buffer it also adds the unscaled dQ^T into the
-    buffer (the fused atomic mode)."""
+def _backward_kv_gluon(q, k, v, do, stats, cu_cols, dk, dv, cu_q, cu_k, s, sw, causal, scale, broadcast,
+                       dq_acc_t=None):
+    """The Gluon dK/dV kernel.  ``stats`` [2 * Hq, columns] holds LSE * log2(e) and delta (_bwd_preprocess),
+    each sequence from column ``cu_cols`` (AlignedColumns.cu) on.  With ``dq_acc_t`` from _fused_dq_buffer
+    (same columns) it also adds the unscaled dQ^T into that buffer (the fused atomic mode)."""
     from . import gluon_bwd as gb
     assert gb.HALF_N.value == GLUON_BWD_KV_ROWS
     block_m = sw.gluon_bwd_block_m
@@ -906,18 +909,16 @@ def _backward_kv_gluon(q, k, v, do, stats, dk, dv, cu_q, cu_k, s, sw, causal, sc
         return
     (qd, kd, vd, dod), n_programs, dynamic, counter = _gluon_backward_launch(
         q, k, v, do, (block_m, GLUON_BWD_KV_ROWS), n_items, seq_t, sw.gluon_grid)
-    fuse_dq = fused_dq is not None
-    if fuse_dq:
-        dqd, cu_dq = _fused_dq_descriptor(fused_dq[0]), fused_dq[1]
-    else:  # a descriptor of the right type all the same (the kernel never uses it, nor cu_dq)
-        dummy = torch.zeros((gb.DQ_ROWS.value, gb.DQ_COLS.value), device=q.device, dtype=torch.float32)
-        dqd, cu_dq = _fused_dq_descriptor(dummy), cu_q
+    fuse_dq = dq_acc_t is not None
+    if not fuse_dq:  # a descriptor of the right type all the same (the kernel never uses it)
+        dq_acc_t = torch.zeros((gb.DQ_ROWS.value, gb.DQ_COLS.value), device=q.device, dtype=torch.float32)
+    dqd = _fused_dq_descriptor(dq_acc_t)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     statsd = TensorDescriptor.from_tensor(stats, [1, block_m], gb.STATS_LAYOUT)
     gb.dkdv_kernel[(n_programs,)](
         qd, kd, vd, dod, statsd, dk, dv, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), scale, scale * tk.LOG2E,
-        hkv, hq // hkv, n_items, dqd, cu_dq,
+        hkv, hq // hkv, n_items, dqd, cu_cols,
         BROADCAST=broadcast, CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=sw.gluon_bwd_stages,
         GROUPED=items is not None, DYNAMIC=dynamic, OVERLAP=sw.gluon_bwd_overlap,
         FUSE_DQ=(2 if sw.fused_dq_split == "dim" else 1) if fuse_dq else 0,
@@ -931,25 +932,38 @@ def _fused_dq_split(head_dim):
     return "dim" if GLUON_FUSED_DQ_SPLIT == "dim" and head_dim == 128 else "keys"
 
 
-def _fused_dq_buffer(q, cu_q):
-    """The fused Gluon dQ's accumulator and where each query row lies in it.
+class AlignedColumns(NamedTuple):
+    """Where each output row lies in the Gluon dK/dV kernel's fp32 side buffers (laid out [..., columns]).
 
-    The kernel adds dQ^T in fp32: [Hq * D, columns], so that a [64 head-dim rows, 32 query rows] tile of
-    its partial is one TMA box as it is.  A TMA reduce-add whose innermost coordinate is not 16 bytes
-    aligned stops the kernel with an illegal instruction (measured on the H200), so every sequence starts
-    at a column that is a multiple of 4; the row stride is one too.  Returns (buffer, cu_dq: int32 [B + 1]
-    first column of each sequence, cols: int32 [rows] column of each query row), all made on q's device
-    without reading the offsets on the host (the column count is the bound rows + 3 B)."""
-    n_rows, hq, d = q.shape
-    n_seq = cu_q.shape[0] - 1
-    lens = (cu_q[1:] - cu_q[:-1]).long()
-    cu_dq = torch.zeros(n_seq + 1, device=q.device, dtype=torch.int64)
-    torch.cumsum((lens + 3) // 4 * 4, 0, out=cu_dq[1:])
-    shift = cu_dq[:-1] - cu_q[:-1].long()
-    cols = torch.arange(n_rows, device=q.device) + torch.repeat_interleave(shift, lens, output_size=n_rows)
-    n_cols = -(-(n_rows + 3 * n_seq) // 4) * 4
-    acc = torch.zeros((hq * d, n_cols), device=q.device, dtype=torch.float32)
-    return acc, cu_dq.to(torch.int32), cols.to(torch.int32)
+    The kernel moves 32 rows at a time between such a buffer and shared memory by TMA: the backward
+    statistics in, the fused dQ^T out.  A TMA copy whose innermost coordinate is not 16 bytes aligned stops
+    the kernel with an illegal instruction (measured on the H200, for a reduce-add and for a load), so
+    every sequence starts at a column that is a multiple of 4."""
+    cu: torch.Tensor  # int32 [B + 1]: first column of each sequence
+    cols: torch.Tensor  # int32 [rows]: column of each output row
+    n_cols: int  # a multiple of 4 (the buffers' row stride), at most rows + 3 B + 3
+
+
+def _aligned_columns(cu_q, n_seq, n_rows, broadcast):
+    """AlignedColumns of the output rows, made on cu_q's device without reading the offsets on the host
+    (broadcast-Q: n_seq blocks of lq = cu_q[1] rows each)."""
+    if broadcast:
+        lens = (cu_q[1:2] - cu_q[:1]).long().expand(n_seq)
+        starts = torch.arange(n_seq, device=cu_q.device) * lens
+    else:
+        lens = (cu_q[1:] - cu_q[:-1]).long()
+        starts = cu_q[:-1].long()
+    cu = torch.zeros(n_seq + 1, device=cu_q.device, dtype=torch.int64)
+    torch.cumsum((lens + 3) // 4 * 4, 0, out=cu[1:])
+    shift = cu[:-1] - starts
+    cols = torch.arange(n_rows, device=cu_q.device) + torch.repeat_interleave(shift, lens, output_size=n_rows)
+    return AlignedColumns(cu.to(torch.int32), cols.to(torch.int32), -(-(n_rows + 3 * n_seq) // 4) * 4)
+
+
+def _fused_dq_buffer(q, columns):
+    """The fused Gluon dQ's accumulator: [Hq * D, columns] fp32, so that a [64 head-dim rows, 32 query rows]
+    tile of a partial is one TMA box as it is; query row t in column columns.cols[t]."""
+    return torch.zeros((q.shape[1] * q.shape[2], columns.n_cols), device=q.device, dtype=torch.float32)
 
 
 def _fused_dq_descriptor(dq_acc_t):

@@ -238,10 +238,11 @@ def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, PROG_PTR, ITEMS
 
 # ----------------------------------------------------------------------------
 # backward: delta = rowsum(dO * O); with STATS also the Gluon dK/dV kernel's
-# statistics: row h = LSE * log2(e) (+inf where LSE is -inf), row H + h = delta
+# statistics: row h = LSE * log2(e) (+inf where LSE is -inf), row H + h = delta,
+# output row t in column COLS[t] (jfa.AlignedColumns)
 # ----------------------------------------------------------------------------
 @triton.jit
-def _bwd_preprocess(O, DO, DELTA, LSE, STATS, n_rows, stride_ot, stride_oh, stride_dot, stride_doh,
+def _bwd_preprocess(O, DO, DELTA, LSE, STATS, COLS, n_rows, stride_ot, stride_oh, stride_dot, stride_doh,
                     stride_dh, stride_sh, BLOCK: tl.constexpr, HEAD_DV: tl.constexpr, WRITE_STATS: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)
@@ -255,9 +256,10 @@ def _bwd_preprocess(O, DO, DELTA, LSE, STATS, n_rows, stride_ot, stride_oh, stri
     tl.store(DELTA + h * stride_dh + rows, delta, mask=ok)
     if WRITE_STATS:
         lse = tl.load(LSE + h * stride_dh + rows, mask=ok, other=0.0)
-        tl.store(STATS + h * stride_sh + rows, tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634),
+        cols = tl.load(COLS + rows, mask=ok, other=0)
+        tl.store(STATS + h * stride_sh + cols, tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634),
                  mask=ok)
-        tl.store(STATS + (tl.num_programs(1) + h) * stride_sh + rows, delta, mask=ok)
+        tl.store(STATS + (tl.num_programs(1) + h) * stride_sh + cols, delta, mask=ok)
 
 
 # ----------------------------------------------------------------------------

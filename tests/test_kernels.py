@@ -1309,7 +1309,9 @@ def test_fused_gluon_dq_buffer_round_trip():
     lens = [7, 1, 5, 0, 6]
     q = torch.zeros(sum(lens), 2, 128, dtype=torch.bfloat16, device=DEVICE)
     cu_q = torch.tensor([0, 7, 8, 13, 13, 19], dtype=torch.int32, device=DEVICE)
-    acc, cu_dq, cols = jfa._fused_dq_buffer(q, cu_q)
+    columns = jfa._aligned_columns(cu_q, len(lens), sum(lens), broadcast=False)
+    cu_dq, cols, _ = columns
+    acc = jfa._fused_dq_buffer(q, columns)
     assert cu_dq.tolist() == [0, 8, 12, 20, 20, 28] and cu_dq.dtype == torch.int32
     assert cols.tolist() == [0, 1, 2, 3, 4, 5, 6, 8, 12, 13, 14, 15, 16, 20, 21, 22, 23, 24, 25]
     assert acc.shape == (256, 36) and acc.dtype == torch.float32 and (acc.stride(0) * 4) % 16 == 0
@@ -1323,6 +1325,47 @@ def test_fused_gluon_dq_buffer_round_trip():
     torch.testing.assert_close(got, (want * 0.5).to(torch.bfloat16), rtol=0, atol=0)
     desc = jfa._fused_dq_descriptor(acc)
     assert list(desc.shape) == [256, 36] and list(desc.strides) == [36, 1] and list(desc.block_shape) == [64, 32]
+
+
+@needs_kernels
+def test_aligned_columns_of_broadcast_rows():
+    # broadcast-Q: output row b * lq + i; each of the B blocks of lq rows starts at a multiple of 4
+    cu_q = torch.tensor([0, 5], dtype=torch.int32, device=DEVICE)
+    cu, cols, n_cols = jfa._aligned_columns(cu_q, 3, 15, broadcast=True)
+    assert cu.tolist() == [0, 8, 16, 24] and n_cols == 24
+    assert cols.tolist() == [0, 1, 2, 3, 4, 8, 9, 10, 11, 12, 16, 17, 18, 19, 20]
+
+
+@needs_kernels
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_backward_statistics_land_in_their_columns(broadcast):
+    # what the Gluon dK/dV kernel reads by TMA: row h = LSE * log2(e) (+inf where LSE is -inf: the row sees
+    # no key, its P must be 0), row Hq + h = delta = rowsum(dO * O), output row t in column cols[t]; the
+    # columns between sequences are never written (the kernel masks them)
+    g = torch.Generator().manual_seed(5)
+    hq, dv = 3, 64
+    cu_q = torch.tensor([0, 6] if broadcast else [0, 7, 8, 8, 13], dtype=torch.int32, device=DEVICE)
+    n_seq, n_out = (3, 18) if broadcast else (4, 13)
+    out = torch.randn(n_out, hq, dv, generator=g).to(DEVICE)
+    do = torch.randn(n_out, hq, dv, generator=g).to(DEVICE)
+    lse = torch.randn(hq, n_out, generator=g).to(DEVICE)
+    lse[1, 2] = float("-inf")
+    columns = jfa._aligned_columns(cu_q, n_seq, n_out, broadcast)
+    stats = torch.full((2 * hq, columns.n_cols), float("nan"), device=DEVICE)
+    delta = torch.empty_like(lse)
+    tk._bwd_preprocess[(-(-n_out // 16), hq)](
+        out, do, delta, lse, stats, columns.cols, n_out, out.stride(0), out.stride(1), do.stride(0),
+        do.stride(1), delta.stride(0), stats.stride(0), BLOCK=16, HEAD_DV=dv, WRITE_STATS=True)
+    want_delta = (out.double() * do.double()).sum(-1).T
+    torch.testing.assert_close(delta.double(), want_delta, rtol=1e-5, atol=1e-5)
+    cols = columns.cols.long()
+    want_lse2 = lse.double() * math.log2(math.e)
+    want_lse2[1, 2] = float("inf")
+    torch.testing.assert_close(stats[:hq, cols].double(), want_lse2, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(stats[hq:, cols], delta, rtol=0, atol=0)
+    unused = torch.ones(columns.n_cols, dtype=torch.bool, device=DEVICE)
+    unused[cols] = False
+    assert bool(stats[:, unused].isnan().all()) and int(unused.sum()) == columns.n_cols - n_out
 
 
 @needs_kernels
