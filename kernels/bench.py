@@ -267,7 +267,9 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          # the Gluon dQ kernel)
          "triton-plan-gluon-bwd": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon"),
          **{f"triton-plan-gluon-bwd-s{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon", GLUON_BWD_STAGES=n)
-            for n in (1, 3)},
+            for n in (1, 2, 3)},
+         # the tl dK/dV kernel (the default before v17, when "auto" began to pick the Gluon one on sm_90)
+         "triton-plan-tl-kv": _triton_with(impl_triton_plan, BWD_KV_KERNEL="triton"),
          **{f"triton-plan-gluon-bwd-ovl-s{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon",
                                                           GLUON_BWD_ORDER="overlap", GLUON_BWD_STAGES=n)
             for n in (2, 3)},

@@ -176,26 +176,31 @@ SECTION_BYTES = 16 << 20  # a third of H200's 50 MB L2; the tail model is flat h
 #     the fastest forward or within 3% of it on all six bench shapes (S4b +40% over tl alone, S3 +13%).
 FWD_KERNELS = ("auto", "triton", "gluon", "split")
 FWD_KERNEL = os.environ.get("JFA_FWD_KERNEL", "auto")
-# dK/dV kernel of the backward (runtime switch, environment JFA_BWD_KV_KERNEL; opt-in):
+# dK/dV kernel of the backward (runtime switch, environment JFA_BWD_KV_KERNEL):
 #   "triton": the tl kernel in triton_kernels.py.
 #   "gluon": gluon_bwd.py, written for Hopper like the Gluon forward (same conditions; dO must also be a
 #     layout TMA can describe, checked at the backward).  Anywhere else the tl kernel runs and
 #     LAST_BWD_KV_PATH says why.  dQ stays with a dQ kernel, so the backward stays deterministic, unless
-#     BWD_DQ_MODE = "atomic" fuses it in (see there).
-#     Exact on the H200; on the dynamic grid slower than the tl kernel on every bench shape but S4b, where
-#     the overlapped order at three stages is 7-9% faster (PERF.md v15), hence off.
+#     BWD_DQ_MODE = "atomic" fuses it in (see there).  Exact on the H200.  Slower than the tl kernel on
+#     most bench shapes until its LSE / delta came by TMA with each block (PERF.md v17); since then faster
+#     on all six (plain order, three stages: +3% to +14%).
+#   "auto" (the default since PERF.md v17): "gluon" where it can run, at the head dims in
+#     GLUON_BWD_AUTO_HEAD_DIMS, and with dQ in its own kernel (BWD_DQ_MODE "separate"), else "triton",
+#     silently (LAST_BWD_KV_PATH names the kernel that ran).
 #   "split": the key blocks of sequences with at least GLUON_BWD_SPLIT_KEYS keys go to the Gluon kernel,
 #     the rest to the tl kernel: two launches writing disjoint dK / dV rows (as the forward's "split").
 #     Not with the fused atomic dQ (the tl kernel then does all).  Written after v15's device time: not yet
 #     run on a GPU.
-BWD_KV_KERNELS = ("triton", "gluon", "split")
+BWD_KV_KERNELS = ("auto", "triton", "gluon", "split")
 # "split": fewest keys a sequence needs for its dK / dV to go to the Gluon kernel (v15: it beats the tl
 # kernel on S4b's 4,096-key sequences only)
 GLUON_BWD_SPLIT_KEYS = 2048
-BWD_KV_KERNEL = os.environ.get("JFA_BWD_KV_KERNEL", "triton")
-# Q/dO blocks in flight (GLUON_BWD_BLOCK_M rows each), 1..4: at 32 rows two are 20-25% faster than one,
-# three no faster (PERF.md v11)
-GLUON_BWD_STAGES = 2
+BWD_KV_KERNEL = os.environ.get("JFA_BWD_KV_KERNEL", "auto")
+# "auto" takes the Gluon dK/dV kernel only where it was timed (every bench shape has D = Dv = 128)
+GLUON_BWD_AUTO_HEAD_DIMS = (128,)
+# Q/dO blocks in flight (GLUON_BWD_BLOCK_M rows each), 1..4: at 32 rows two were 20-25% faster than one
+# (PERF.md v11); with the statistics by TMA three are level to 4% faster than two but on S3 (v17)
+GLUON_BWD_STAGES = 3
 # Query rows per streamed block, 32 or 64 (64: S^T / dP^T as 64 x 64 MMAs, half the waits per row; exact
 # and 3-8% slower on the H200, PERF.md v15; the fused dQ adds 32-row parts, so it needs 32)
 GLUON_BWD_BLOCK_MS = (32, 64)
@@ -459,6 +464,7 @@ class LaunchConfig(NamedTuple):
     bwd: Optional[BackwardSwitches] = None  # the switches the backward acts on
     ds_dq: bool = False  # BWD_DQ_MODE "ds" runs: dK/dV stores dS, dQ reads it back
     why_not_ds: str = ""  # why BWD_DQ_MODE "ds" was asked for and cannot run
+    gluon_bwd_silent: bool = False  # BWD_KV_KERNEL "auto": as gluon_dq_silent, for the Gluon dK/dV kernel
 
 
 def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq, hkv, device, row_bytes):
@@ -776,7 +782,8 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     tl_tiles = (s["kv_short"] + (None,) if run_gluon and cfgs.bwd_kv_kernel == "split"
                 else None if run_gluon else (seq_t, blk_t, n_kv, s["kv_items"], s["kv_persistent"]))
     LAST_BWD_KV_PATH = ("gluon+triton" if run_gluon and tl_tiles is not None and tl_tiles[2] > 0
-                        else "gluon" if run_gluon else f"triton (gluon: {why})" if why else "triton")
+                        else "gluon" if run_gluon else f"triton (gluon: {why})" if why and not cfgs.gluon_bwd_silent
+                        else "triton")
     delta = torch.empty_like(lse)  # (the tl kernels read LSE and delta with one row stride)
     # the Gluon dK/dV kernel's statistics, [2 * Hq, columns] fp32: LSE * log2(e), then delta
     columns = _aligned_columns(cu_q, cu_k.shape[0] - 1, n_out, broadcast) if run_gluon else None
@@ -1130,11 +1137,16 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
         raise ValueError(f"jfa.BWD_KV_KERNEL must be one of {BWD_KV_KERNELS}, got {BWD_KV_KERNEL!r}")
     why_not_gluon_bwd = ""
     fused_split = ""
-    if BWD_KV_KERNEL != "triton":
+    kv_kernel = BWD_KV_KERNEL
+    if kv_kernel == "auto":
+        # (the fused atomic dQ and the stored dS run in the tl kernel then)
+        kv_kernel = ("triton" if fuse or BWD_DQ_MODE == "ds"
+                     or not {q.shape[2], v.shape[2]} <= set(GLUON_BWD_AUTO_HEAD_DIMS) else "gluon")
+    if kv_kernel != "triton":
         _gluon_bwd_stages()  # a bad value is a clear error before the forward runs
-        if BWD_KV_KERNEL == "split" and not (isinstance(GLUON_BWD_SPLIT_KEYS, int) and GLUON_BWD_SPLIT_KEYS >= 1):
+        if kv_kernel == "split" and not (isinstance(GLUON_BWD_SPLIT_KEYS, int) and GLUON_BWD_SPLIT_KEYS >= 1):
             raise ValueError(f"jfa.GLUON_BWD_SPLIT_KEYS must be an int >= 1, got {GLUON_BWD_SPLIT_KEYS!r}")
-        if fuse and BWD_KV_KERNEL == "gluon":
+        if fuse and kv_kernel == "gluon":
             fused_split = _fused_dq_split(q.shape[2])
             if GLUON_FUSED_DQ_BUFFERS not in (1, 2):
                 raise ValueError(f"jfa.GLUON_FUSED_DQ_BUFFERS must be 1 or 2, got {GLUON_FUSED_DQ_BUFFERS!r}")
@@ -1150,11 +1162,14 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
                              f"memory; sm_90 has {GLUON_SMEM_BYTES}")
         why_not_gluon_bwd = (_gluon_refusal(q, k, v, scale, block_rows=(GLUON_BWD_BLOCK_M, GLUON_BWD_KV_ROWS))
                              or ("the split dK/dV runs with the separate dQ kernels only"
-                                 if fuse and BWD_KV_KERNEL == "split" else "")
+                                 if fuse and kv_kernel == "split" else "")
                              or ("the Gluon dK/dV kernel fuses dQ in its plain order only"
                                  if fuse and GLUON_BWD_ORDER == "overlap" else "")
                              or ("the Gluon dK/dV kernel fuses dQ with 32-row query blocks only"
                                  if fuse and GLUON_BWD_BLOCK_M != 32 else ""))
+    silent_kv = BWD_KV_KERNEL == "auto"
+    if why_not_gluon_bwd and silent_kv:
+        kv_kernel, why_not_gluon_bwd = "triton", ""
     if BWD_Q_KERNEL not in BWD_Q_KERNELS:
         raise ValueError(f"jfa.BWD_Q_KERNEL must be one of {BWD_Q_KERNELS}, got {BWD_Q_KERNEL!r}")
     why_not_gluon_dq = ""
@@ -1171,7 +1186,7 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
         if not (isinstance(DS_WORKSPACE_MAX_BYTES, int) and DS_WORKSPACE_MAX_BYTES >= 0):
             raise ValueError(f"jfa.DS_WORKSPACE_MAX_BYTES must be an int >= 0, got {DS_WORKSPACE_MAX_BYTES!r}")
         ds_bytes = q.shape[1] * int(np.dot(lens_q.astype(np.int64), lens_k.astype(np.int64))) * q.element_size()
-        if BWD_KV_KERNEL != "triton" and not why_not_gluon_bwd:
+        if kv_kernel != "triton" and not why_not_gluon_bwd:
             why_not_ds = f"dS is stored by the tl dK/dV kernel only (jfa.BWD_KV_KERNEL is {BWD_KV_KERNEL!r})"
         elif ds_bytes > DS_WORKSPACE_MAX_BYTES:
             why_not_ds = (f"its dS workspace would take {ds_bytes} bytes, over jfa.DS_WORKSPACE_MAX_BYTES "
@@ -1182,13 +1197,13 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
     bwd_q_kernel = "gluon" if BWD_Q_KERNEL != "triton" and not why_not_gluon_dq and not ds_dq else "triton"
     silent_dq = BWD_Q_KERNEL == "auto"
     bwd = BackwardSwitches(GLUON_GRID, GLUON_BWD_STAGES, GLUON_BWD_ORDER == "overlap", GLUON_BWD_BLOCK_M,
-                           GLUON_BWD_SPLIT_KEYS if BWD_KV_KERNEL == "split" else 0, fused_split or "keys",
+                           GLUON_BWD_SPLIT_KEYS if kv_kernel == "split" else 0, fused_split or "keys",
                            GLUON_FUSED_DQ_BUFFERS, fuse and _dq_reduce_by_tma(q), GLUON_DQ_STAGES)
     cfgs = LaunchConfig(_cfg("fwd", dkey, q.dtype, on_cpu), _cfg("kvf" if fuse else "kv", dkey, q.dtype, on_cpu),
                         _cfg("qds" if ds_dq else "q", dkey, q.dtype, on_cpu), fuse, fwd_kernel, why_not_gluon, gluon,
-                        BWD_KV_KERNEL if BWD_KV_KERNEL != "triton" and not why_not_gluon_bwd else "triton",
+                        kv_kernel if kv_kernel != "triton" and not why_not_gluon_bwd else "triton",
                         why_not_gluon_bwd, bwd_q_kernel, "" if silent_dq else why_not_gluon_dq, silent_dq, bwd,
-                        ds_dq, why_not_ds)
+                        ds_dq, why_not_ds, silent_kv)
     if cu_seqlens_q.device != q.device:
         cu_seqlens_q = cu_seqlens_q.to(q.device)
     if cu_seqlens_k.device != q.device:
