@@ -1229,7 +1229,10 @@ def test_gpu_gluon_fused_dq_refuses_64_row_blocks_with_its_reason(monkeypatch):
     # the fused dQ adds 32-row parts: with 64-row blocks asked for, the tl dK/dV kernel (with its own fused
     # dQ) answers and the path says why
     from kernels import jfa
-    run_gluon_case(0, True, monkeypatch, BWD_KV_KERNEL="gluon", BWD_DQ_MODE="atomic", GLUON_BWD_BLOCK_M=64)
+    # (two stages: at three, 64-row blocks with the fused dQ's buffers do not fit sm_90's shared memory, a
+    # ValueError before any refusal)
+    run_gluon_case(0, True, monkeypatch, BWD_KV_KERNEL="gluon", BWD_DQ_MODE="atomic", GLUON_BWD_BLOCK_M=64,
+                   GLUON_BWD_STAGES=2)
     assert jfa.LAST_BWD_KV_PATH == "triton (gluon: the Gluon dK/dV kernel fuses dQ with 32-row query blocks only)", \
         jfa.LAST_BWD_KV_PATH
 
