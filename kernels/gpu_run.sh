@@ -38,6 +38,7 @@
 #                                           tests, then the shipped backward against its orders and stages (one round)
 #   bash kernels/gpu_run.sh OUT_DIR v17     FA4, the shipped kernel and the same with the tl dK/dV kernel: two rounds
 #   bash kernels/gpu_run.sh OUT_DIR v17spec the spec as shipped, then the multi-block tests (the default paths)
+#   bash kernels/gpu_run.sh OUT_DIR v17m64  the v17 default against the overlapped order and 64-row blocks (one round)
 #   bash kernels/gpu_run.sh OUT_DIR gfusedt the fused-dQ Gluon GPU tests alone
 #   bash kernels/gpu_run.sh OUT_DIR dsdq    dQ read back from stored dS (BWD_DQ_MODE "ds"): its GPU tests beside the
 #                                           multi-block ones, then the shipped backward against it with other dQ and
@@ -59,7 +60,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|v17|v17spec|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|v17|v17spec|v17m64|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -156,6 +157,9 @@ for r in json.load(open(sys.argv[1])): print(r['shape'], r['impl'], '|', r.get('
   v17spec)
     spec 250 ci-default 14
     gpu_tests 230 14 "gpu_multiblock or broadcast_multiblock or block_shapes or gpu_ds_dq or gpu_atomic" default_paths ;;
+  v17m64)
+    gb=triton-plan-gluon-bwd
+    run_bench 280 v17_m64 --shapes $ALL_SHAPES --impls triton-plan,$gb-ovl-s3,$gb-m64,$gb-m64-ovl-s2 ;;
   gfusedt)
     gpu_tests 200 14 "gpu and gluon_fused" gluon_fused ;;
   dsdq)
