@@ -35,12 +35,16 @@
   dK).  Neither leaves an MMA in flight across a loop's back edge: ptxas then serializes every wgmma of
   the kernel (PERF.md v12, pinned by tests/test_gluon_compile.py).
 
-Status (H200, PERF.md v11-v15): exact against the float64 reference at 1-3 stages on all three grids,
-with 32- or 64-row blocks and with dQ fused, once every block runs the masked code (see _block).  On the
-default dynamic grid, against the tl dK/dV kernel: the overlapped order at three stages is 7-9% faster on
-the long dense causal shape and 5-11% slower on the jagged ones; the plain order is level there and
-slower elsewhere; 64-row blocks are 3-8% slower than 32-row ones; the fused dQ is slower than the
-separate dQ kernel on every bench shape.  So it is opt-in (jfa.BWD_KV_KERNEL).
+* Each block's LSE (log2 domain) and delta come with its Q and dO, by TMA into the same ring stage
+  (jfa._bwd_preprocess writes them, each sequence from a 16-byte aligned column: jfa.AlignedColumns).
+  Read by the consumers from global memory, they cost a full memory latency per block (PERF.md v17).
+
+Status (H200, PERF.md v11-v17): exact against the float64 reference at 1-3 stages on all three grids,
+with 32- or 64-row blocks and with dQ fused, once every block runs the masked code (see _block).  Since
+v17 (statistics by TMA) faster than the tl dK/dV kernel on all six bench shapes in the plain order at
+three stages (+3% to +14%), the default on sm_90 at head dim 128 (jfa.BWD_KV_KERNEL "auto"); the
+overlapped order and 64-row blocks are level with it; the fused dQ was slower than the separate dQ
+kernel on every bench shape (v15, before v17).
 
 Conventions as the rest of kernels/: natural-log LSE [Hq, rows] with -inf for rows that see no key,
 bottom-right causal, broadcast-Q output (and dO) row b * Lq + i.
@@ -81,7 +85,6 @@ HALF_N = gl.constexpr(64)  # keys per consumer warp group: one wgmma M-extent
 BLOCK_N = gl.constexpr(128)  # keys per item
 DQ_ROWS = gl.constexpr(64)  # FUSE_DQ: head-dim rows of one dQ^T partial (one wgmma M-extent, one TMA add)
 DQ_COLS = gl.constexpr(32)  # FUSE_DQ: its query rows, so BLOCK_M must be 32 then
-LOG2E = gl.constexpr(1.4426950408889634)
 # the [1, BLOCK_M] fp32 boxes of the backward statistics: unswizzled, since a stage's box is 128 or 256
 # bytes and a swizzled TMA destination must start on a 1,024-byte boundary
 STATS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)

@@ -201,14 +201,15 @@ GLUON_BWD_AUTO_HEAD_DIMS = (128,)
 # Q/dO blocks in flight (GLUON_BWD_BLOCK_M rows each), 1..4: at 32 rows two were 20-25% faster than one
 # (PERF.md v11); with the statistics by TMA three are level to 4% faster than two but on S3 (v17)
 GLUON_BWD_STAGES = 3
-# Query rows per streamed block, 32 or 64 (64: S^T / dP^T as 64 x 64 MMAs, half the waits per row; exact
-# and 3-8% slower on the H200, PERF.md v15; the fused dQ adds 32-row parts, so it needs 32)
+# Query rows per streamed block, 32 or 64 (64: S^T / dP^T as 64 x 64 MMAs, half the waits per row; exact,
+# 3-8% slower on the H200 in v15 and level in v17; the fused dQ adds 32-row parts, so it needs 32)
 GLUON_BWD_BLOCK_MS = (32, 64)
 GLUON_BWD_BLOCK_M = 32
 # Order of the blocks inside each consumer group (runtime switch):
 #   "plain": per block S^T and dP^T, wait, P and dS, dV and dK, wait (gluon_bwd._block).
 #   "overlap": the forward's order: block t's S^T / dP^T go ahead of block t-1's dV / dK, and block t's
 #     P / dS are computed while those run (gluon_bwd._overlapped_item); needs two stages or more.
+#     Level with "plain" in v17 (+3-6% on S4b / S1, -6% on S3, one round), so "plain" stays.
 GLUON_BWD_ORDERS = ("plain", "overlap")
 GLUON_BWD_ORDER = "plain"
 # dQ kernel of the backward (runtime switch, environment JFA_BWD_Q_KERNEL):
