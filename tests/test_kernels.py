@@ -497,18 +497,23 @@ needs_cuda = pytest.mark.skipif(not _HAS_CUDA, reason="needs a CUDA GPU (sizes t
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("mode", ["separate", "tl-dq", "gluon-dq", "atomic", "ds"])
+@pytest.mark.parametrize("mode", ["separate", "tl-dq", "gluon-dq", "tl-kv", "atomic", "ds"])
 def test_gpu_multiblock(dtype, causal, mode, monkeypatch):
-    # "separate": the default dQ kernel (Gluon on sm_90 for bf16/fp16 at head dim 128, else tl); "tl-dq": the
-    # tl dQ kernel, which still serves broadcast-Q, fp32, head dim 64 and other GPUs; "gluon-dq": the Gluon
-    # one asked for (also at 64); "atomic": dQ fused into the dK/dV kernel; "ds": dQ read back from dS
+    # "separate": the default kernels (Gluon dK/dV and dQ on sm_90 for bf16/fp16 at head dim 128, else tl);
+    # "tl-dq": the tl dQ kernel, which still serves broadcast-Q, fp32, head dim 64 and other GPUs; "gluon-dq":
+    # the Gluon one asked for (also at 64); "tl-kv": the tl dK/dV kernel (the default before v17) at every
+    # head dim; "atomic": dQ fused into the dK/dV kernel; "ds": dQ read back from dS
     from kernels import jfa
     monkeypatch.setattr(jfa, "BWD_DQ_MODE", mode if mode in ("atomic", "ds") else "separate")
     monkeypatch.setattr(jfa, "BWD_Q_KERNEL", {"tl-dq": "triton", "gluon-dq": "gluon"}.get(mode, "auto"))
+    monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "triton" if mode == "tl-kv" else "auto")
     gluon_ok = not _GLUON_WHY and dtype != torch.float32
     for lens_q, lens_k, heads, d in (([300, 0, 513, 129, 64, 700], [257, 5, 513, 400, 0, 200], (4, 2), 128),
                                      ([129, 384], [700, 1], (2, 2), 64)):
         run_case(lens_q, lens_k, hq=heads[0], hkv=heads[1], d=d, causal=causal, dtype=dtype)
+        # "auto" runs the Gluon dK/dV kernel where it can, at 128, beside a separate dQ; else tl, silently
+        gluon_kv = gluon_ok and d == 128 and mode not in ("tl-kv", "atomic", "ds")
+        assert jfa.LAST_BWD_KV_PATH == ("gluon" if gluon_kv else "triton"), (d, jfa.LAST_BWD_KV_PATH)
         if mode == "ds":
             assert jfa.LAST_BWD_DQ_PATH == "ds", jfa.LAST_BWD_DQ_PATH
         elif mode != "atomic":
@@ -1420,6 +1425,10 @@ def test_gpu_gluon_backward_rows_past_the_end_never_leak(poison, monkeypatch):
 @needs_kernels
 def test_gluon_backward_switch_falls_back_with_its_reason(monkeypatch):
     from kernels import jfa
+    # "auto" (the default) falls back silently: fp32 and head dim 32 are not for the Gluon dK/dV kernel
+    monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "auto")
+    run_case([40, 0, 33], [9, 50, 33], hq=2, hkv=1, d=32, causal=True, dtype=torch.float32)
+    assert jfa.LAST_BWD_KV_PATH == "triton", jfa.LAST_BWD_KV_PATH
     monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "gluon")
     run_case([40, 0, 33], [9, 50, 33], hq=2, hkv=1, d=32, causal=True, dtype=torch.float32)
     assert jfa.LAST_BWD_KV_PATH.startswith("triton (gluon: "), jfa.LAST_BWD_KV_PATH
