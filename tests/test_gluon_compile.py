@@ -53,7 +53,9 @@ CONFIGS = [
     dict(kernel="dq", stages=2),
     dict(kernel="dq", stages=2, causal=True, grouped=True, dynamic=True),
     dict(kernel="dq", stages=1, head_d=64, head_dv=64, dtype="fp16"),
+    dict(kernel="bwd", stages=2, block_m=64, overlap=True),  # (SERIALIZED_INDEX)
 ]
+SERIALIZED_INDEX = len(CONFIGS) - 1
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gluon_sm90_probe.py")
 
 
@@ -66,8 +68,8 @@ def probed():
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("i", range(len(CONFIGS)),
-                         ids=["-".join(f"{k}={v}" for k, v in c.items()) for c in CONFIGS])
+@pytest.mark.parametrize("i", range(SERIALIZED_INDEX),
+                         ids=["-".join(f"{k}={v}" for k, v in c.items()) for c in CONFIGS[:SERIALIZED_INDEX]])
 def test_gluon_forward_compiles_for_sm90(probed, i):
     result = probed[i]
     assert "error" not in result, result.get("error")
@@ -117,3 +119,14 @@ def test_overlap_schedule_keeps_the_softmax_between_the_waits(probed):
     assert counts, "no pipelined block found in the SASS"
     # a 64 x 128 score tile is 64 exponentials per thread; most should run while PV is in flight
     assert min(counts) >= 32, counts
+
+
+@pytest.mark.xfail(triton.__version__.startswith("3.6."), strict=True, raises=AssertionError,
+                   reason="Triton 3.6 (the H200 image's): 64-row blocks in the overlapped order at head dim 128 "
+                          "leave ptxas short of registers and it serializes every wgmma (kernels/PERF.md v17); "
+                          "Triton 3.9's code keeps them asynchronous")
+def test_64_row_overlapped_dkdv_at_head_dim_128_keeps_its_mmas_asynchronous(probed):
+    result = probed[SERIALIZED_INDEX]
+    if "error" in result:
+        pytest.fail(f"did not compile: {result['error']}")
+    assert not result["wgmma_serialized"]
