@@ -288,11 +288,12 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          "triton-plan-gluon-dq": _triton_with(impl_triton_plan, BWD_Q_KERNEL="gluon"),
          "triton-plan-gluon-bwd-tl-dq": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon", BWD_Q_KERNEL="triton"),
          # dQ fused into the Gluon dK/dV kernel (TMA reduce-adds of dQ^T), the groups splitting the keys or the
-         # head dim (jfa.GLUON_FUSED_DQ_SPLIT), at 2 (default) and 3 stages; -b2: two dQ^T staging buffers
-         # per group (jfa.GLUON_FUSED_DQ_BUFFERS)
+         # head dim (jfa.GLUON_FUSED_DQ_SPLIT), at the default stages (3 since v17, 2 before), 2 and 3; -b2: two
+         # dQ^T staging buffers per group (jfa.GLUON_FUSED_DQ_BUFFERS)
          **{f"triton-plan-gluon-fused-{split}{sfx}": _triton_with(
              impl_triton_plan, BWD_KV_KERNEL="gluon", BWD_DQ_MODE="atomic", GLUON_FUSED_DQ_SPLIT=split, **kw)
-            for split in ("keys", "dim") for sfx, kw in (("", {}), ("-s3", {"GLUON_BWD_STAGES": 3}),
+            for split in ("keys", "dim") for sfx, kw in (("", {}), ("-s2", {"GLUON_BWD_STAGES": 2}),
+                                                         ("-s3", {"GLUON_BWD_STAGES": 3}),
                                                          ("-b2", {"GLUON_FUSED_DQ_BUFFERS": 2}))},
          # dQ fused into the tl dK/dV kernel (jfa.BWD_DQ_MODE "atomic"): blocks added through TMA (the default
          # reduce on sm_90) or per element; -kvf<BM>x<BN>w<warps>s<stages>: other fused-kernel tiles

@@ -39,6 +39,8 @@
 #   bash kernels/gpu_run.sh OUT_DIR v17     FA4, the shipped kernel and the same with the tl dK/dV kernel: two rounds
 #   bash kernels/gpu_run.sh OUT_DIR v17spec the spec as shipped, then the multi-block tests (the default paths)
 #   bash kernels/gpu_run.sh OUT_DIR v17m64  the v17 default against the overlapped order and 64-row blocks (one round)
+#   bash kernels/gpu_run.sh OUT_DIR v18prof each kernel's GPU time in the v17 default backward (S1, S4b), then the fused
+#                                           dQ variants against it (one round, six shapes)
 #   bash kernels/gpu_run.sh OUT_DIR gfusedt the fused-dQ Gluon GPU tests alone
 #   bash kernels/gpu_run.sh OUT_DIR dsdq    dQ read back from stored dS (BWD_DQ_MODE "ds"): its GPU tests beside the
 #                                           multi-block ones, then the shipped backward against it with other dQ and
@@ -60,7 +62,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|v17|v17spec|v17m64|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|v17|v17spec|v17m64|v18prof|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -160,6 +162,17 @@ for r in json.load(open(sys.argv[1])): print(r['shape'], r['impl'], '|', r.get('
   v17m64)
     gb=triton-plan-gluon-bwd
     run_bench 280 v17_m64 --shapes $ALL_SHAPES --impls triton-plan,$gb-ovl-s3,$gb-m64,$gb-m64-ovl-s2 ;;
+  v18prof)
+    # where the v17 default backward's time goes, and dQ fused into the Gluon dK/dV kernel re-timed now that
+    # its statistics come by TMA (v15's timings predate that)
+    for shape in S1 S4b; do
+      timeout 60 python3 -m kernels.profile --shape $shape --impl triton-plan --iters 3 --backward --kernel-times \
+        > "$OUT_DIR/kernel_times_${shape}_triton-plan.txt" 2>&1
+      echo "kernel times $shape rc=$?" | tee -a "$L"
+      grep -E "kernel|Self CUDA" "$OUT_DIR/kernel_times_${shape}_triton-plan.txt" | cut -c1-150 | head -12
+    done
+    run_bench 330 fused_v18 --shapes $ALL_SHAPES --impls triton-plan,triton-plan-gluon-fused-dim,\
+triton-plan-gluon-fused-dim-s2,triton-plan-gluon-fused-keys,triton-plan-atomic ;;
   gfusedt)
     gpu_tests 200 14 "gpu and gluon_fused" gluon_fused ;;
   dsdq)
