@@ -536,12 +536,14 @@ def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, cfgs, hq,
         seq, blk, work = sched.kv_tiles(np.where(on_gluon_bwd, 0, lens_q), lens_k, bn_kv, causal)
         seq, blk, work = sched.sort_by_work(seq, blk, work=work)
         s["kv_short"] = (dev(seq), dev(blk), int(seq.shape[0]), launch_order(seq, work, hkv, lens_q))
-    s["kv_gluon"] = None
+    s["kv_gluon"] = s["columns"] = None
     if cfgs.bwd_kv_kernel == "gluon" or (on_gluon_bwd & (lens_q > 0)).any():  # ("split": a launch with work)
         from .gluon_bwd import BLOCK_N as GLUON_BWD_BLOCK_N
         seq, blk, work = sched.kv_tiles(np.where(on_gluon_bwd, lens_q, 0), lens_k, GLUON_BWD_BLOCK_N.value, causal)
         seq, blk, work = sched.sort_by_work(seq, blk, work=work)
         s["kv_gluon"] = (dev(seq), dev(blk), int(seq.shape[0]), launch_order(seq, work, hkv, lens_q))
+        # where its statistics (and a fused dQ^T) lie: output rows, each sequence 16-byte aligned
+        s["columns"] = _aligned_columns(np.full(lens_k.shape[0], int(cu_q_h[1])) if broadcast else lens_q, dev)
     s["q_gluon"] = None
     if cfgs.bwd_q_kernel == "gluon":  # the forward's 128-row tiles
         seq, blk, work = sched.forward_tiles(lens_q, lens_k, 128, causal)
@@ -787,7 +789,7 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
                         else "triton")
     delta = torch.empty_like(lse)  # (the tl kernels read LSE and delta with one row stride)
     # the Gluon dK/dV kernel's statistics, [2 * Hq, columns] fp32: LSE * log2(e), then delta
-    columns = _aligned_columns(cu_q, cu_k.shape[0] - 1, n_out, broadcast) if run_gluon else None
+    columns = s["columns"] if run_gluon else None
     stats = (torch.empty((2 * hq, columns.n_cols), device=q.device, dtype=torch.float32) if run_gluon
              else delta)
     if n_out > 0 and hq > 0:
@@ -949,23 +951,19 @@ class AlignedColumns(NamedTuple):
     every sequence starts at a column that is a multiple of 4."""
     cu: torch.Tensor  # int32 [B + 1]: first column of each sequence
     cols: torch.Tensor  # int32 [rows]: column of each output row
-    n_cols: int  # a multiple of 4 (the buffers' row stride), at most rows + 3 B + 3
+    n_cols: int  # a multiple of 4 (the buffers' row stride), at most rows + 3 B
 
 
-def _aligned_columns(cu_q, n_seq, n_rows, broadcast):
-    """AlignedColumns of the output rows, made on cu_q's device without reading the offsets on the host
-    (broadcast-Q: n_seq blocks of lq = cu_q[1] rows each)."""
-    if broadcast:
-        lens = (cu_q[1:2] - cu_q[:1]).long().expand(n_seq)
-        starts = torch.arange(n_seq, device=cu_q.device) * lens
-    else:
-        lens = (cu_q[1:] - cu_q[:-1]).long()
-        starts = cu_q[:-1].long()
-    cu = torch.zeros(n_seq + 1, device=cu_q.device, dtype=torch.int64)
-    torch.cumsum((lens + 3) // 4 * 4, 0, out=cu[1:])
-    shift = cu[:-1] - starts
-    cols = torch.arange(n_rows, device=cu_q.device) + torch.repeat_interleave(shift, lens, output_size=n_rows)
-    return AlignedColumns(cu.to(torch.int32), cols.to(torch.int32), -(-(n_rows + 3 * n_seq) // 4) * 4)
+def _aligned_columns(lens_out, to_device=torch.as_tensor):
+    """AlignedColumns of the output rows, sequence b owning lens_out[b] consecutive rows (its queries, or
+    under broadcast-Q its Lq output rows); made on the host once per jagged layout (the tile schedule
+    keeps it), ``to_device`` moves an int32 array to the GPU."""
+    lens = np.asarray(lens_out, dtype=np.int64)
+    cu = np.zeros(lens.shape[0] + 1, dtype=np.int64)
+    np.cumsum((lens + 3) // 4 * 4, out=cu[1:])
+    starts = np.cumsum(lens) - lens
+    cols = np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(cu[:-1] - starts, lens)
+    return AlignedColumns(to_device(cu.astype(np.int32)), to_device(cols.astype(np.int32)), max(4, int(cu[-1])))
 
 
 def _fused_dq_buffer(q, columns):

@@ -1317,12 +1317,12 @@ def test_fused_gluon_dq_buffer_round_trip():
     lens = [7, 1, 5, 0, 6]
     q = torch.zeros(sum(lens), 2, 128, dtype=torch.bfloat16, device=DEVICE)
     cu_q = torch.tensor([0, 7, 8, 13, 13, 19], dtype=torch.int32, device=DEVICE)
-    columns = jfa._aligned_columns(cu_q, len(lens), sum(lens), broadcast=False)
+    columns = jfa._aligned_columns(lens, lambda a: torch.as_tensor(a).to(DEVICE))
     cu_dq, cols, _ = columns
     acc = jfa._fused_dq_buffer(q, columns)
     assert cu_dq.tolist() == [0, 8, 12, 20, 20, 28] and cu_dq.dtype == torch.int32
     assert cols.tolist() == [0, 1, 2, 3, 4, 5, 6, 8, 12, 13, 14, 15, 16, 20, 21, 22, 23, 24, 25]
-    assert acc.shape == (256, 36) and acc.dtype == torch.float32 and (acc.stride(0) * 4) % 16 == 0
+    assert acc.shape == (256, 28) and acc.dtype == torch.float32 and (acc.stride(0) * 4) % 16 == 0
     assert bool((acc == 0).all())  # the kernel only adds
     # values that bf16 holds exactly, also halved: the interpreter's float32 -> bf16 cast truncates
     want = torch.randn(19, 2, 128, generator=torch.Generator().manual_seed(3)).bfloat16().float().to(DEVICE)
@@ -1332,16 +1332,17 @@ def test_fused_gluon_dq_buffer_round_trip():
     assert got.dtype == torch.bfloat16 and got.is_contiguous()
     torch.testing.assert_close(got, (want * 0.5).to(torch.bfloat16), rtol=0, atol=0)
     desc = jfa._fused_dq_descriptor(acc)
-    assert list(desc.shape) == [256, 36] and list(desc.strides) == [36, 1] and list(desc.block_shape) == [64, 32]
+    assert list(desc.shape) == [256, 28] and list(desc.strides) == [28, 1] and list(desc.block_shape) == [64, 32]
 
 
 @needs_kernels
 def test_aligned_columns_of_broadcast_rows():
-    # broadcast-Q: output row b * lq + i; each of the B blocks of lq rows starts at a multiple of 4
-    cu_q = torch.tensor([0, 5], dtype=torch.int32, device=DEVICE)
-    cu, cols, n_cols = jfa._aligned_columns(cu_q, 3, 15, broadcast=True)
+    # broadcast-Q: output row b * lq + i, so sequence b owns lq rows; each block starts at a multiple of 4
+    cu, cols, n_cols = jfa._aligned_columns([5, 5, 5])
     assert cu.tolist() == [0, 8, 16, 24] and n_cols == 24
     assert cols.tolist() == [0, 1, 2, 3, 4, 8, 9, 10, 11, 12, 16, 17, 18, 19, 20]
+    assert cols.dtype == cu.dtype == torch.int32
+    assert jfa._aligned_columns([]).n_cols == 4  # (a buffer with no rows is still a valid TMA target)
 
 
 @needs_kernels
@@ -1352,13 +1353,13 @@ def test_backward_statistics_land_in_their_columns(broadcast):
     # columns between sequences are never written (the kernel masks them)
     g = torch.Generator().manual_seed(5)
     hq, dv = 3, 64
-    cu_q = torch.tensor([0, 6] if broadcast else [0, 7, 8, 8, 13], dtype=torch.int32, device=DEVICE)
-    n_seq, n_out = (3, 18) if broadcast else (4, 13)
+    lens_out = [6, 6, 6] if broadcast else [7, 1, 0, 5]
+    n_out = sum(lens_out)
     out = torch.randn(n_out, hq, dv, generator=g).to(DEVICE)
     do = torch.randn(n_out, hq, dv, generator=g).to(DEVICE)
     lse = torch.randn(hq, n_out, generator=g).to(DEVICE)
     lse[1, 2] = float("-inf")
-    columns = jfa._aligned_columns(cu_q, n_seq, n_out, broadcast)
+    columns = jfa._aligned_columns(lens_out, lambda a: torch.as_tensor(a).to(DEVICE))
     stats = torch.full((2 * hq, columns.n_cols), float("nan"), device=DEVICE)
     delta = torch.empty_like(lse)
     tk._bwd_preprocess[(-(-n_out // 16), hq)](
@@ -1499,10 +1500,13 @@ def test_split_dkdv_sends_each_sequence_to_one_kernel(causal, monkeypatch):
     # the full tl list stays for a backward whose dO the Gluon kernel refuses
     assert s["kv"][2] == sched.kv_tiles(np.asarray(lens_q), np.asarray(lens_k), cfgs.bwd_kv[1], causal)[0].shape[0]
     assert s["kv_needs_zero"]
+    # the plan also keeps where the Gluon kernel's statistics lie: the query rows, each sequence aligned
+    assert s["columns"].cu.tolist() == [0, 300, 300, 816, 948, 1012, 1712, 1716, 1784]
+    assert s["columns"].cols.shape == (sum(lens_q),) and s["columns"].n_cols == 1784
     # no sequence long enough: no Gluon launch at all
     monkeypatch.setattr(jfa, "GLUON_BWD_SPLIT_KEYS", 10 ** 6)
     s = jfa._prepare(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal, None, False, False)[5]
-    assert s["kv_gluon"] is None and s["kv_short"][2] == s["kv"][2]
+    assert s["kv_gluon"] is None and s["kv_short"][2] == s["kv"][2] and s["columns"] is None
 
 
 @needs_kernels
