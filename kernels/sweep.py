@@ -59,6 +59,7 @@ def main(argv=None):
     ap.add_argument("--fwd-ws", default="off", choices=("off", "on", "both"),
                     help="forward key loop with Triton's automatic warp specialization")
     a = ap.parse_args(argv)
+    shipped_kv, shipped_q = jfa.BWD_KV_KERNEL, jfa.BWD_Q_KERNEL
     onoff = {"off": (False,), "on": (True,), "both": (False, True)}
     # (FWD_TMA, FWD_PTR_ADVANCE, FWD_WARP_SPECIALIZE) to time; the advance applies to the pointer path only
     fwd_modes = list(dict.fromkeys((t, ad and not t, ws) for t in onoff[a.fwd_tma] for ad in onoff[a.fwd_adv]
@@ -101,6 +102,9 @@ def main(argv=None):
                     jfa.CONFIG_OVERRIDE["gluon_fwd" if kind == "gluon" else kind] = cfg
                     jfa.FWD_KERNEL = "gluon" if kind == "gluon" else "triton"
                     jfa.BWD_DQ_MODE = "atomic" if kind == "kvf" else "separate"
+                    # the configs swept are the tl kernels': "auto" would run the Gluon ones on sm_90
+                    jfa.BWD_KV_KERNEL = "triton" if kind in ("kv", "kvf") else shipped_kv
+                    jfa.BWD_Q_KERNEL = "triton" if kind == "q" else shipped_q
                     jfa.FWD_TMA, jfa.FWD_PTR_ADVANCE, jfa.FWD_WARP_SPECIALIZE = use_tma, adv, ws
                     jfa.LAST_FWD_PATH = ""
                     try:
@@ -118,6 +122,8 @@ def main(argv=None):
                             grads = torch.autograd.grad(out, (q, k, v), do_shipped)
                             maxdiff = max((g.float() - ref).abs().max().item() for g, ref in zip(grads, shipped_grads))
                         r = dict(shape=sn, kind=kind, cfg=cfg, ms=t, tflops=tf, maxdiff=maxdiff)
+                        if kind not in ("fwd", "gluon"):  # which kernels the timed backward ran
+                            r["bwd_path"] = f"dK/dV {jfa.LAST_BWD_KV_PATH}; dQ {jfa.LAST_BWD_DQ_PATH}"
                     except Exception as e:
                         r = dict(shape=sn, kind=kind, cfg=cfg, error=f"{type(e).__name__}: {str(e)[:200]}")
                     # requested path, and the one that ran (it differs on a TMA fallback)
@@ -129,6 +135,7 @@ def main(argv=None):
         jfa.FWD_KERNEL = "triton"
         jfa.CONFIG_OVERRIDE.clear()
         jfa.BWD_DQ_MODE = "separate"
+        jfa.BWD_KV_KERNEL, jfa.BWD_Q_KERNEL = shipped_kv, shipped_q
         del q, k, v
         torch.cuda.empty_cache()
     with open(os.path.join(a.out, "sweep.json"), "w") as fh:

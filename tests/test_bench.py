@@ -131,7 +131,9 @@ def test_backward_sweep_rows_carry_their_difference_from_the_shipped_gradients(m
     # clock) and compared with the shipped configuration's dQ / dK / dV
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         pytest.skip("runs the kernels under the Triton interpreter only")
-    from kernels import bench, sweep
+    from kernels import bench, jfa, sweep
+    monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "auto")
+    monkeypatch.setattr(jfa, "BWD_Q_KERNEL", "auto")
     real_build = bench.build
     monkeypatch.setattr(sweep, "build", lambda shape: real_build(shape, D=16, dtype=torch.float32, device="cpu"))
     monkeypatch.setattr(sweep, "do_bench", lambda fn, **kw: (fn(), 1.0)[1])
@@ -143,6 +145,9 @@ def test_backward_sweep_rows_carry_their_difference_from_the_shipped_gradients(m
     rows = json.loads((tmp_path / "sweep.json").read_text())
     assert [r["kind"] for r in rows] == ["kv", "kv", "q"] and not any("error" in r for r in rows)
     assert all(0.0 <= r["maxdiff"] < 1e-4 for r in rows), rows  # float32: only summation order differs
+    # each row ran the tl kernel it swept (on sm_90 "auto" would pick a Gluon one), and the switches are back
+    assert [r["bwd_path"] for r in rows] == ["dK/dV triton; dQ separate"] * 3, rows
+    assert (jfa.BWD_KV_KERNEL, jfa.BWD_Q_KERNEL) == ("auto", "auto")
 
 
 def test_profile_driver_runs_a_bench_shape_and_names_bad_arguments(monkeypatch, capsys):
