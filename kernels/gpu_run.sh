@@ -2,13 +2,14 @@
 # GPU runs of the kernels, one stage per call (each fits a 10-minute slot on one H200):
 #   bash kernels/gpu_run.sh OUT_DIR bench   one benchmark table (two interleaved rounds): FA4 first (ratios and
 #                                           max |diff| against it), the shipped kernel through a plan, the same
-#                                           with the tl dQ kernel, plain calls, flex_attention and padded SDPA
+#                                           with the tl dK/dV kernel, plain calls, flex_attention and padded SDPA
 #                                           (one round); all six shapes
 #   bash kernels/gpu_run.sh OUT_DIR tests   the GPU kernel tests but the Gluon ones (pytest -k "gpu and not gluon")
 #   bash kernels/gpu_run.sh OUT_DIR gtests  the Gluon GPU tests but the fused dQ ones (those run in gfused); all
 #                                           GPU tests at once no longer fit one 10-minute call
 #   bash kernels/gpu_run.sh OUT_DIR spec    the spec on triton-jfa as shipped (profile ci, on the GPU)
 #   bash kernels/gpu_run.sh OUT_DIR tldqspec the same with the tl dQ kernel (JFA_BWD_Q_KERNEL=triton)
+#   bash kernels/gpu_run.sh OUT_DIR tlkvspec the same with the tl dK/dV kernel (JFA_BWD_KV_KERNEL=triton)
 #   bash kernels/gpu_run.sh OUT_DIR dsspec  the same with dQ read back from stored dS (JFA_BWD_DQ_MODE=ds)
 #   bash kernels/gpu_run.sh OUT_DIR fusedspec the same with dQ fused into the Gluon dK/dV kernel (JFA_BWD_DQ_MODE=atomic,
 #                                           JFA_BWD_KV_KERNEL=gluon; JFA_GLUON_FUSED_DQ_SPLIT picks the split)
@@ -62,7 +63,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|v17|v17spec|v17m64|v18prof|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|tlkvspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|v17|v17spec|v17m64|v18prof|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -96,7 +97,7 @@ run_bench() {  # run_bench(time limit s, tag, kernels.bench arguments...): rows 
 ALL_SHAPES=S4b,S1,S1c,S2,S4a,S3
 case $STAGE in
   bench)
-    run_bench 500 table --rounds 2 --once flex,sdpa,triton --impls fa4,triton,triton-plan,triton-plan-tl-dq,flex,sdpa \
+    run_bench 500 table --rounds 2 --once flex,sdpa,triton --impls fa4,triton,triton-plan,triton-plan-tl-kv,flex,sdpa \
       --shapes $ALL_SHAPES ;;
   tests)
     gpu_tests 560 14 "gpu and not gluon" gpu ;;
@@ -106,6 +107,8 @@ case $STAGE in
     spec 520 ci-default 14 ;;
   tldqspec)
     spec 520 ci-tl-dq 14 JFA_BWD_Q_KERNEL=triton ;;
+  tlkvspec)
+    spec 520 ci-tl-kv 14 JFA_BWD_KV_KERNEL=triton ;;
   dsspec)
     spec 520 ci-ds 14 JFA_BWD_DQ_MODE=ds ;;
   fusedspec)
