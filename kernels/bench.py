@@ -273,6 +273,10 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          **{f"triton-plan-gluon-bwd-ovl-s{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon",
                                                           GLUON_BWD_ORDER="overlap", GLUON_BWD_STAGES=n)
             for n in (2, 3)},
+         # ... in the paired order (two blocks per iteration, v17, after its device time)
+         **{f"triton-plan-gluon-bwd-pair-s{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon",
+                                                           GLUON_BWD_ORDER="paired", GLUON_BWD_STAGES=n)
+            for n in (2, 3, 4)},
          # ... with 64-row query blocks (jfa.GLUON_BWD_BLOCK_M)
          **{f"triton-plan-gluon-bwd-m64{sfx}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon",
                                                            GLUON_BWD_BLOCK_M=64, **kw)

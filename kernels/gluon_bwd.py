@@ -30,10 +30,12 @@
   MMA is NaN.  Key rows past the end are computed and never stored (each key's dK / dV row depends on
   that key's row of S^T only).
 
-* Two block orders (jfa.GLUON_BWD_ORDER): ``plain`` (_block: each block's four MMAs retired inside it)
-  and ``overlap`` (_overlapped_item: the forward's order, block t's S^T / dP^T ahead of block t-1's dV /
-  dK).  Neither leaves an MMA in flight across a loop's back edge: ptxas then serializes every wgmma of
-  the kernel (PERF.md v12, pinned by tests/test_gluon_compile.py).
+* Three block orders (jfa.GLUON_BWD_ORDER; ``ORDER`` 0, 1, 2): ``plain`` (_block: each block's four MMAs
+  retired inside it), ``overlap`` (_overlapped_item: the forward's order, block t's S^T / dP^T ahead of
+  block t-1's dV / dK) and ``paired`` (_paired_item: two blocks per iteration, both blocks' S^T / dP^T
+  issued first, so the second pair runs while the first block's P / dS are computed, and one drain per
+  two blocks).  None leaves an MMA in flight across a loop's back edge: ptxas then serializes every
+  wgmma of the kernel (PERF.md v12, pinned by tests/test_gluon_compile.py).
 
 * Each block's LSE (log2 domain) and delta come with its Q and dO, by TMA into the same ring stage
   (jfa._bwd_preprocess writes them, each sequence from a 16-byte aligned column: jfa.AlignedColumns).
@@ -101,13 +103,13 @@ class BwdFlags:
     STAGES: gl.constexpr
     GROUPED: gl.constexpr
     DYNAMIC: gl.constexpr
-    OVERLAP: gl.constexpr
+    ORDER: gl.constexpr
     FUSE_DQ: gl.constexpr
     DQ_BUFS: gl.constexpr
     BLOCK_M: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP, FUSE_DQ,
+    def __init__(self, WG, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, ORDER, FUSE_DQ,
                  DQ_BUFS, BLOCK_M):
         self.WG = gl.constexpr(WG)
         self.BROADCAST = gl.constexpr(BROADCAST)
@@ -117,7 +119,7 @@ class BwdFlags:
         self.STAGES = gl.constexpr(STAGES)
         self.GROUPED = gl.constexpr(GROUPED)
         self.DYNAMIC = gl.constexpr(DYNAMIC)
-        self.OVERLAP = gl.constexpr(OVERLAP)
+        self.ORDER = gl.constexpr(ORDER)
         self.FUSE_DQ = gl.constexpr(FUSE_DQ)
         self.DQ_BUFS = gl.constexpr(DQ_BUFS)
         self.BLOCK_M = gl.constexpr(BLOCK_M)
@@ -420,6 +422,57 @@ def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, stats_smem, qdo_re
 
 
 @gluon.jit
+def _block_rows(t, n_steps, m_lo, s_layout: gl.constexpr, BLOCK_M: gl.constexpr):
+    # query rows of the item's block t (query head t // n_steps of the group, row block t % n_steps)
+    return m_lo + (t % n_steps) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+
+
+@gluon.jit
+def _paired_item(dk, dv, k_half, v_half, q_smem, do_smem, stats_smem, qdo_ready, qdo_empty, r, keys,
+                 lq, diag, qk_scale, m_lo, n_steps, n_blocks, STAGES: gl.constexpr,
+                 CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
+                 ds_layout: gl.constexpr, BLOCK_M: gl.constexpr):
+    # Two blocks (a, b) per iteration: S^T / dP^T of a, then of b; wait for a's (b's stay in flight) and
+    # compute its P / dS; a's dV / dK; wait for b's (a's dV / dK stay in flight), its P / dS, its dV / dK;
+    # then one drain for both, so nothing is in flight across the back edge (PERF.md v12).  The group holds
+    # two ring buffers at once (STAGES >= 2).  An odd last block runs alone.
+    for t in range(0, n_blocks - 1, 2):
+        ra = r + t
+        sa = ra % STAGES
+        sb = (ra + 1) % STAGES
+        mbarrier.wait(qdo_ready.index(sa), (ra // STAGES) & 1)
+        st_a, dpt_a = _issue_st_dpt(k_half, v_half, q_smem.index(sa), do_smem.index(sa), s_layout, BLOCK_M)
+        mbarrier.wait(qdo_ready.index(sb), ((ra + 1) // STAGES) & 1)
+        st_b, dpt_b = _issue_st_dpt(k_half, v_half, q_smem.index(sb), do_smem.index(sb), s_layout, BLOCK_M)
+        st_a, dpt_a = warpgroup_mma_wait(2, deps=(st_a, dpt_a))
+        p_a, ds_a = _p_ds(st_a, dpt_a, stats_smem, sa, keys, _block_rows(t, n_steps, m_lo, s_layout, BLOCK_M), lq,
+                          diag, qk_scale, q_smem.dtype, CAUSAL, s_layout, p_layout, ds_layout)
+        dv = warpgroup_mma(p_a, do_smem.index(sa), dv, is_async=True)
+        dk = warpgroup_mma(ds_a, q_smem.index(sa), dk, is_async=True)
+        st_b, dpt_b = warpgroup_mma_wait(2, deps=(st_b, dpt_b))
+        p_b, ds_b = _p_ds(st_b, dpt_b, stats_smem, sb, keys, _block_rows(t + 1, n_steps, m_lo, s_layout, BLOCK_M),
+                          lq, diag, qk_scale, q_smem.dtype, CAUSAL, s_layout, p_layout, ds_layout)
+        dv = warpgroup_mma(p_b, do_smem.index(sb), dv, is_async=True)
+        dk = warpgroup_mma(ds_b, q_smem.index(sb), dk, is_async=True)
+        dv, dk, p_a, ds_a, p_b, ds_b = warpgroup_mma_wait(0, deps=(dv, dk, p_a, ds_a, p_b, ds_b))
+        mbarrier.arrive(qdo_empty.index(sa))
+        mbarrier.arrive(qdo_empty.index(sb))
+    if n_blocks % 2 == 1:
+        t = n_blocks - 1
+        s = (r + t) % STAGES
+        mbarrier.wait(qdo_ready.index(s), ((r + t) // STAGES) & 1)
+        st, dpt = _issue_st_dpt(k_half, v_half, q_smem.index(s), do_smem.index(s), s_layout, BLOCK_M)
+        st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
+        p_op, ds_op = _p_ds(st, dpt, stats_smem, s, keys, _block_rows(t, n_steps, m_lo, s_layout, BLOCK_M), lq,
+                            diag, qk_scale, q_smem.dtype, CAUSAL, s_layout, p_layout, ds_layout)
+        dv = warpgroup_mma(p_op, do_smem.index(s), dv, is_async=True)
+        dk = warpgroup_mma(ds_op, q_smem.index(s), dk, is_async=True)
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
+        mbarrier.arrive(qdo_empty.index(s))
+    return dk, dv
+
+
+@gluon.jit
 def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
               DK, DV, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
               stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, qk_scale, ds_smem, dq_smem,
@@ -456,7 +509,12 @@ def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, k
         keys = kw + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
         dk = gl.zeros([HALF_N, HEAD_D], gl.float32, dk_layout)
         dv = gl.zeros([HALF_N, HEAD_DV], gl.float32, dv_layout)
-        if flags.OVERLAP:
+        if flags.ORDER == 2:
+            dk, dv = _paired_item(dk, dv, k_half, v_half, q_smem, do_smem, stats_smem, qdo_ready, qdo_empty,
+                                  r, keys, lq, diag, qk_scale, m_lo, n_steps, GROUP * n_steps,
+                                  STAGES, CAUSAL, s_layout, p_layout, ds_layout, BLOCK_M)
+            r += GROUP * n_steps
+        elif flags.ORDER == 1:
             dk, dv = _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, stats_smem, qdo_ready, qdo_empty,
                                       r, keys, lq, diag, qk_scale, m_lo, n_steps, GROUP * n_steps,
                                       STAGES, CAUSAL, s_layout, p_layout, ds_layout, BLOCK_M)
@@ -503,7 +561,7 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
                 HKV, GROUP, n_items, dq_desc, CU_COLS,
                 BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                 STAGES: gl.constexpr, GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
-                OVERLAP: gl.constexpr = False, FUSE_DQ: gl.constexpr = 0, DQ_BUFS: gl.constexpr = 1,
+                ORDER: gl.constexpr = 0, FUSE_DQ: gl.constexpr = 0, DQ_BUFS: gl.constexpr = 1,
                 BLOCK_M: gl.constexpr = 32):
     # work items: (128-key block, kv head) in ITEMS' order under GROUPED (else heaviest first);
     # program p runs the launch positions p, then p + P, ... (DYNAMIC: those it claims from COUNTER)
@@ -552,20 +610,20 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
     CONSUMER_REGS: gl.constexpr = 240 if BLOCK_M == 64 else 232
     LOADER_REGS: gl.constexpr = 24 if BLOCK_M == 64 else 40
     gl.warp_specialize([
-        (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP,
+        (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, ORDER,
                                        FUSE_DQ, DQ_BUFS, BLOCK_M), )),
-        (_consumer, shared + (BwdFlags(1, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP,
+        (_consumer, shared + (BwdFlags(1, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, ORDER,
                                        FUSE_DQ, DQ_BUFS, BLOCK_M), )),
         (_loader, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem,
                    kv_ready, kv_empty, qdo_ready, qdo_empty, tail_bar,
                    ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, CU_COLS, HKV, GROUP, n_items,
-                   BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, OVERLAP, FUSE_DQ,
+                   BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, ORDER, FUSE_DQ,
                             DQ_BUFS, BLOCK_M))),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
 def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=False, dtype="bf16",
-                 grouped=False, dynamic=False, overlap=False, fuse_dq=0, dq_bufs=1, block_m=32):
+                 grouped=False, dynamic=False, overlap=False, fuse_dq=0, dq_bufs=1, block_m=32, order=None):
     """Compile ``dkdv_kernel`` for sm_90 without a GPU (Triton's bundled ptxas), as
     gluon_fwd.compile_sm90 does for the forward."""
     import triton
@@ -586,11 +644,12 @@ def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=Fals
         "sm_scale": "fp32", "qk_scale": "fp32", "HKV": "i32", "GROUP": "i32", "n_items": "i32",
         "dq_desc": desc(DQ_ROWS.value, DQ_COLS.value, "fp32", gl.float32), "CU_COLS": "*i32",
         "BROADCAST": "constexpr", "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr",
-        "STAGES": "constexpr", "GROUPED": "constexpr", "DYNAMIC": "constexpr", "OVERLAP": "constexpr",
+        "STAGES": "constexpr", "GROUPED": "constexpr", "DYNAMIC": "constexpr", "ORDER": "constexpr",
         "FUSE_DQ": "constexpr", "DQ_BUFS": "constexpr", "BLOCK_M": "constexpr",
     }
     values = dict(BROADCAST=broadcast, CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages,
-                  GROUPED=grouped, DYNAMIC=dynamic, OVERLAP=overlap, FUSE_DQ=fuse_dq, DQ_BUFS=dq_bufs,
+                  GROUPED=grouped, DYNAMIC=dynamic, ORDER=int(overlap) if order is None else order,
+                  FUSE_DQ=fuse_dq, DQ_BUFS=dq_bufs,
                   BLOCK_M=block_m)
     names = list(signature)
     constexprs = {(names.index(k),): v for k, v in values.items()}

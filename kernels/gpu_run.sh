@@ -40,6 +40,8 @@
 #   bash kernels/gpu_run.sh OUT_DIR v17     FA4, the shipped kernel and the same with the tl dK/dV kernel: two rounds
 #   bash kernels/gpu_run.sh OUT_DIR v17spec the spec as shipped, then the multi-block tests (the default paths)
 #   bash kernels/gpu_run.sh OUT_DIR v17m64  the v17 default against the overlapped order and 64-row blocks (one round)
+#   bash kernels/gpu_run.sh OUT_DIR gpaired the Gluon dK/dV kernel's paired order: its GPU tests, then the v17 default
+#                                           against it at 3 and 4 stages and the overlapped order (two rounds)
 #   bash kernels/gpu_run.sh OUT_DIR v18prof each kernel's GPU time in the v17 default backward (S1, S4b), then the fused
 #                                           dQ variants against it (one round, six shapes)
 #   bash kernels/gpu_run.sh OUT_DIR gfusedt the fused-dQ Gluon GPU tests alone
@@ -63,7 +65,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|tlkvspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|v17|v17spec|v17m64|v18prof|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|tlkvspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|v17|v17spec|v17m64|gpaired|v18prof|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -165,6 +167,10 @@ for r in json.load(open(sys.argv[1])): print(r['shape'], r['impl'], '|', r.get('
   v17m64)
     gb=triton-plan-gluon-bwd
     run_bench 280 v17_m64 --shapes $ALL_SHAPES --impls triton-plan,$gb-ovl-s3,$gb-m64,$gb-m64-ovl-s2 ;;
+  gpaired)
+    gpu_tests 200 14 "gpu_gluon_backward and paired" gluon_paired
+    gb=triton-plan-gluon-bwd
+    run_bench 300 gluon_paired --rounds 2 --shapes $ALL_SHAPES --impls triton-plan,$gb-pair-s3,$gb-pair-s4,$gb-ovl-s3 ;;
   v18prof)
     # where the v17 default backward's time goes, and dQ fused into the Gluon dK/dV kernel re-timed now that
     # its statistics come by TMA (v15's timings predate that)

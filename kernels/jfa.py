@@ -210,7 +210,10 @@ GLUON_BWD_BLOCK_M = 32
 #   "overlap": the forward's order: block t's S^T / dP^T go ahead of block t-1's dV / dK, and block t's
 #     P / dS are computed while those run (gluon_bwd._overlapped_item); needs two stages or more.
 #     Level with "plain" in v17 (+3-6% on S4b / S1, -6% on S3, one round), so "plain" stays.
-GLUON_BWD_ORDERS = ("plain", "overlap")
+#   "paired": two blocks per iteration, both blocks' S^T / dP^T issued before either's P / dS, one drain per
+#     two blocks (gluon_bwd._paired_item); needs two stages or more.  Written after v17's device time:
+#     compiled for sm_90 (no serialized wgmma, no spills in its loop), not yet run on a GPU.
+GLUON_BWD_ORDERS = ("plain", "overlap", "paired")
 GLUON_BWD_ORDER = "plain"
 # dQ kernel of the backward (runtime switch, environment JFA_BWD_Q_KERNEL):
 #   "triton": the tl dQ kernel in triton_kernels.py.
@@ -425,9 +428,10 @@ def _gluon_bwd_stages():
         raise ValueError(f"jfa.GLUON_BWD_STAGES must be an int in 1..4, got {GLUON_BWD_STAGES!r}")
     if GLUON_BWD_ORDER not in GLUON_BWD_ORDERS:
         raise ValueError(f"jfa.GLUON_BWD_ORDER must be one of {GLUON_BWD_ORDERS}, got {GLUON_BWD_ORDER!r}")
-    if GLUON_BWD_ORDER == "overlap" and GLUON_BWD_STAGES < 2:
-        # block t-1 keeps its buffer until block t's MMAs are issued: one buffer would deadlock
-        raise ValueError("jfa.GLUON_BWD_ORDER 'overlap' needs jfa.GLUON_BWD_STAGES >= 2")
+    if GLUON_BWD_ORDER != "plain" and GLUON_BWD_STAGES < 2:
+        # a group holds two Q/dO buffers at once (block t-1's until block t's MMAs are issued, or a pair):
+        # one buffer would deadlock
+        raise ValueError(f"jfa.GLUON_BWD_ORDER {GLUON_BWD_ORDER!r} needs jfa.GLUON_BWD_STAGES >= 2")
     if GLUON_BWD_BLOCK_M not in GLUON_BWD_BLOCK_MS:
         raise ValueError(f"jfa.GLUON_BWD_BLOCK_M must be one of {GLUON_BWD_BLOCK_MS}, got {GLUON_BWD_BLOCK_M!r}")
     return GLUON_BWD_STAGES
@@ -439,7 +443,7 @@ class BackwardSwitches(NamedTuple):
     them around the forward call only, a plan made under other switches)."""
     gluon_grid: str  # GLUON_GRID for the Gluon dK/dV and dQ kernels
     gluon_bwd_stages: int  # GLUON_BWD_STAGES
-    gluon_bwd_overlap: bool  # GLUON_BWD_ORDER == "overlap"
+    gluon_bwd_order: int  # GLUON_BWD_ORDER's index in GLUON_BWD_ORDERS (gluon_bwd.py's ORDER)
     gluon_bwd_block_m: int  # GLUON_BWD_BLOCK_M
     gluon_bwd_split_keys: int  # GLUON_BWD_SPLIT_KEYS where BWD_KV_KERNEL is "split", else 0
     fused_dq_split: str  # the GLUON_FUSED_DQ_SPLIT that runs at this head dim ("keys" where "dim" cannot)
@@ -930,7 +934,7 @@ def _backward_kv_gluon(q, k, v, do, stats, cu_cols, dk, dv, cu_q, cu_k, s, sw, c
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), scale, scale * tk.LOG2E,
         hkv, hq // hkv, n_items, dqd, cu_cols,
         BROADCAST=broadcast, CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=sw.gluon_bwd_stages,
-        GROUPED=items is not None, DYNAMIC=dynamic, OVERLAP=sw.gluon_bwd_overlap,
+        GROUPED=items is not None, DYNAMIC=dynamic, ORDER=sw.gluon_bwd_order,
         FUSE_DQ=(2 if sw.fused_dq_split == "dim" else 1) if fuse_dq else 0,
         DQ_BUFS=sw.fused_dq_buffers if fuse_dq else 1, BLOCK_M=block_m, num_warps=4)
 
@@ -1163,7 +1167,7 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
                              or ("the split dK/dV runs with the separate dQ kernels only"
                                  if fuse and kv_kernel == "split" else "")
                              or ("the Gluon dK/dV kernel fuses dQ in its plain order only"
-                                 if fuse and GLUON_BWD_ORDER == "overlap" else "")
+                                 if fuse and GLUON_BWD_ORDER != "plain" else "")
                              or ("the Gluon dK/dV kernel fuses dQ with 32-row query blocks only"
                                  if fuse and GLUON_BWD_BLOCK_M != 32 else ""))
     silent_kv = BWD_KV_KERNEL == "auto"
@@ -1195,7 +1199,9 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
         why_not_gluon_dq = "BWD_DQ_MODE 'ds' reads dQ's dS back in its own kernel"
     bwd_q_kernel = "gluon" if BWD_Q_KERNEL != "triton" and not why_not_gluon_dq and not ds_dq else "triton"
     silent_dq = BWD_Q_KERNEL == "auto"
-    bwd = BackwardSwitches(GLUON_GRID, GLUON_BWD_STAGES, GLUON_BWD_ORDER == "overlap", GLUON_BWD_BLOCK_M,
+    # (GLUON_BWD_ORDER is checked where the Gluon dK/dV kernel may run)
+    order = GLUON_BWD_ORDERS.index(GLUON_BWD_ORDER) if GLUON_BWD_ORDER in GLUON_BWD_ORDERS else 0
+    bwd = BackwardSwitches(GLUON_GRID, GLUON_BWD_STAGES, order, GLUON_BWD_BLOCK_M,
                            GLUON_BWD_SPLIT_KEYS if kv_kernel == "split" else 0, fused_split or "keys",
                            GLUON_FUSED_DQ_BUFFERS, fuse and _dq_reduce_by_tma(q), GLUON_DQ_STAGES)
     cfgs = LaunchConfig(_cfg("fwd", dkey, q.dtype, on_cpu), _cfg("kvf" if fuse else "kv", dkey, q.dtype, on_cpu),

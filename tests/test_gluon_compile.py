@@ -34,6 +34,9 @@ CONFIGS = [
     dict(kernel="bwd", stages=4, broadcast=True, head_d=64, head_dv=64, dtype="fp16"),
     dict(kernel="bwd", stages=3, overlap=True, causal=True, grouped=True, dynamic=True),
     dict(kernel="bwd", stages=2, overlap=True, broadcast=True, head_d=64, head_dv=64, dtype="fp16"),
+    dict(kernel="bwd", stages=3, order=2),  # the paired order
+    dict(kernel="bwd", stages=4, order=2, causal=True, grouped=True, dynamic=True),
+    dict(kernel="bwd", stages=2, order=2, broadcast=True, head_d=64, head_dv=64, dtype="fp16"),
     # ... with 64-row query blocks
     dict(kernel="bwd", stages=2, block_m=64),
     dict(kernel="bwd", stages=3, block_m=64, causal=True, grouped=True, dynamic=True),
@@ -94,8 +97,9 @@ def test_gluon_forward_compiles_for_sm90(probed, i):
         # spill stores, 3.9 about 75
         # (two staging buffers: Triton 3.6 29-55, 3.9 55-127)
         # 64-row query blocks: 64 x 64 S^T / dP^T (Triton 3.6: 57 at two stages)
+        # the paired order holds two blocks' S^T / dP^T (Triton 3.6: 34-38, none in its loop; 3.9: 50-72)
         bound = ((160 if CONFIGS[i].get("dq_bufs", 1) == 2 else 96) if CONFIGS[i].get("fuse_dq")
-                 else 160 if CONFIGS[i].get("block_m") == 64 else 64)
+                 else 160 if CONFIGS[i].get("block_m") == 64 else 96 if CONFIGS[i].get("order") == 2 else 64)
         assert result["spill_stores"] <= bound, result["spill_stores"]
     if CONFIGS[i].get("kernel") == "bwd":
         # the host's account of the kernel's shared memory (jfa checks the switches against sm_90's with it)

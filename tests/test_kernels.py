@@ -1159,7 +1159,8 @@ def test_gpu_gluon_rows_past_lk_never_leak(poison, causal, monkeypatch):
 @pytest.mark.parametrize("stages, grid, order, block_m", [
     (1, "persistent", "plain", 32), (3, "persistent", "plain", 32), (2, "dynamic", "plain", 32),
     (2, "sorted", "plain", 32), (2, "persistent", "overlap", 32), (3, "dynamic", "overlap", 32),
-    (3, "sorted", "overlap", 32),
+    (3, "sorted", "overlap", 32), (3, "dynamic", "paired", 32), (2, "persistent", "paired", 32),
+    (4, "sorted", "paired", 32),
     (2, "dynamic", "plain", 64), (1, "persistent", "plain", 64), (2, "sorted", "overlap", 64)])
 @pytest.mark.parametrize("case", range(len(GLUON_CASES)))
 @pytest.mark.parametrize("causal", [False, True])
@@ -1456,8 +1457,8 @@ def test_gluon_grid_is_what_the_switch_names(grid, n_items, want, monkeypatch):
 @needs_kernels
 @pytest.mark.parametrize("stages, order, block_m, field", [
     (0, "plain", 32, "GLUON_BWD_STAGES"), (5, "plain", 32, "GLUON_BWD_STAGES"), (2.0, "plain", 32, "GLUON_BWD_STAGES"),
-    (2, "fa3", 32, "GLUON_BWD_ORDER"), (1, "overlap", 32, "GLUON_BWD_STAGES"), (2, "plain", 48, "GLUON_BWD_BLOCK_M"),
-    (2, "plain", "64", "GLUON_BWD_BLOCK_M")])
+    (2, "fa3", 32, "GLUON_BWD_ORDER"), (1, "overlap", 32, "GLUON_BWD_STAGES"), (1, "paired", 32, "GLUON_BWD_STAGES"),
+    (2, "plain", 48, "GLUON_BWD_BLOCK_M"), (2, "plain", "64", "GLUON_BWD_BLOCK_M")])
 def test_gluon_backward_stage_count_order_and_block_rows_are_checked(stages, order, block_m, field, monkeypatch):
     from kernels import jfa
     monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "gluon")
