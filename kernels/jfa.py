@@ -62,12 +62,13 @@ CONFIG_OVERRIDE: dict = {}
 #   "atomic":   dQ fused into the dK/dV kernel with fp32 atomics (fewer matmuls,
 #               summation order not fixed); with BWD_KV_KERNEL = "gluon" where it runs, the Gluon
 #               dK/dV kernel does it (dQ^T blocks added by TMA into a transposed fp32 buffer; the
-#               plain block order only)
+#               plain block order only); under "auto" the tl dK/dV kernel does
 #   "ds":       the tl dK/dV kernel also stores dS (q's dtype, the value its dK matmul uses) in a workspace
 #               of Hq x sum(lq * lk) elements, and dQ = dS @ K reads it back (_bwd_q_from_ds_kernel): five
 #               matmuls in all instead of seven, for the workspace's write and read.  No atomics: as
 #               reproducible as "separate", so it also serves deterministic=True and broadcast-Q.  Runs
-#               with BWD_KV_KERNEL "triton" only and while the workspace fits DS_WORKSPACE_MAX_BYTES;
+#               with the tl dK/dV kernel only (BWD_KV_KERNEL "triton", or "auto", which picks it for this
+#               mode) and while the workspace fits DS_WORKSPACE_MAX_BYTES;
 #               otherwise the "separate" path runs and LAST_BWD_DQ_PATH says why.
 # "atomic" yields to deterministic=True and broadcast-Q ("separate" runs).  Environment: JFA_BWD_DQ_MODE.
 BWD_DQ_MODES = ("separate", "atomic", "ds")
