@@ -379,6 +379,21 @@ def _issue_st_dpt(k_half, v_half, q_s, do_s, s_layout: gl.constexpr, BLOCK_M: gl
 
 
 @gluon.jit
+def _block_rows(t, n_steps, m_lo, s_layout: gl.constexpr, BLOCK_M: gl.constexpr):
+    # query rows of the item's block t (query head t // n_steps of the group, row block t % n_steps)
+    return m_lo + (t % n_steps) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+
+
+@gluon.jit
+def _accumulate_and_drain(dk, dv, p_op, ds_op, q_s, do_s):
+    # dV += P^T dO and dK += dS^T Q, then a wait for both: nothing of the group's is left in flight
+    dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
+    dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
+    dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
+    return dk, dv
+
+
+@gluon.jit
 def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, stats_smem, qdo_ready, qdo_empty, r, keys,
                      lq, diag, qk_scale, m_lo, n_steps, n_blocks, STAGES: gl.constexpr,
                      CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
@@ -393,11 +408,9 @@ def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, stats_smem, qdo_re
         mbarrier.wait(qdo_ready.index(s), (r // STAGES) & 1)
         st, dpt = _issue_st_dpt(k_half, v_half, q_smem.index(s), do_smem.index(s), s_layout, BLOCK_M)
         st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
-        rows = m_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-        p_prev, ds_prev = _p_ds(st, dpt, stats_smem, s, keys, rows, lq, diag, qk_scale, q_smem.dtype,
-                                CAUSAL, s_layout, p_layout, ds_layout)
+        p_prev, ds_prev = _p_ds(st, dpt, stats_smem, s, keys, _block_rows(0, n_steps, m_lo, s_layout, BLOCK_M), lq,
+                                diag, qk_scale, q_smem.dtype, CAUSAL, s_layout, p_layout, ds_layout)
         for t in range(1, n_blocks):
-            g = t // n_steps
             rt = r + t
             s = rt % STAGES
             sp = (rt - 1) % STAGES
@@ -406,25 +419,16 @@ def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, stats_smem, qdo_re
             dv_run = warpgroup_mma(p_prev, do_smem.index(sp), dv, is_async=True)
             dk_run = warpgroup_mma(ds_prev, q_smem.index(sp), dk, is_async=True)
             st, dpt = warpgroup_mma_wait(2, deps=(st, dpt))
-            rows = m_lo + (t - g * n_steps) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-            p_op, ds_op = _p_ds(st, dpt, stats_smem, s, keys, rows, lq, diag, qk_scale, q_smem.dtype,
-                                CAUSAL, s_layout, p_layout, ds_layout)
+            p_op, ds_op = _p_ds(st, dpt, stats_smem, s, keys, _block_rows(t, n_steps, m_lo, s_layout, BLOCK_M), lq,
+                                diag, qk_scale, q_smem.dtype, CAUSAL, s_layout, p_layout, ds_layout)
             dv, dk, p_prev, ds_prev = warpgroup_mma_wait(0, deps=(dv_run, dk_run, p_prev, ds_prev))
             mbarrier.arrive(qdo_empty.index(sp))
             p_prev = p_op
             ds_prev = ds_op
         sl = (r + n_blocks - 1) % STAGES
-        dv_run = warpgroup_mma(p_prev, do_smem.index(sl), dv, is_async=True)
-        dk_run = warpgroup_mma(ds_prev, q_smem.index(sl), dk, is_async=True)
-        dv, dk, p_prev, ds_prev = warpgroup_mma_wait(0, deps=(dv_run, dk_run, p_prev, ds_prev))
+        dk, dv = _accumulate_and_drain(dk, dv, p_prev, ds_prev, q_smem.index(sl), do_smem.index(sl))
         mbarrier.arrive(qdo_empty.index(sl))
     return dk, dv
-
-
-@gluon.jit
-def _block_rows(t, n_steps, m_lo, s_layout: gl.constexpr, BLOCK_M: gl.constexpr):
-    # query rows of the item's block t (query head t // n_steps of the group, row block t % n_steps)
-    return m_lo + (t % n_steps) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
 
 
 @gluon.jit
@@ -465,9 +469,7 @@ def _paired_item(dk, dv, k_half, v_half, q_smem, do_smem, stats_smem, qdo_ready,
         st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
         p_op, ds_op = _p_ds(st, dpt, stats_smem, s, keys, _block_rows(t, n_steps, m_lo, s_layout, BLOCK_M), lq,
                             diag, qk_scale, q_smem.dtype, CAUSAL, s_layout, p_layout, ds_layout)
-        dv = warpgroup_mma(p_op, do_smem.index(s), dv, is_async=True)
-        dk = warpgroup_mma(ds_op, q_smem.index(s), dk, is_async=True)
-        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
+        dk, dv = _accumulate_and_drain(dk, dv, p_op, ds_op, q_smem.index(s), do_smem.index(s))
         mbarrier.arrive(qdo_empty.index(s))
     return dk, dv
 
