@@ -256,10 +256,11 @@ def _bwd_preprocess(O, DO, DELTA, LSE, STATS, COLS, n_rows, stride_ot, stride_oh
     tl.store(DELTA + h * stride_dh + rows, delta, mask=ok)
     if WRITE_STATS:
         lse = tl.load(LSE + h * stride_dh + rows, mask=ok, other=0.0)
+        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
         cols = tl.load(COLS + rows, mask=ok, other=0)
-        tl.store(STATS + h * stride_sh + cols, tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634),
-                 mask=ok)
-        tl.store(STATS + (tl.num_programs(1) + h) * stride_sh + cols, delta, mask=ok)
+        h64 = h.to(tl.int64)  # (2 * Hq rows of about as many columns as output rows)
+        tl.store(STATS + h64 * stride_sh + cols, lse2, mask=ok)
+        tl.store(STATS + (tl.num_programs(1) + h64) * stride_sh + cols, delta, mask=ok)
 
 
 # ----------------------------------------------------------------------------
