@@ -627,7 +627,8 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
 def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=False, dtype="bf16",
                  grouped=False, dynamic=False, overlap=False, fuse_dq=0, dq_bufs=1, block_m=32, order=None):
     """Compile ``dkdv_kernel`` for sm_90 without a GPU (Triton's bundled ptxas), as
-    gluon_fwd.compile_sm90 does for the forward."""
+    gluon_fwd.compile_sm90 does for the forward.  ``order`` is the kernel's ORDER (0 plain, 1 overlap,
+    2 paired); when None, ``overlap`` picks 0 or 1."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
