@@ -956,7 +956,7 @@ class AlignedColumns(NamedTuple):
     every sequence starts at a column that is a multiple of 4."""
     cu: torch.Tensor  # int32 [B + 1]: first column of each sequence
     cols: torch.Tensor  # int32 [rows]: column of each output row
-    n_cols: int  # a multiple of 4 (the buffers' row stride), at most rows + 3 B
+    n_cols: int  # a multiple of 4 (the buffers' row stride): rows + 3 B rounded up, at least 4
 
 
 def _aligned_columns(lens_out, to_device=torch.as_tensor):
@@ -968,7 +968,9 @@ def _aligned_columns(lens_out, to_device=torch.as_tensor):
     np.cumsum((lens + 3) // 4 * 4, out=cu[1:])
     starts = np.cumsum(lens) - lens
     cols = np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(cu[:-1] - starts, lens)
-    return AlignedColumns(to_device(cu.astype(np.int32)), to_device(cols.astype(np.int32)), max(4, int(cu[-1])))
+    # (the column count is the bound the GPU runs of v17 used, a little past the last sequence's end)
+    n_cols = max(4, -(-(int(lens.sum()) + 3 * lens.shape[0]) // 4) * 4)
+    return AlignedColumns(to_device(cu.astype(np.int32)), to_device(cols.astype(np.int32)), n_cols)
 
 
 def _fused_dq_buffer(q, columns):

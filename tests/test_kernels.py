@@ -1323,7 +1323,7 @@ def test_fused_gluon_dq_buffer_round_trip():
     acc = jfa._fused_dq_buffer(q, columns)
     assert cu_dq.tolist() == [0, 8, 12, 20, 20, 28] and cu_dq.dtype == torch.int32
     assert cols.tolist() == [0, 1, 2, 3, 4, 5, 6, 8, 12, 13, 14, 15, 16, 20, 21, 22, 23, 24, 25]
-    assert acc.shape == (256, 28) and acc.dtype == torch.float32 and (acc.stride(0) * 4) % 16 == 0
+    assert acc.shape == (256, 36) and acc.dtype == torch.float32 and (acc.stride(0) * 4) % 16 == 0
     assert bool((acc == 0).all())  # the kernel only adds
     # values that bf16 holds exactly, also halved: the interpreter's float32 -> bf16 cast truncates
     want = torch.randn(19, 2, 128, generator=torch.Generator().manual_seed(3)).bfloat16().float().to(DEVICE)
@@ -1333,7 +1333,7 @@ def test_fused_gluon_dq_buffer_round_trip():
     assert got.dtype == torch.bfloat16 and got.is_contiguous()
     torch.testing.assert_close(got, (want * 0.5).to(torch.bfloat16), rtol=0, atol=0)
     desc = jfa._fused_dq_descriptor(acc)
-    assert list(desc.shape) == [256, 28] and list(desc.strides) == [28, 1] and list(desc.block_shape) == [64, 32]
+    assert list(desc.shape) == [256, 36] and list(desc.strides) == [36, 1] and list(desc.block_shape) == [64, 32]
 
 
 @needs_kernels
@@ -1503,7 +1503,7 @@ def test_split_dkdv_sends_each_sequence_to_one_kernel(causal, monkeypatch):
     assert s["kv_needs_zero"]
     # the plan also keeps where the Gluon kernel's statistics lie: the query rows, each sequence aligned
     assert s["columns"].cu.tolist() == [0, 300, 300, 816, 948, 1012, 1712, 1716, 1784]
-    assert s["columns"].cols.shape == (sum(lens_q),) and s["columns"].n_cols == 1784
+    assert s["columns"].cols.shape == (sum(lens_q),) and s["columns"].n_cols == 1796
     # no sequence long enough: no Gluon launch at all
     monkeypatch.setattr(jfa, "GLUON_BWD_SPLIT_KEYS", 10 ** 6)
     s = jfa._prepare(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal, None, False, False)[5]
