@@ -625,10 +625,10 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
 
 
 def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=False, dtype="bf16",
-                 grouped=False, dynamic=False, overlap=False, fuse_dq=0, dq_bufs=1, block_m=32, order=None):
+                 grouped=False, dynamic=False, order=0, fuse_dq=0, dq_bufs=1, block_m=32):
     """Compile ``dkdv_kernel`` for sm_90 without a GPU (Triton's bundled ptxas), as
     gluon_fwd.compile_sm90 does for the forward.  ``order`` is the kernel's ORDER (0 plain, 1 overlap,
-    2 paired); when None, ``overlap`` picks 0 or 1."""
+    2 paired: the index of jfa.GLUON_BWD_ORDER in jfa.GLUON_BWD_ORDERS)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -651,7 +651,7 @@ def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=Fals
         "FUSE_DQ": "constexpr", "DQ_BUFS": "constexpr", "BLOCK_M": "constexpr",
     }
     values = dict(BROADCAST=broadcast, CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages,
-                  GROUPED=grouped, DYNAMIC=dynamic, ORDER=int(overlap) if order is None else order,
+                  GROUPED=grouped, DYNAMIC=dynamic, ORDER=order,
                   FUSE_DQ=fuse_dq, DQ_BUFS=dq_bufs,
                   BLOCK_M=block_m)
     names = list(signature)

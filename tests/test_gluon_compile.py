@@ -32,15 +32,15 @@ CONFIGS = [
     dict(kernel="bwd", stages=3),
     dict(kernel="bwd", stages=3, causal=True, grouped=True, dynamic=True),
     dict(kernel="bwd", stages=4, broadcast=True, head_d=64, head_dv=64, dtype="fp16"),
-    dict(kernel="bwd", stages=3, overlap=True, causal=True, grouped=True, dynamic=True),
-    dict(kernel="bwd", stages=2, overlap=True, broadcast=True, head_d=64, head_dv=64, dtype="fp16"),
-    dict(kernel="bwd", stages=3, order=2),  # the paired order
+    dict(kernel="bwd", stages=3, order=1, causal=True, grouped=True, dynamic=True),
+    dict(kernel="bwd", stages=2, order=1, broadcast=True, head_d=64, head_dv=64, dtype="fp16"),
+    dict(kernel="bwd", stages=3, order=2),  # the paired order (order: plain 0, overlap 1, paired 2)
     dict(kernel="bwd", stages=4, order=2, causal=True, grouped=True, dynamic=True),
     dict(kernel="bwd", stages=2, order=2, broadcast=True, head_d=64, head_dv=64, dtype="fp16"),
     # ... with 64-row query blocks
     dict(kernel="bwd", stages=2, block_m=64),
     dict(kernel="bwd", stages=3, block_m=64, causal=True, grouped=True, dynamic=True),
-    dict(kernel="bwd", stages=2, block_m=64, overlap=True, broadcast=True, head_d=64, head_dv=64, dtype="fp16"),
+    dict(kernel="bwd", stages=2, block_m=64, order=1, broadcast=True, head_d=64, head_dv=64, dtype="fp16"),
     # ... with dQ fused (TMA reduce-adds of dQ^T): 1 splits the keys between the groups, 2 the head dim
     dict(kernel="bwd", stages=2, fuse_dq=1),
     dict(kernel="bwd", stages=3, fuse_dq=1, causal=True, grouped=True, dynamic=True),
@@ -56,7 +56,7 @@ CONFIGS = [
     dict(kernel="dq", stages=2),
     dict(kernel="dq", stages=2, causal=True, grouped=True, dynamic=True),
     dict(kernel="dq", stages=1, head_d=64, head_dv=64, dtype="fp16"),
-    dict(kernel="bwd", stages=2, block_m=64, overlap=True),  # (SERIALIZED_INDEX)
+    dict(kernel="bwd", stages=2, block_m=64, order=1),  # (SERIALIZED_INDEX)
 ]
 SERIALIZED_INDEX = len(CONFIGS) - 1
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gluon_sm90_probe.py")
