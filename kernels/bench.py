@@ -268,15 +268,15 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          "triton-plan-gluon-bwd": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon"),
          **{f"triton-plan-gluon-bwd-s{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon", GLUON_BWD_STAGES=n)
             for n in (1, 2, 3)},
+         # the Gluon kernels writing every output tile by masked stores (v17; v18 made TMA stores the default)
+         "triton-plan-masked-stores": _triton_with(impl_triton_plan, GLUON_TMA_STORE_KERNELS=()),
+         # ... and the forward's O by TMA stores too (opt-in in v18)
+         "triton-plan-tma-fwd": _triton_with(impl_triton_plan, GLUON_TMA_STORE_KERNELS=("forward", "backward")),
          # the tl dK/dV kernel (the default before v17, when "auto" began to pick the Gluon one on sm_90)
          "triton-plan-tl-kv": _triton_with(impl_triton_plan, BWD_KV_KERNEL="triton"),
          **{f"triton-plan-gluon-bwd-ovl-s{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon",
                                                           GLUON_BWD_ORDER="overlap", GLUON_BWD_STAGES=n)
             for n in (2, 3)},
-         # ... in the paired order (two blocks per iteration, v17, after its device time)
-         **{f"triton-plan-gluon-bwd-pair-s{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon",
-                                                           GLUON_BWD_ORDER="paired", GLUON_BWD_STAGES=n)
-            for n in (2, 3, 4)},
          # ... with 64-row query blocks (jfa.GLUON_BWD_BLOCK_M)
          **{f"triton-plan-gluon-bwd-m64{sfx}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon",
                                                            GLUON_BWD_BLOCK_M=64, **kw)

@@ -30,12 +30,11 @@
   MMA is NaN.  Key rows past the end are computed and never stored (each key's dK / dV row depends on
   that key's row of S^T only).
 
-* Three block orders (jfa.GLUON_BWD_ORDER; ``ORDER`` 0, 1, 2): ``plain`` (_block: each block's four MMAs
-  retired inside it), ``overlap`` (_overlapped_item: the forward's order, block t's S^T / dP^T ahead of
-  block t-1's dV / dK) and ``paired`` (_paired_item: two blocks per iteration, both blocks' S^T / dP^T
-  issued first, so the second pair runs while the first block's P / dS are computed, and one drain per
-  two blocks).  None leaves an MMA in flight across a loop's back edge: ptxas then serializes every
-  wgmma of the kernel (PERF.md v12, pinned by tests/test_gluon_compile.py).
+* Two block orders (jfa.GLUON_BWD_ORDER; ``ORDER`` 0, 1): ``plain`` (_block: each block's four MMAs
+  retired inside it) and ``overlap`` (_overlapped_item: the forward's order, block t's S^T / dP^T ahead
+  of block t-1's dV / dK).  Neither leaves an MMA in flight across a loop's back edge: ptxas then
+  serializes every wgmma of the kernel (PERF.md v12, pinned by tests/test_gluon_compile.py).  A third,
+  two blocks per iteration, was slower than ``overlap`` and wrong on two causal cases (PERF.md v18).
 
 * Each block's LSE (log2 domain) and delta come with its Q and dO, by TMA into the same ring stage
   (jfa._bwd_preprocess writes them, each sequence from a 16-byte aligned column: jfa.AlignedColumns).
@@ -62,7 +61,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.language.nvidia.hopper import tma
 from triton.language.core import _aggregate as aggregate
 
-from .gluon_fwd import _next_pos, _publish_pos, _read_pos, _zero_rows_from, partition_barrier, tma_load
+from .gluon_fwd import (_next_pos, _publish_pos, _read_pos, _zero_rows_from, partition_barrier, store_rows,
+                        tma_load)
 
 
 def _tma_reduce_add_builtin():
@@ -107,10 +107,11 @@ class BwdFlags:
     FUSE_DQ: gl.constexpr
     DQ_BUFS: gl.constexpr
     BLOCK_M: gl.constexpr
+    TMA_STORE: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, WG, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, ORDER, FUSE_DQ,
-                 DQ_BUFS, BLOCK_M):
+                 DQ_BUFS, BLOCK_M, TMA_STORE):
         self.WG = gl.constexpr(WG)
         self.BROADCAST = gl.constexpr(BROADCAST)
         self.CAUSAL = gl.constexpr(CAUSAL)
@@ -123,6 +124,7 @@ class BwdFlags:
         self.FUSE_DQ = gl.constexpr(FUSE_DQ)
         self.DQ_BUFS = gl.constexpr(DQ_BUFS)
         self.BLOCK_M = gl.constexpr(BLOCK_M)
+        self.TMA_STORE = gl.constexpr(TMA_STORE)
 
 
 @gluon.jit
@@ -432,53 +434,10 @@ def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, stats_smem, qdo_re
 
 
 @gluon.jit
-def _paired_item(dk, dv, k_half, v_half, q_smem, do_smem, stats_smem, qdo_ready, qdo_empty, r, keys,
-                 lq, diag, qk_scale, m_lo, n_steps, n_blocks, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                 ds_layout: gl.constexpr, BLOCK_M: gl.constexpr):
-    # Two blocks (a, b) per iteration: S^T / dP^T of a, then of b; wait for a's (b's stay in flight) and
-    # compute its P / dS; a's dV / dK; wait for b's (a's dV / dK stay in flight), its P / dS, its dV / dK;
-    # then one drain for both, so nothing is in flight across the back edge (PERF.md v12).  The group holds
-    # two ring buffers at once (STAGES >= 2).  An odd last block runs alone.
-    for t in range(0, n_blocks - 1, 2):
-        ra = r + t
-        sa = ra % STAGES
-        sb = (ra + 1) % STAGES
-        mbarrier.wait(qdo_ready.index(sa), (ra // STAGES) & 1)
-        st_a, dpt_a = _issue_st_dpt(k_half, v_half, q_smem.index(sa), do_smem.index(sa), s_layout, BLOCK_M)
-        mbarrier.wait(qdo_ready.index(sb), ((ra + 1) // STAGES) & 1)
-        st_b, dpt_b = _issue_st_dpt(k_half, v_half, q_smem.index(sb), do_smem.index(sb), s_layout, BLOCK_M)
-        st_a, dpt_a = warpgroup_mma_wait(2, deps=(st_a, dpt_a))
-        p_a, ds_a = _p_ds(st_a, dpt_a, stats_smem, sa, keys, _block_rows(t, n_steps, m_lo, s_layout, BLOCK_M), lq,
-                          diag, qk_scale, q_smem.dtype, CAUSAL, s_layout, p_layout, ds_layout)
-        dv = warpgroup_mma(p_a, do_smem.index(sa), dv, is_async=True)
-        dk = warpgroup_mma(ds_a, q_smem.index(sa), dk, is_async=True)
-        st_b, dpt_b = warpgroup_mma_wait(2, deps=(st_b, dpt_b))
-        p_b, ds_b = _p_ds(st_b, dpt_b, stats_smem, sb, keys, _block_rows(t + 1, n_steps, m_lo, s_layout, BLOCK_M),
-                          lq, diag, qk_scale, q_smem.dtype, CAUSAL, s_layout, p_layout, ds_layout)
-        dv = warpgroup_mma(p_b, do_smem.index(sb), dv, is_async=True)
-        dk = warpgroup_mma(ds_b, q_smem.index(sb), dk, is_async=True)
-        dv, dk, p_a, ds_a, p_b, ds_b = warpgroup_mma_wait(0, deps=(dv, dk, p_a, ds_a, p_b, ds_b))
-        mbarrier.arrive(qdo_empty.index(sa))
-        mbarrier.arrive(qdo_empty.index(sb))
-    if n_blocks % 2 == 1:
-        t = n_blocks - 1
-        s = (r + t) % STAGES
-        mbarrier.wait(qdo_ready.index(s), ((r + t) // STAGES) & 1)
-        st, dpt = _issue_st_dpt(k_half, v_half, q_smem.index(s), do_smem.index(s), s_layout, BLOCK_M)
-        st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
-        p_op, ds_op = _p_ds(st, dpt, stats_smem, s, keys, _block_rows(t, n_steps, m_lo, s_layout, BLOCK_M), lq,
-                            diag, qk_scale, q_smem.dtype, CAUSAL, s_layout, p_layout, ds_layout)
-        dk, dv = _accumulate_and_drain(dk, dv, p_op, ds_op, q_smem.index(s), do_smem.index(s))
-        mbarrier.arrive(qdo_empty.index(s))
-    return dk, dv
-
-
-@gluon.jit
 def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
               DK, DV, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
               stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, qk_scale, ds_smem, dq_smem,
-              dq_desc, CU_COLS, ds_ready, flags):
+              dq_desc, CU_COLS, ds_ready, dk_desc, dv_desc, flags):
     WG: gl.constexpr = flags.WG
     CAUSAL: gl.constexpr = flags.CAUSAL
     HEAD_D: gl.constexpr = flags.HEAD_D
@@ -511,12 +470,7 @@ def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, k
         keys = kw + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
         dk = gl.zeros([HALF_N, HEAD_D], gl.float32, dk_layout)
         dv = gl.zeros([HALF_N, HEAD_DV], gl.float32, dv_layout)
-        if flags.ORDER == 2:
-            dk, dv = _paired_item(dk, dv, k_half, v_half, q_smem, do_smem, stats_smem, qdo_ready, qdo_empty,
-                                  r, keys, lq, diag, qk_scale, m_lo, n_steps, GROUP * n_steps,
-                                  STAGES, CAUSAL, s_layout, p_layout, ds_layout, BLOCK_M)
-            r += GROUP * n_steps
-        elif flags.ORDER == 1:
+        if flags.ORDER == 1:
             dk, dv = _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, stats_smem, qdo_ready, qdo_empty,
                                       r, keys, lq, diag, qk_scale, m_lo, n_steps, GROUP * n_steps,
                                       STAGES, CAUSAL, s_layout, p_layout, ds_layout, BLOCK_M)
@@ -536,20 +490,21 @@ def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, k
                                     ds_ready, r, flags.DQ_BUFS, BLOCK_M)
                     mbarrier.arrive(qdo_empty.index(s))
                     r += 1
-        mbarrier.arrive(kv_empty.index(kb))  # every MMA reading this item's K/V is done
-        dk = dk * sm_scale
-        rows_k = kw + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, dk_layout))
-        cols_k = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, dk_layout))
-        k_ptrs = (DK + gl.expand_dims((k_start + rows_k).to(gl.int64) * stride_dkt, 1) + hk * stride_dkh
-                  + gl.expand_dims(cols_k, 0))
-        gl.store(k_ptrs, dk.to(DK.dtype.element_ty),
-                 mask=gl.expand_dims(rows_k < lk, 1) & gl.expand_dims(cols_k < HEAD_D, 0))
-        rows_v = kw + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, dv_layout))
-        cols_v = gl.arange(0, HEAD_DV, layout=gl.SliceLayout(0, dv_layout))
-        v_ptrs = (DV + gl.expand_dims((k_start + rows_v).to(gl.int64) * stride_dvt, 1) + hk * stride_dvh
-                  + gl.expand_dims(cols_v, 0))
-        gl.store(v_ptrs, dv.to(DV.dtype.element_ty),
-                 mask=gl.expand_dims(rows_v < lk, 1) & gl.expand_dims(cols_v < HEAD_DV, 0))
+        # every MMA reading this item's K/V is done
+        dk = (dk * sm_scale).to(DK.dtype.element_ty)
+        dv = dv.to(DV.dtype.element_ty)
+        if not flags.TMA_STORE:
+            mbarrier.arrive(kv_empty.index(kb))
+        # TMA_STORE: whole tiles leave through this group's own K / V half (no MMA reads it any more; the
+        # other group reads only its own half), released once the TMA stores have read it
+        store_rows(dk, k_half, dk_desc, DK + hk * stride_dkh, k_start + kw, lk - kw, hk * HEAD_D, stride_dkt,
+                   flags.TMA_STORE, dk_layout)
+        store_rows(dv, v_half, dv_desc, DV + hk * stride_dvh, k_start + kw, lk - kw, hk * HEAD_DV, stride_dvt,
+                   flags.TMA_STORE, dv_layout)
+        if flags.TMA_STORE:
+            tma.store_wait(0)
+            partition_barrier()
+            mbarrier.arrive(kv_empty.index(kb))
         tk += 1
         mbarrier.wait(kv_ready.index(tk % 2), (tk // 2) & 1)
         pos = _read_pos(pos_smem, tk % 2)
@@ -560,11 +515,11 @@ def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, k
 @gluon.jit
 def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS,
                 COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, qk_scale,
-                HKV, GROUP, n_items, dq_desc, CU_COLS,
+                HKV, GROUP, n_items, dq_desc, CU_COLS, dk_desc, dv_desc,
                 BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                 STAGES: gl.constexpr, GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
                 ORDER: gl.constexpr = 0, FUSE_DQ: gl.constexpr = 0, DQ_BUFS: gl.constexpr = 1,
-                BLOCK_M: gl.constexpr = 32):
+                BLOCK_M: gl.constexpr = 32, TMA_STORE: gl.constexpr = False):
     # work items: (128-key block, kv head) in ITEMS' order under GROUPED (else heaviest first);
     # program p runs the launch positions p, then p + P, ... (DYNAMIC: those it claims from COUNTER)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
@@ -576,6 +531,8 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
     pos_smem = gl.allocate_shared_memory(gl.int32, [2, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     # FUSE_DQ: dS^T (the dQ MMA's B operand: each group's, or both groups' in two alternating buffers) and
     # each group's fp32 dQ^T parts (the TMA adds' sources, DQ_BUFS per group)
+    # TMA_STORE writes dK / dV through a group's K / V half, which FUSE_DQ == 2's dQ MMA reads from both groups
+    gl.static_assert(not (TMA_STORE and FUSE_DQ == 2), "TMA_STORE needs FUSE_DQ != 2")
     if FUSE_DQ:
         gl.static_assert(BLOCK_M == DQ_COLS, "the fused dQ adds 32-row parts")
         gl.static_assert(FUSE_DQ == 1 or HEAD_D == 2 * DQ_ROWS,
@@ -606,29 +563,29 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
     shared = (q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
               DK, DV, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
               stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, qk_scale, ds_smem, dq_smem, dq_desc,
-              CU_COLS, ds_ready)
+              CU_COLS, ds_ready, dk_desc, dv_desc)
     # 64-row blocks hold 64 x 64 S^T / dP^T: the consumer groups take 240 registers and the loader 24 (FA3's
     # split), which keeps most spills out of the per-block loop (at 232: 10-29 local accesses in it)
     CONSUMER_REGS: gl.constexpr = 240 if BLOCK_M == 64 else 232
     LOADER_REGS: gl.constexpr = 24 if BLOCK_M == 64 else 40
     gl.warp_specialize([
         (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, ORDER,
-                                       FUSE_DQ, DQ_BUFS, BLOCK_M), )),
+                                       FUSE_DQ, DQ_BUFS, BLOCK_M, TMA_STORE), )),
         (_consumer, shared + (BwdFlags(1, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, ORDER,
-                                       FUSE_DQ, DQ_BUFS, BLOCK_M), )),
+                                       FUSE_DQ, DQ_BUFS, BLOCK_M, TMA_STORE), )),
         (_loader, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem,
                    kv_ready, kv_empty, qdo_ready, qdo_empty, tail_bar,
                    ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, CU_COLS, HKV, GROUP, n_items,
                    BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, ORDER, FUSE_DQ,
-                            DQ_BUFS, BLOCK_M))),
+                            DQ_BUFS, BLOCK_M, TMA_STORE))),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
 def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=False, dtype="bf16",
-                 grouped=False, dynamic=False, order=0, fuse_dq=0, dq_bufs=1, block_m=32):
+                 grouped=False, dynamic=False, order=0, fuse_dq=0, dq_bufs=1, block_m=32, tma_store=False):
     """Compile ``dkdv_kernel`` for sm_90 without a GPU (Triton's bundled ptxas), as
-    gluon_fwd.compile_sm90 does for the forward.  ``order`` is the kernel's ORDER (0 plain, 1 overlap,
-    2 paired: the index of jfa.GLUON_BWD_ORDER in jfa.GLUON_BWD_ORDERS)."""
+    gluon_fwd.compile_sm90 does for the forward.  ``order`` is the kernel's ORDER (0 plain, 1 overlap:
+    the index of jfa.GLUON_BWD_ORDER in jfa.GLUON_BWD_ORDERS)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -646,14 +603,15 @@ def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=Fals
         "stride_dkt": "i32", "stride_dkh": "i32", "stride_dvt": "i32", "stride_dvh": "i32",
         "sm_scale": "fp32", "qk_scale": "fp32", "HKV": "i32", "GROUP": "i32", "n_items": "i32",
         "dq_desc": desc(DQ_ROWS.value, DQ_COLS.value, "fp32", gl.float32), "CU_COLS": "*i32",
+        "dk_desc": desc(HALF_N.value, head_d), "dv_desc": desc(HALF_N.value, head_dv),
         "BROADCAST": "constexpr", "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr",
         "STAGES": "constexpr", "GROUPED": "constexpr", "DYNAMIC": "constexpr", "ORDER": "constexpr",
-        "FUSE_DQ": "constexpr", "DQ_BUFS": "constexpr", "BLOCK_M": "constexpr",
+        "FUSE_DQ": "constexpr", "DQ_BUFS": "constexpr", "BLOCK_M": "constexpr", "TMA_STORE": "constexpr",
     }
     values = dict(BROADCAST=broadcast, CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages,
                   GROUPED=grouped, DYNAMIC=dynamic, ORDER=order,
                   FUSE_DQ=fuse_dq, DQ_BUFS=dq_bufs,
-                  BLOCK_M=block_m)
+                  BLOCK_M=block_m, TMA_STORE=tma_store)
     names = list(signature)
     constexprs = {(names.index(k),): v for k, v in values.items()}
     return triton.compile(GluonASTSource(dkdv_kernel, signature, constexprs),

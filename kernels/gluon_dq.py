@@ -23,12 +23,14 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 from triton.language.core import _aggregate as aggregate
 
-from .gluon_fwd import _next_pos, _publish_pos, _read_pos, _tile, _zero_rows_from, tma_load
+from .gluon_fwd import (_next_pos, _publish_pos, _read_pos, _tile, _zero_rows_from, partition_barrier, store_rows,
+                        tma_load)
 
 HALF_M = gl.constexpr(64)  # query rows per consumer warp group: one wgmma M-extent
 BLOCK_N = gl.constexpr(64)  # keys per streamed block
@@ -46,9 +48,10 @@ class DqFlags:
     K_STAGES: gl.constexpr
     GROUPED: gl.constexpr
     DYNAMIC: gl.constexpr
+    TMA_STORE: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC):
+    def __init__(self, WG, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE):
         self.WG = gl.constexpr(WG)
         self.CAUSAL = gl.constexpr(CAUSAL)
         self.HEAD_D = gl.constexpr(HEAD_D)
@@ -58,6 +61,7 @@ class DqFlags:
         self.K_STAGES = gl.constexpr(STAGES + 1)
         self.GROUPED = gl.constexpr(GROUPED)
         self.DYNAMIC = gl.constexpr(DYNAMIC)
+        self.TMA_STORE = gl.constexpr(TMA_STORE)
 
 
 @gluon.jit
@@ -181,7 +185,7 @@ def _key_blocks(q, do, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, r0, n
 @gluon.jit
 def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
               DQ, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-              stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, flags):
+              stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, dq_desc, flags):
     WG: gl.constexpr = flags.WG
     CAUSAL: gl.constexpr = flags.CAUSAL
     HEAD_D: gl.constexpr = flags.HEAD_D
@@ -213,14 +217,17 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_rea
         dq = _key_blocks(q, do, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, r0, n_blocks, rows, row_ok,
                          lse2, delta, cols0, lk, diag, qk_scale, CAUSAL, STAGES, flags.K_STAGES, HEAD_D,
                          s_layout, dq_layout, ds_layout)
-        mbarrier.arrive(q_empty.index(qb))  # every MMA reading this item's Q / dO is done
-        dq = dq * sm_scale
-        rows_o = first + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, dq_layout))
-        cols_o = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, dq_layout))
-        ptrs = (DQ + gl.expand_dims((q_start + rows_o).to(gl.int64) * stride_dqt, 1) + h * stride_dqh
-                + gl.expand_dims(cols_o, 0))
-        gl.store(ptrs, dq.to(DQ.dtype.element_ty),
-                 mask=gl.expand_dims(rows_o < lq, 1) & gl.expand_dims(cols_o < HEAD_D, 0))
+        # every MMA reading this item's Q / dO is done
+        dq = (dq * sm_scale).to(DQ.dtype.element_ty)
+        if not flags.TMA_STORE:
+            mbarrier.arrive(q_empty.index(qb))
+        # TMA_STORE: a whole tile leaves through this group's own Q half, released once the store has read it
+        store_rows(dq, q, dq_desc, DQ + h * stride_dqh, q_start + first, lq - first, h * HEAD_D, stride_dqt,
+                   flags.TMA_STORE, dq_layout)
+        if flags.TMA_STORE:
+            tma.store_wait(0)
+            partition_barrier()
+            mbarrier.arrive(q_empty.index(qb))
         r0 += n_blocks
         tq += 1
         mbarrier.wait(q_ready.index(tq % 2), (tq // 2) & 1)
@@ -229,9 +236,9 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_rea
 
 @gluon.jit
 def dq_kernel(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS, COUNTER,
-              stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, H, GROUP, n_items,
+              stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, H, GROUP, n_items, dq_desc,
               CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
-              GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False):
+              GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False, TMA_STORE: gl.constexpr = False):
     # work items: (128-row query tile, query head) in ITEMS' order under GROUPED (else heaviest first);
     # program p runs the launch positions p, then p + P, ... (DYNAMIC: those it claims from COUNTER)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [4, HALF_M, HEAD_D], q_desc.layout)  # 2 buffers x 2 halves
@@ -260,18 +267,19 @@ def dq_kernel(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, CU_Q, CU_K, TILE_
     fence_async_shared()
     shared = (q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
               DQ, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-              stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale)
+              stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, dq_desc)
     gl.warp_specialize([
-        (_consumer, shared + (DqFlags(0, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC), )),
-        (_consumer, shared + (DqFlags(1, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC), )),
+        (_consumer, shared + (DqFlags(0, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE), )),
+        (_consumer, shared + (DqFlags(1, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE), )),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, pos_smem,
                    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, tail_bar,
                    ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-                   DqFlags(2, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC))),
+                   DqFlags(2, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE))),
     ], [4, 1], [232, 40])
 
 
-def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, dtype="bf16", grouped=False, dynamic=False):
+def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, dtype="bf16", grouped=False, dynamic=False,
+                 tma_store=False):
     """Compile ``dq_kernel`` for sm_90 without a GPU (Triton's bundled ptxas), as
     gluon_fwd.compile_sm90 does for the forward."""
     import triton
@@ -289,10 +297,11 @@ def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, dtype="bf16", 
         "LSE": "*fp32", "DELTA": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "TILE_SEQ": "*i32", "TILE_BLK": "*i32",
         "ITEMS": "*i32", "COUNTER": "*i32", "stride_dqt": "i32", "stride_dqh": "i32", "stride_lh": "i32",
         "sm_scale": "fp32", "qk_scale": "fp32", "H": "i32", "GROUP": "i32", "n_items": "i32",
-        "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr", "STAGES": "constexpr",
-        "GROUPED": "constexpr", "DYNAMIC": "constexpr",
+        "dq_desc": desc(HALF_M.value, head_d), "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr", "STAGES": "constexpr",
+        "GROUPED": "constexpr", "DYNAMIC": "constexpr", "TMA_STORE": "constexpr",
     }
-    values = dict(CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages, GROUPED=grouped, DYNAMIC=dynamic)
+    values = dict(CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages, GROUPED=grouped, DYNAMIC=dynamic,
+                  TMA_STORE=tma_store)
     names = list(signature)
     constexprs = {(names.index(k),): v for k, v in values.items()}
     return triton.compile(GluonASTSource(dq_kernel, signature, constexprs),

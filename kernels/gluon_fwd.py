@@ -47,6 +47,8 @@ from triton.language.core import _aggregate as aggregate
 
 # TMA global -> shared copy: Triton 3.6 names it async_copy_global_to_shared, later versions async_load
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+# ... and shared -> global: async_copy_shared_to_global in Triton 3.6, async_store later (3.9 removed the old name)
+tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
 # a barrier over the calling partition's threads: thread_barrier in Triton 3.6, barrier later
 partition_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
@@ -78,9 +80,11 @@ class PartitionFlags:
     SCHEDULE: gl.constexpr
     GROUPED: gl.constexpr
     DYNAMIC: gl.constexpr
+    TMA_STORE: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE, GROUPED, DYNAMIC):
+    def __init__(self, WG, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE, GROUPED, DYNAMIC,
+                 TMA_STORE):
         self.WG = gl.constexpr(WG)
         self.BROADCAST = gl.constexpr(BROADCAST)
         self.CAUSAL = gl.constexpr(CAUSAL)
@@ -91,6 +95,7 @@ class PartitionFlags:
         self.SCHEDULE = gl.constexpr(SCHEDULE)
         self.GROUPED = gl.constexpr(GROUPED)
         self.DYNAMIC = gl.constexpr(DYNAMIC)
+        self.TMA_STORE = gl.constexpr(TMA_STORE)
 
 
 @gluon.jit
@@ -153,6 +158,28 @@ def _publish_pos(pos_smem, qb, pos):
 def _read_pos(pos_smem, qb):
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     return gl.max(pos_smem.index(qb).load(layout), 0)
+
+
+@gluon.jit
+def store_rows(x, buf, desc, base, row0, n_rows, col, stride_row, BY_TMA: gl.constexpr, layout: gl.constexpr):
+    # Writes x ([R, C] in ``layout``, already in the output's dtype) to rows row0 .. row0 + R - 1 of a
+    # [rows, heads * C] output, from column ``col`` of a row (``base`` points at that column of row 0).
+    # BY_TMA and a tile wholly inside its sequence (n_rows >= R): through ``buf`` (shared memory nothing
+    # reads any more, x's shape, desc's layout) by one TMA store; the caller waits for it (tma.store_wait)
+    # before buf is reused.  Otherwise masked stores of rows < n_rows: a TMA store of a ragged tile would
+    # write into the next sequence's rows, whose owner may already have written them.
+    R: gl.constexpr = x.shape[0]
+    C: gl.constexpr = x.shape[1]
+    if BY_TMA and n_rows >= R:
+        buf.store(x)
+        fence_async_shared()
+        partition_barrier()
+        tma_store(desc, [row0.to(gl.int32), col.to(gl.int32)], buf)  # (TMA coordinates are 32-bit)
+    else:
+        rows = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+        cols = gl.arange(0, C, layout=gl.SliceLayout(0, layout))
+        ptrs = base + gl.expand_dims((row0 + rows).to(gl.int64) * stride_row, 1) + gl.expand_dims(cols, 0)
+        gl.store(ptrs, x, mask=gl.expand_dims(rows < n_rows, 1) & gl.expand_dims(cols < C, 0))
 
 
 @gluon.jit
@@ -302,7 +329,7 @@ def _pipelined_block(j, r, t, acc, p_prev, l_i, m_i, q, k_smem, v_smem, k_ready,
 @gluon.jit
 def _consumer(q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
               O, LSE, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-              stride_ot, stride_oh, stride_lh, qk_scale, flags):
+              stride_ot, stride_oh, stride_lh, qk_scale, o_desc, flags):
     WG: gl.constexpr = flags.WG
     CAUSAL: gl.constexpr = flags.CAUSAL
     BLOCK_N: gl.constexpr = flags.BLOCK_N
@@ -363,18 +390,20 @@ def _consumer(q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_rea
                 _pass_turn(turn, WG, PINGPONG)
                 acc = warpgroup_mma_wait(0, deps=(acc, ))
                 mbarrier.arrive(v_empty.index(last % STAGES))
-            mbarrier.arrive(q_empty.index(qb))  # every QK^T of this item is done: Q may be reloaded
+            if not flags.TMA_STORE:
+                mbarrier.arrive(q_empty.index(qb))  # every QK^T of this item is done: Q may be reloaded
             has = l_i > 0.0
             l_safe = gl.where(has, l_i, 1.0)
             out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
             lse = gl.where(has, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-            rows_o = first + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
-            cols_o = gl.arange(0, HEAD_DV, layout=gl.SliceLayout(0, o_layout))
-            o_ptrs = (O + gl.expand_dims((o_start + rows_o).to(gl.int64) * stride_ot, 1) + h * stride_oh
-                      + gl.expand_dims(cols_o, 0))
-            o_mask = gl.expand_dims(rows_o < lq, 1) & gl.expand_dims(cols_o < HEAD_DV, 0)
-            gl.store(o_ptrs, out.to(O.dtype.element_ty), mask=o_mask)
+            # TMA_STORE: a whole 64-row O tile leaves through this group's Q half (HEAD_DV == HEAD_D)
+            store_rows(out.to(O.dtype.element_ty), q, o_desc, O + h * stride_oh, o_start + first, lq - first,
+                       h * HEAD_DV, stride_ot, flags.TMA_STORE, o_layout)
             gl.store(LSE + h * stride_lh + o_start + offs_m, lse, mask=offs_m < lq)
+            if flags.TMA_STORE:
+                tma.store_wait(0)
+                partition_barrier()
+                mbarrier.arrive(q_empty.index(qb))  # the store has read Q's buffer: Q may be reloaded
         else:
             # no query row of this half is real: release every buffer and pass every turn, in the order
             # the active group's pipelined schedule takes them (turn t: K(t) and V(t-1)), so neither
@@ -401,14 +430,15 @@ def _consumer(q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_rea
 
 @gluon.jit
 def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS, COUNTER,
-               stride_ot, stride_oh, stride_lh, qk_scale, H, GROUP, n_items,
+               stride_ot, stride_oh, stride_lh, qk_scale, H, GROUP, n_items, o_desc,
                BROADCAST: gl.constexpr, CAUSAL: gl.constexpr,
                BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                STAGES: gl.constexpr, SCHEDULE: gl.constexpr, GROUPED: gl.constexpr = False,
-               DYNAMIC: gl.constexpr = False):
+               DYNAMIC: gl.constexpr = False, TMA_STORE: gl.constexpr = False):
     # work items: (128-row query tile, query head), heaviest first (or in ITEMS' order under GROUPED);
     # program p runs the launch positions p, p + P, ... (DYNAMIC: p, then those it claims from COUNTER,
     # a zeroed int32)
+    gl.static_assert(not TMA_STORE or HEAD_D == HEAD_DV, "TMA_STORE sends O out through a Q buffer")
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [4, 64, HEAD_D], q_desc.layout)  # 2 buffers x 2 halves
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DV], v_desc.layout)
@@ -435,21 +465,21 @@ def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, I
     # the two consumer groups differ only in which 64 rows they take (the flags' WG)
     shared = (q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
               O, LSE, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, stride_ot, stride_oh, stride_lh,
-              qk_scale)
+              qk_scale, o_desc)
     gl.warp_specialize([
         (_consumer, shared + (PartitionFlags(0, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE,
-                                             GROUPED, DYNAMIC), )),
+                                             GROUPED, DYNAMIC, TMA_STORE), )),
         (_consumer, shared + (PartitionFlags(1, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE,
-                                             GROUPED, DYNAMIC), )),
+                                             GROUPED, DYNAMIC, TMA_STORE), )),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready,
                    k_empty, v_empty, tail_bar, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
                    PartitionFlags(2, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, SCHEDULE, GROUPED,
-                                  DYNAMIC))),
+                                  DYNAMIC, TMA_STORE))),
     ], [4, 1], [232, 40])
 
 
 def compile_sm90(block_n=128, head_d=128, head_dv=128, stages=2, schedule="overlap", causal=False,
-                 broadcast=False, dtype="bf16", grouped=False, dynamic=False):
+                 broadcast=False, dtype="bf16", grouped=False, dynamic=False, tma_store=False):
     """Compile ``fwd_kernel`` for sm_90 without a GPU (Triton's bundled ptxas); returns the compiled
     kernel, whose ``asm`` holds the PTX and the cubin.  For checking a Triton upgrade and reading the
     generated code on a machine without a Hopper GPU."""
@@ -467,13 +497,13 @@ def compile_sm90(block_n=128, head_d=128, head_dv=128, stages=2, schedule="overl
         "O": "*" + dtype, "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "TILE_SEQ": "*i32", "TILE_BLK": "*i32",
         "ITEMS": "*i32", "COUNTER": "*i32",
         "stride_ot": "i32", "stride_oh": "i32", "stride_lh": "i32", "qk_scale": "fp32", "H": "i32",
-        "GROUP": "i32", "n_items": "i32",
+        "GROUP": "i32", "n_items": "i32", "o_desc": desc(HALF_M, head_dv),
         "BROADCAST": "constexpr", "CAUSAL": "constexpr", "BLOCK_N": "constexpr", "HEAD_D": "constexpr",
         "HEAD_DV": "constexpr", "STAGES": "constexpr", "SCHEDULE": "constexpr", "GROUPED": "constexpr",
-        "DYNAMIC": "constexpr",
+        "DYNAMIC": "constexpr", "TMA_STORE": "constexpr",
     }
     values = dict(BROADCAST=broadcast, CAUSAL=causal, BLOCK_N=block_n, HEAD_D=head_d, HEAD_DV=head_dv,
-                  STAGES=stages, SCHEDULE=schedule, GROUPED=grouped, DYNAMIC=dynamic)
+                  STAGES=stages, SCHEDULE=schedule, GROUPED=grouped, DYNAMIC=dynamic, TMA_STORE=tma_store)
     names = list(signature)
     constexprs = {(names.index(k),): v for k, v in values.items()}
     return triton.compile(GluonASTSource(fwd_kernel, signature, constexprs),

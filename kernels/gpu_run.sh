@@ -40,10 +40,16 @@
 #   bash kernels/gpu_run.sh OUT_DIR v17     FA4, the shipped kernel and the same with the tl dK/dV kernel: two rounds
 #   bash kernels/gpu_run.sh OUT_DIR v17spec the spec as shipped, then the multi-block tests (the default paths)
 #   bash kernels/gpu_run.sh OUT_DIR v17m64  the v17 default against the overlapped order and 64-row blocks (one round)
-#   bash kernels/gpu_run.sh OUT_DIR gpaired the Gluon dK/dV kernel's paired order: its GPU tests, then the v17 default
-#                                           against it at 3 and 4 stages and the overlapped order (two rounds)
 #   bash kernels/gpu_run.sh OUT_DIR v18prof each kernel's GPU time in the v17 default backward (S1, S4b), then the fused
 #                                           dQ variants against it (one round, six shapes)
+#   bash kernels/gpu_run.sh OUT_DIR v18ncu  Nsight Compute (full set, raw) on the default backward's kernels for S1, then
+#                                           the plain and overlapped block orders (three rounds)
+#   bash kernels/gpu_run.sh OUT_DIR v18tma  the Gluon backward GPU tests with gradient tiles stored by TMA, then FA4, the
+#                                           shipped kernel and the same with masked stores (two rounds)
+#   bash kernels/gpu_run.sh OUT_DIR v18fwd  the forward's O stored by TMA too: the forward, store and multi-block GPU
+#                                           tests, then TMA stores everywhere against masked stores (two rounds)
+#   bash kernels/gpu_run.sh OUT_DIR v19fwd  what v18fwd's tests could not finish: the Gluon forward and TMA store tests,
+#                                           then the spec with the forward's TMA stores on (JFA_GLUON_TMA_STORE_KERNELS)
 #   bash kernels/gpu_run.sh OUT_DIR gfusedt the fused-dQ Gluon GPU tests alone
 #   bash kernels/gpu_run.sh OUT_DIR dsdq    dQ read back from stored dS (BWD_DQ_MODE "ds"): its GPU tests beside the
 #                                           multi-block ones, then the shipped backward against it with other dQ and
@@ -65,7 +71,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|tlkvspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|v17|v17spec|v17m64|gpaired|v18prof|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|tlkvspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|v17|v17spec|v17m64|v18prof|v18ncu|v18tma|v18fwd|v19fwd|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -167,10 +173,6 @@ for r in json.load(open(sys.argv[1])): print(r['shape'], r['impl'], '|', r.get('
   v17m64)
     gb=triton-plan-gluon-bwd
     run_bench 280 v17_m64 --shapes $ALL_SHAPES --impls triton-plan,$gb-ovl-s3,$gb-m64,$gb-m64-ovl-s2 ;;
-  gpaired)
-    gpu_tests 200 14 "gpu_gluon_backward and paired" gluon_paired
-    gb=triton-plan-gluon-bwd
-    run_bench 300 gluon_paired --rounds 2 --shapes $ALL_SHAPES --impls triton-plan,$gb-pair-s3,$gb-pair-s4,$gb-ovl-s3 ;;
   v18prof)
     # where the v17 default backward's time goes, and dQ fused into the Gluon dK/dV kernel re-timed now that
     # its statistics come by TMA (v15's timings predate that)
@@ -182,6 +184,33 @@ for r in json.load(open(sys.argv[1])): print(r['shape'], r['impl'], '|', r.get('
     done
     run_bench 330 fused_v18 --shapes $ALL_SHAPES --impls triton-plan,triton-plan-gluon-fused-dim,\
 triton-plan-gluon-fused-dim-s2,triton-plan-gluon-fused-keys,triton-plan-atomic ;;
+  v18ncu)
+    # the v17 default backward's two kernels on S1 under Nsight Compute (full set, every metric printed raw),
+    # then the plain and overlapped block orders of the Gluon dK/dV kernel side by side (three rounds)
+    NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
+    f=$OUT_DIR/ncu_full_S1_triton-plan.txt
+    timeout 200 "$NCU" --profile-from-start off --kernel-name regex:"dq_kernel|dkdv_kernel" --launch-count 2 \
+      --set full --page raw python3 -m kernels.profile --shape S1 --impl triton-plan --iters 1 --backward > "$f" 2>&1
+    echo "ncu full S1 rc=$?" | tee -a "$L"
+    grep -E "^  [_a-z]+kernel|gpu__time_duration.sum|sm__throughput.avg.pct|pipe_tensor.*pct_of_peak_sustained_active |mem_shared.*pct" "$f" | head -20
+    gb=triton-plan-gluon-bwd
+    run_bench 330 order_v18 --rounds 3 --shapes $ALL_SHAPES --impls $gb-ovl-s3,triton-plan ;;
+  v18tma)
+    # output tiles by TMA stores (the v18 default): the Gluon GPU tests, then FA4, the default and the same with
+    # masked stores (v17), two rounds
+    gpu_tests 240 14 "gpu and (gluon_backward or gluon_dq or tma_stores or gluon_split or runs_the_switches \
+or gluon_fused_dq_keeps)" gluon_tma_stores
+    run_bench 300 v18_table --rounds 2 --impls fa4,triton-plan,triton-plan-masked-stores --shapes $ALL_SHAPES ;;
+  v18fwd)
+    # O by TMA stores too (the tree that ran it had them on by default; they are opt-in now, the timed row is
+    # triton-plan-tma-fwd): the Gluon forward and store tests and the multi-block tests (too many for the limit:
+    # the fp32 ones held most workers), then TMA stores everywhere against masked stores (two rounds, no FA4)
+    gpu_tests 230 14 "gpu and (gluon_forward or tma_stores or multiblock or rows_past or keeps_sequences_apart or block_shapes)" \
+      fwd_tma_stores
+    run_bench 200 v18_fwd --rounds 2 --impls triton-plan-tma-fwd,triton-plan-masked-stores --shapes $ALL_SHAPES ;;
+  v19fwd)
+    gpu_tests 200 14 "gpu and (gluon_forward or tma_stores or gluon_rows_past or gluon_backward_runs)" fwd_tma_stores
+    spec 250 ci-tma-fwd 14 JFA_GLUON_TMA_STORE_KERNELS=forward,backward ;;
   gfusedt)
     gpu_tests 200 14 "gpu and gluon_fused" gluon_fused ;;
   dsdq)

@@ -211,10 +211,9 @@ GLUON_BWD_BLOCK_M = 32
 #   "overlap": the forward's order: block t's S^T / dP^T go ahead of block t-1's dV / dK, and block t's
 #     P / dS are computed while those run (gluon_bwd._overlapped_item); needs two stages or more.
 #     Level with "plain" in v17 (+3-6% on S4b / S1, -6% on S3, one round), so "plain" stays.
-#   "paired": two blocks per iteration, both blocks' S^T / dP^T issued before either's P / dS, one drain per
-#     two blocks (gluon_bwd._paired_item); needs two stages or more.  Written after v17's device time:
-#     compiled for sm_90 (no serialized wgmma, no spills in its loop), not yet run on a GPU.
-GLUON_BWD_ORDERS = ("plain", "overlap", "paired")
+#     Level again in v18 (three rounds), and ahead of a "paired" order (two blocks per iteration), which
+#     was also wrong on two causal test cases and was removed (PERF.md v18).
+GLUON_BWD_ORDERS = ("plain", "overlap")
 GLUON_BWD_ORDER = "plain"
 # dQ kernel of the backward (runtime switch, environment JFA_BWD_Q_KERNEL):
 #   "triton": the tl dQ kernel in triton_kernels.py.
@@ -234,6 +233,18 @@ GLUON_DQ_AUTO_HEAD_DIMS = (128,)
 GLUON_DQ_STAGES = 2  # K/V blocks in flight (64 keys each); two fill sm_90's shared memory at head dim 128
 GLUON_DQ_BOX_ROWS = (64, 64)  # TMA box rows of its Q / dO halves and of its K / V blocks (gluon_dq.py)
 GLUON_BWD_KV_ROWS = 64  # TMA box rows of the Gluon dK/dV kernel's K / V halves (its Q / dO: GLUON_BWD_BLOCK_M)
+# The Gluon kernels write an output tile of 64 rows that lies wholly inside its sequence by one TMA store
+# from a shared buffer the tile's MMAs no longer read: dK / dV from the item's K / V halves, dQ and the
+# forward's O from its Q halves; ragged tiles by masked stores (a TMA store would write the next
+# sequence's rows).  GLUON_TMA_STORE_KERNELS names the kernels that do: any of "forward" and "backward"
+# (both Gluon backward kernels); () is masked stores throughout, as before v18.  Masked stores still: the
+# forward where Dv != D (O does not fit a Q buffer) and the dK/dV kernel with dQ fused by "dim" (both
+# groups read both K halves there).  On the H200 (PERF.md v18) the backward gained 4-16% and passed the
+# spec and every Gluon GPU test with it.  The forward gained 2-27%, and passed the GPU multi-block tests
+# that run it, but its own GPU tests and the spec have not run with it yet: it stays opt-in until they do.
+# Environment: JFA_GLUON_TMA_STORE_KERNELS, the names joined by commas ("" for none).
+GLUON_TMA_STORE_KERNELS_ALL = ("forward", "backward")
+GLUON_TMA_STORE_KERNELS = tuple(n for n in os.environ.get("JFA_GLUON_TMA_STORE_KERNELS", "backward").split(",") if n)
 LAST_BWD_KV_PATH = ""
 # (BLOCK_M, BLOCK_N, warps per consumer warp group, K/V stages, schedule); schedules (gluon_fwd.py):
 # "overlap" softmax(j) while PV(j-1) runs; "pingpong" overlap, and the two consumer groups take turns
@@ -451,6 +462,7 @@ class BackwardSwitches(NamedTuple):
     fused_dq_buffers: int  # GLUON_FUSED_DQ_BUFFERS
     dq_reduce_tma: bool  # the fused atomic dQ adds blocks by TMA (BWD_DQ_REDUCE "tma" where TMA exists)
     gluon_dq_stages: int  # GLUON_DQ_STAGES
+    tma_store: bool = False  # "backward" in GLUON_TMA_STORE_KERNELS (the forward reads it when it launches)
 
 
 class LaunchConfig(NamedTuple):
@@ -712,11 +724,13 @@ def _forward_gluon(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, out, 
     n_programs, dynamic = _gluon_grid(n_items, q.device, GLUON_GRID)
     # the dynamic deal's counter of items claimed beyond the first n_programs
     counter = torch.zeros(1, device=q.device, dtype=torch.int32) if dynamic else seq_t
+    od = _store_descriptors((out,), gf.HALF_M)[0]
     gf.fwd_kernel[(n_programs,)](
         qd, kd, vd, out, lse, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
-        out.stride(0), out.stride(1), lse.stride(0), scale * tk.LOG2E, hq, hq // hkv, n_items,
+        out.stride(0), out.stride(1), lse.stride(0), scale * tk.LOG2E, hq, hq // hkv, n_items, od,
         BROADCAST=broadcast, CAUSAL=causal, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dv,
-        STAGES=st, SCHEDULE=schedule, GROUPED=items is not None, DYNAMIC=dynamic, num_warps=w)
+        STAGES=st, SCHEDULE=schedule, GROUPED=items is not None, DYNAMIC=dynamic,
+        TMA_STORE="forward" in GLUON_TMA_STORE_KERNELS and d == dv, num_warps=w)
     return out, lse
 
 
@@ -930,14 +944,16 @@ def _backward_kv_gluon(q, k, v, do, stats, cu_cols, dk, dv, cu_q, cu_k, s, sw, c
     dqd = _fused_dq_descriptor(dq_acc_t)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     statsd = TensorDescriptor.from_tensor(stats, [1, block_m], gb.STATS_LAYOUT)
+    fuse_split = (2 if sw.fused_dq_split == "dim" else 1) if fuse_dq else 0
+    tma_store = sw.tma_store and fuse_split != 2
+    dk_desc, dv_desc = _store_descriptors((dk, dv), GLUON_BWD_KV_ROWS) if tma_store else (kd, vd)
     gb.dkdv_kernel[(n_programs,)](
         qd, kd, vd, dod, statsd, dk, dv, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), scale, scale * tk.LOG2E,
-        hkv, hq // hkv, n_items, dqd, cu_cols,
+        hkv, hq // hkv, n_items, dqd, cu_cols, dk_desc, dv_desc,
         BROADCAST=broadcast, CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=sw.gluon_bwd_stages,
-        GROUPED=items is not None, DYNAMIC=dynamic, ORDER=sw.gluon_bwd_order,
-        FUSE_DQ=(2 if sw.fused_dq_split == "dim" else 1) if fuse_dq else 0,
-        DQ_BUFS=sw.fused_dq_buffers if fuse_dq else 1, BLOCK_M=block_m, num_warps=4)
+        GROUPED=items is not None, DYNAMIC=dynamic, ORDER=sw.gluon_bwd_order, FUSE_DQ=fuse_split,
+        DQ_BUFS=sw.fused_dq_buffers if fuse_dq else 1, BLOCK_M=block_m, TMA_STORE=tma_store, num_warps=4)
 
 
 def _fused_dq_split(head_dim):
@@ -1009,23 +1025,31 @@ def _gluon_backward_launch(q, k, v, do, box_rows, n_items, unused_ptr, grid):
     return descs, n_programs, dynamic, counter
 
 
+def _store_descriptors(outputs, rows):
+    """TMA descriptors of freshly allocated (contiguous) outputs [rows, heads, dim], boxes of ``rows`` x
+    dim, laid out as the kernels' Q / K / V buffers that the stores go out from."""
+    from .gluon_fwd import descriptor
+    return tuple(descriptor(t.view(t.shape[0], -1), [rows, t.shape[2]]) for t in outputs)
+
+
 def _backward_q_gluon(q, k, v, do, lse, delta, cu_q, cu_k, s, sw, causal, scale):
     from . import gluon_dq as gd
     assert (gd.HALF_M.value, gd.BLOCK_N.value) == GLUON_DQ_BOX_ROWS
     seq_t, blk_t, n_tiles, items = s["q_gluon"]
     hq, d = q.shape[1], q.shape[2]
     hkv, dvd = k.shape[1], v.shape[2]
-    dq = torch.empty_like(q)  # every row of a sequence with queries is in exactly one tile
+    dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)  # every row with queries is in exactly one tile
     n_items = n_tiles * hq
     if n_items == 0:
         return dq
     (qd, kd, vd, dod), n_programs, dynamic, counter = _gluon_backward_launch(q, k, v, do, GLUON_DQ_BOX_ROWS,
                                                                              n_items, seq_t, sw.gluon_grid)
+    dqd = _store_descriptors((dq,), GLUON_DQ_BOX_ROWS[0])[0] if sw.tma_store else qd
     gd.dq_kernel[(n_programs,)](
         qd, kd, vd, dod, dq, lse, delta, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
-        dq.stride(0), dq.stride(1), lse.stride(0), scale, scale * tk.LOG2E, hq, hq // hkv, n_items,
+        dq.stride(0), dq.stride(1), lse.stride(0), scale, scale * tk.LOG2E, hq, hq // hkv, n_items, dqd,
         CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=sw.gluon_dq_stages, GROUPED=items is not None,
-        DYNAMIC=dynamic, num_warps=4)
+        DYNAMIC=dynamic, TMA_STORE=sw.tma_store, num_warps=4)
     return dq
 
 
@@ -1178,6 +1202,10 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
         kv_kernel, why_not_gluon_bwd = "triton", ""
     if BWD_Q_KERNEL not in BWD_Q_KERNELS:
         raise ValueError(f"jfa.BWD_Q_KERNEL must be one of {BWD_Q_KERNELS}, got {BWD_Q_KERNEL!r}")
+    if not (isinstance(GLUON_TMA_STORE_KERNELS, (tuple, list, frozenset, set))
+            and set(GLUON_TMA_STORE_KERNELS) <= set(GLUON_TMA_STORE_KERNELS_ALL)):
+        raise ValueError(f"jfa.GLUON_TMA_STORE_KERNELS must be a tuple of names from {GLUON_TMA_STORE_KERNELS_ALL}, "
+                         f"got {GLUON_TMA_STORE_KERNELS!r}")
     why_not_gluon_dq = ""
     if BWD_Q_KERNEL != "triton":
         if not (isinstance(GLUON_DQ_STAGES, int) and 1 <= GLUON_DQ_STAGES <= 2):
@@ -1206,7 +1234,8 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
     order = GLUON_BWD_ORDERS.index(GLUON_BWD_ORDER) if GLUON_BWD_ORDER in GLUON_BWD_ORDERS else 0
     bwd = BackwardSwitches(GLUON_GRID, GLUON_BWD_STAGES, order, GLUON_BWD_BLOCK_M,
                            GLUON_BWD_SPLIT_KEYS if kv_kernel == "split" else 0, fused_split or "keys",
-                           GLUON_FUSED_DQ_BUFFERS, fuse and _dq_reduce_by_tma(q), GLUON_DQ_STAGES)
+                           GLUON_FUSED_DQ_BUFFERS, fuse and _dq_reduce_by_tma(q), GLUON_DQ_STAGES,
+                           "backward" in GLUON_TMA_STORE_KERNELS)
     cfgs = LaunchConfig(_cfg("fwd", dkey, q.dtype, on_cpu), _cfg("kvf" if fuse else "kv", dkey, q.dtype, on_cpu),
                         _cfg("qds" if ds_dq else "q", dkey, q.dtype, on_cpu), fuse, fwd_kernel, why_not_gluon, gluon,
                         kv_kernel if kv_kernel != "triton" and not why_not_gluon_bwd else "triton",

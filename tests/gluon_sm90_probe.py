@@ -56,7 +56,8 @@ def probe(cfg):
     return {"wgmma_serialized": "serialized" in ptxas.stdout + ptxas.stderr,"shared": kernel.metadata.shared, "setmaxnreg": "setmaxnreg" in ptx,
             "wgmma": "wgmma.mma_async" in ptx, "hgmma": "HGMMA" in sass,
             "exps_between_waits": exps_between_waits(sass), "atomics": len(re.findall(r"\bATOMG?\.", sass)),
-            "spill_stores": len(re.findall(r"\bSTL\b", sass)), "tma_reduces": len(re.findall(r"\bUTMAREDG\b", sass))}
+            "spill_stores": len(re.findall(r"\bSTL\b", sass)), "tma_reduces": len(re.findall(r"\bUTMAREDG\b", sass)),
+            "tma_stores": len(re.findall(r"\bUTMASTG\b", sass)), "global_stores": len(re.findall(r"\bSTG\.", sass))}
 
 
 if __name__ == "__main__":
