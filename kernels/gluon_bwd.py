@@ -61,8 +61,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.language.nvidia.hopper import tma
 from triton.language.core import _aggregate as aggregate
 
-from .gluon_fwd import (_next_pos, _publish_pos, _read_pos, _zero_rows_from, partition_barrier, store_rows,
-                        tma_load)
+from .gluon_fwd import (_next_pos, _publish_pos, _read_pos, _zero_rows_from, partition_barrier,
+                        release_after_stores, store_rows, tma_load)
 
 
 def _tma_reduce_add_builtin():
@@ -502,9 +502,7 @@ def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, k
         store_rows(dv, v_half, dv_desc, DV + hk * stride_dvh, k_start + kw, lk - kw, hk * HEAD_DV, stride_dvt,
                    flags.TMA_STORE, dv_layout)
         if flags.TMA_STORE:
-            tma.store_wait(0)
-            partition_barrier()
-            mbarrier.arrive(kv_empty.index(kb))
+            release_after_stores(kv_empty.index(kb))
         tk += 1
         mbarrier.wait(kv_ready.index(tk % 2), (tk // 2) & 1)
         pos = _read_pos(pos_smem, tk % 2)

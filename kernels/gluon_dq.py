@@ -23,13 +23,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 from triton.language.core import _aggregate as aggregate
 
-from .gluon_fwd import (_next_pos, _publish_pos, _read_pos, _tile, _zero_rows_from, partition_barrier, store_rows,
+from .gluon_fwd import (_next_pos, _publish_pos, _read_pos, _tile, _zero_rows_from, release_after_stores, store_rows,
                         tma_load)
 
 HALF_M = gl.constexpr(64)  # query rows per consumer warp group: one wgmma M-extent
@@ -225,9 +224,7 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_rea
         store_rows(dq, q, dq_desc, DQ + h * stride_dqh, q_start + first, lq - first, h * HEAD_D, stride_dqt,
                    flags.TMA_STORE, dq_layout)
         if flags.TMA_STORE:
-            tma.store_wait(0)
-            partition_barrier()
-            mbarrier.arrive(q_empty.index(qb))
+            release_after_stores(q_empty.index(qb))
         r0 += n_blocks
         tq += 1
         mbarrier.wait(q_ready.index(tq % 2), (tq // 2) & 1)
@@ -297,7 +294,8 @@ def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, dtype="bf16", 
         "LSE": "*fp32", "DELTA": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "TILE_SEQ": "*i32", "TILE_BLK": "*i32",
         "ITEMS": "*i32", "COUNTER": "*i32", "stride_dqt": "i32", "stride_dqh": "i32", "stride_lh": "i32",
         "sm_scale": "fp32", "qk_scale": "fp32", "H": "i32", "GROUP": "i32", "n_items": "i32",
-        "dq_desc": desc(HALF_M.value, head_d), "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr", "STAGES": "constexpr",
+        "dq_desc": desc(HALF_M.value, head_d),
+        "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr", "STAGES": "constexpr",
         "GROUPED": "constexpr", "DYNAMIC": "constexpr", "TMA_STORE": "constexpr",
     }
     values = dict(CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages, GROUPED=grouped, DYNAMIC=dynamic,

@@ -183,6 +183,14 @@ def store_rows(x, buf, desc, base, row0, n_rows, col, stride_row, BY_TMA: gl.con
 
 
 @gluon.jit
+def release_after_stores(empty_bar):
+    # the TMA stores issued from a buffer (store_rows) have read it: hand it back to the loader
+    tma.store_wait(0)
+    partition_barrier()
+    mbarrier.arrive(empty_bar)
+
+
+@gluon.jit
 def _zero_rows_from(buf, first_row, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr):
     # One warp rewrites rows >= first_row of a [BLOCK_N, HEAD_DV] shared tile as zeros, 8 rows at a
     # time (the loader partition runs on few registers).
@@ -401,9 +409,7 @@ def _consumer(q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_rea
                        h * HEAD_DV, stride_ot, flags.TMA_STORE, o_layout)
             gl.store(LSE + h * stride_lh + o_start + offs_m, lse, mask=offs_m < lq)
             if flags.TMA_STORE:
-                tma.store_wait(0)
-                partition_barrier()
-                mbarrier.arrive(q_empty.index(qb))  # the store has read Q's buffer: Q may be reloaded
+                release_after_stores(q_empty.index(qb))  # Q may be reloaded
         else:
             # no query row of this half is real: release every buffer and pass every turn, in the order
             # the active group's pipelined schedule takes them (turn t: K(t) and V(t-1)), so neither

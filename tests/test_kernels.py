@@ -1178,9 +1178,10 @@ def test_gpu_gluon_backward(case, causal, stages, grid, order, block_m, monkeypa
 @pytest.mark.parametrize("case", range(len(GLUON_CASES)))
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_gluon_tma_stores_write_what_masked_stores_do(case, causal, monkeypatch):
-    # jfa.GLUON_TMA_STORE_KERNELS: whole 64-row tiles of O, dK / dV and dQ leave by TMA stores from freed shared buffers,
-    # ragged ones by masked stores; every case has ragged tiles and empty halves (case 3 has Dv != D, where the
-    # forward keeps masked stores).  Right against the reference, and the same bits as masked stores throughout.
+    # jfa.GLUON_TMA_STORE_KERNELS: whole 64-row tiles of O, dK / dV and dQ leave by TMA stores from freed
+    # shared buffers, ragged ones by masked stores; every case has ragged tiles and empty halves (case 3 has
+    # Dv != D, where the forward keeps masked stores).  Right against the reference, and the same bits as
+    # masked stores throughout.
     from kernels import jfa
     kernels = dict(FWD_KERNEL="gluon", BWD_KV_KERNEL="gluon", BWD_Q_KERNEL="auto", GLUON_BWD_STAGES=3)
     out, lse, grads = run_gluon_case(case, causal, monkeypatch, GLUON_TMA_STORE_KERNELS=("forward", "backward"),
