@@ -305,7 +305,16 @@ def test_a_random_profile_run_records_the_seed_that_reproduces_it(tmp_path):
 def test_sigterm_stops_the_run_and_leaves_a_report(tmp_path):
     import signal
     import time
-    command = [sys.executable, "-m", "conformance", "run", "--backend", "reference", "-q", "-n", "1",
+    # a backend that takes half a second a call: the checks left when SIGTERM arrives cannot all finish in
+    # the seconds the run gives pytest to stop (with the reference backend a fast machine sometimes could)
+    example = Path(__file__).resolve().parent.parent / "examples" / "plain_callable.py"
+    slow = tmp_path / "slow_backend.py"
+    slow.write_text("import runpy\nimport time\n\n"
+                    f"attention = runpy.run_path({str(example)!r})['attention']\n\n\n"
+                    "def slow_attention(*args, **kwargs):\n"
+                    "    time.sleep(0.5)\n"
+                    "    return attention(*args, **kwargs)\n")
+    command = [sys.executable, "-m", "conformance", "run", "--backend", f"{slow}:slow_attention", "-q", "-n", "1",
                "--report-dir", str(tmp_path), "--name", "terminated"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     records = tmp_path / "terminated" / ".records.jsonl"
