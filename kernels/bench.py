@@ -272,6 +272,11 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          "triton-plan-masked-stores": _triton_with(impl_triton_plan, GLUON_TMA_STORE_KERNELS=()),
          # ... and the forward's O by TMA stores too (opt-in in v18)
          "triton-plan-tma-fwd": _triton_with(impl_triton_plan, GLUON_TMA_STORE_KERNELS=("forward", "backward")),
+         # the Gluon backward kernels with K (dK/dV) and Q (dQ) as register operands (opt-in, after v18's device time)
+         "triton-plan-reg-operand": _triton_with(impl_triton_plan, GLUON_BWD_REG_OPERAND=True),
+         # ... both opt-ins
+         "triton-plan-tma-fwd-reg-operand": _triton_with(impl_triton_plan, GLUON_BWD_REG_OPERAND=True,
+                                                         GLUON_TMA_STORE_KERNELS=("forward", "backward")),
          # the tl dK/dV kernel (the default before v17, when "auto" began to pick the Gluon one on sm_90)
          "triton-plan-tl-kv": _triton_with(impl_triton_plan, BWD_KV_KERNEL="triton"),
          **{f"triton-plan-gluon-bwd-ovl-s{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon",

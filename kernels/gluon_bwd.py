@@ -108,10 +108,11 @@ class BwdFlags:
     DQ_BUFS: gl.constexpr
     BLOCK_M: gl.constexpr
     TMA_STORE: gl.constexpr
+    REG_OPERAND: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, WG, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, ORDER, FUSE_DQ,
-                 DQ_BUFS, BLOCK_M, TMA_STORE):
+                 DQ_BUFS, BLOCK_M, TMA_STORE, REG_OPERAND):
         self.WG = gl.constexpr(WG)
         self.BROADCAST = gl.constexpr(BROADCAST)
         self.CAUSAL = gl.constexpr(CAUSAL)
@@ -125,6 +126,7 @@ class BwdFlags:
         self.DQ_BUFS = gl.constexpr(DQ_BUFS)
         self.BLOCK_M = gl.constexpr(BLOCK_M)
         self.TMA_STORE = gl.constexpr(TMA_STORE)
+        self.REG_OPERAND = gl.constexpr(REG_OPERAND)
 
 
 @gluon.jit
@@ -267,13 +269,14 @@ def _row_stats(stats_smem, s, row_ok, s_layout: gl.constexpr):
 
 
 @gluon.jit
-def _block(dk, dv, k_half, v_half, q_s, do_s, stats_smem, s, keys, rows, lq, diag, qk_scale,
+def _block(dk, dv, k_half, k_a, v_half, q_s, do_s, stats_smem, s, keys, rows, lq, diag, qk_scale,
            CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
            ds_layout: gl.constexpr, ds_s, dq_smem, dq_desc, dq_coord, FUSE_DQ: gl.constexpr, HEAD_D: gl.constexpr,
            WG: gl.constexpr, k_lo, k_hi, ds_ready, r, DQ_BUFS: gl.constexpr, BLOCK_M: gl.constexpr):
-    # one query block against this group's 64 keys: S^T and dP^T first (both only read shared
-    # memory), then the two accumulating MMAs (and, FUSE_DQ, this group's share of the block's dQ)
-    st = warpgroup_mma(k_half, q_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
+    # one query block against this group's 64 keys: S^T and dP^T first (k_a: K as S^T's A operand, in
+    # shared memory or registers), then the two accumulating MMAs (and, FUSE_DQ, this group's share of the
+    # block's dQ)
+    st = warpgroup_mma(k_a, q_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
                        use_acc=False, is_async=True)
     dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
                         use_acc=False, is_async=True)
@@ -372,8 +375,8 @@ def _p_ds(st, dpt, stats_smem, s, keys, rows, lq, diag, qk_scale, dtype: gl.cons
 
 
 @gluon.jit
-def _issue_st_dpt(k_half, v_half, q_s, do_s, s_layout: gl.constexpr, BLOCK_M: gl.constexpr):
-    st = warpgroup_mma(k_half, q_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
+def _issue_st_dpt(k_a, v_half, q_s, do_s, s_layout: gl.constexpr, BLOCK_M: gl.constexpr):
+    st = warpgroup_mma(k_a, q_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
                        use_acc=False, is_async=True)
     dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
                         use_acc=False, is_async=True)
@@ -396,7 +399,7 @@ def _accumulate_and_drain(dk, dv, p_op, ds_op, q_s, do_s):
 
 
 @gluon.jit
-def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, stats_smem, qdo_ready, qdo_empty, r, keys,
+def _overlapped_item(dk, dv, k_a, v_half, q_smem, do_smem, stats_smem, qdo_ready, qdo_empty, r, keys,
                      lq, diag, qk_scale, m_lo, n_steps, n_blocks, STAGES: gl.constexpr,
                      CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
                      ds_layout: gl.constexpr, BLOCK_M: gl.constexpr):
@@ -408,7 +411,7 @@ def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, stats_smem, qdo_re
     if n_blocks > 0:
         s = r % STAGES
         mbarrier.wait(qdo_ready.index(s), (r // STAGES) & 1)
-        st, dpt = _issue_st_dpt(k_half, v_half, q_smem.index(s), do_smem.index(s), s_layout, BLOCK_M)
+        st, dpt = _issue_st_dpt(k_a, v_half, q_smem.index(s), do_smem.index(s), s_layout, BLOCK_M)
         st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
         p_prev, ds_prev = _p_ds(st, dpt, stats_smem, s, keys, _block_rows(0, n_steps, m_lo, s_layout, BLOCK_M), lq,
                                 diag, qk_scale, q_smem.dtype, CAUSAL, s_layout, p_layout, ds_layout)
@@ -417,7 +420,7 @@ def _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, stats_smem, qdo_re
             s = rt % STAGES
             sp = (rt - 1) % STAGES
             mbarrier.wait(qdo_ready.index(s), (rt // STAGES) & 1)
-            st, dpt = _issue_st_dpt(k_half, v_half, q_smem.index(s), do_smem.index(s), s_layout, BLOCK_M)
+            st, dpt = _issue_st_dpt(k_a, v_half, q_smem.index(s), do_smem.index(s), s_layout, BLOCK_M)
             dv_run = warpgroup_mma(p_prev, do_smem.index(sp), dv, is_async=True)
             dk_run = warpgroup_mma(ds_prev, q_smem.index(sp), dk, is_async=True)
             st, dpt = warpgroup_mma_wait(2, deps=(st, dpt))
@@ -468,10 +471,16 @@ def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, k
         v_half = v_smem.index(2 * kb + WG)
         kw = n0 + WG * HALF_N  # this group's first key
         keys = kw + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
+        if flags.REG_OPERAND:
+            # the item's K half as S^T's A operand in registers (loaded once per item): S^T's MMAs then read
+            # only Q^T from shared memory, whose bandwidth 32-row blocks otherwise strain
+            k_a = k_half.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
+        else:
+            k_a = k_half
         dk = gl.zeros([HALF_N, HEAD_D], gl.float32, dk_layout)
         dv = gl.zeros([HALF_N, HEAD_DV], gl.float32, dv_layout)
         if flags.ORDER == 1:
-            dk, dv = _overlapped_item(dk, dv, k_half, v_half, q_smem, do_smem, stats_smem, qdo_ready, qdo_empty,
+            dk, dv = _overlapped_item(dk, dv, k_a, v_half, q_smem, do_smem, stats_smem, qdo_ready, qdo_empty,
                                       r, keys, lq, diag, qk_scale, m_lo, n_steps, GROUP * n_steps,
                                       STAGES, CAUSAL, s_layout, p_layout, ds_layout, BLOCK_M)
             r += GROUP * n_steps
@@ -482,7 +491,7 @@ def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, k
                     s = r % STAGES
                     mbarrier.wait(qdo_ready.index(s), (r // STAGES) & 1)
                     rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-                    dk, dv = _block(dk, dv, k_half, v_half, q_smem.index(s), do_smem.index(s), stats_smem, s,
+                    dk, dv = _block(dk, dv, k_half, k_a, v_half, q_smem.index(s), do_smem.index(s), stats_smem, s,
                                     keys, rows, lq, diag, qk_scale, CAUSAL, s_layout, p_layout,
                                     ds_layout, ds_smem if flags.FUSE_DQ == 2 else ds_smem.index(WG),
                                     dq_smem, dq_desc, [(hk * GROUP + g) * HEAD_D, dq_col + m],
@@ -517,7 +526,7 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
                 BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                 STAGES: gl.constexpr, GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
                 ORDER: gl.constexpr = 0, FUSE_DQ: gl.constexpr = 0, DQ_BUFS: gl.constexpr = 1,
-                BLOCK_M: gl.constexpr = 32, TMA_STORE: gl.constexpr = False):
+                BLOCK_M: gl.constexpr = 32, TMA_STORE: gl.constexpr = False, REG_OPERAND: gl.constexpr = False):
     # work items: (128-key block, kv head) in ITEMS' order under GROUPED (else heaviest first);
     # program p runs the launch positions p, then p + P, ... (DYNAMIC: those it claims from COUNTER)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
@@ -531,6 +540,9 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
     # each group's fp32 dQ^T parts (the TMA adds' sources, DQ_BUFS per group)
     # TMA_STORE writes dK / dV through a group's K / V half, which FUSE_DQ == 2's dQ MMA reads from both groups
     gl.static_assert(not (TMA_STORE and FUSE_DQ == 2), "TMA_STORE needs FUSE_DQ != 2")
+    # K in registers beside the overlapped order's or the fused dQ's extra live tiles: Triton 3.6's ptxas
+    # serializes every wgmma (overlapped) or spills about 50 registers (fused)
+    gl.static_assert(not REG_OPERAND or (ORDER == 0 and FUSE_DQ == 0), "REG_OPERAND needs the plain order, no FUSE_DQ")
     if FUSE_DQ:
         gl.static_assert(BLOCK_M == DQ_COLS, "the fused dQ adds 32-row parts")
         gl.static_assert(FUSE_DQ == 1 or HEAD_D == 2 * DQ_ROWS,
@@ -568,19 +580,20 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
     LOADER_REGS: gl.constexpr = 24 if BLOCK_M == 64 else 40
     gl.warp_specialize([
         (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, ORDER,
-                                       FUSE_DQ, DQ_BUFS, BLOCK_M, TMA_STORE), )),
+                                       FUSE_DQ, DQ_BUFS, BLOCK_M, TMA_STORE, REG_OPERAND), )),
         (_consumer, shared + (BwdFlags(1, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, ORDER,
-                                       FUSE_DQ, DQ_BUFS, BLOCK_M, TMA_STORE), )),
+                                       FUSE_DQ, DQ_BUFS, BLOCK_M, TMA_STORE, REG_OPERAND), )),
         (_loader, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem,
                    kv_ready, kv_empty, qdo_ready, qdo_empty, tail_bar,
                    ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, CU_COLS, HKV, GROUP, n_items,
                    BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, ORDER, FUSE_DQ,
-                            DQ_BUFS, BLOCK_M, TMA_STORE))),
+                            DQ_BUFS, BLOCK_M, TMA_STORE, REG_OPERAND))),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
 def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=False, dtype="bf16",
-                 grouped=False, dynamic=False, order=0, fuse_dq=0, dq_bufs=1, block_m=32, tma_store=False):
+                 grouped=False, dynamic=False, order=0, fuse_dq=0, dq_bufs=1, block_m=32, tma_store=False,
+                 reg_operand=False):
     """Compile ``dkdv_kernel`` for sm_90 without a GPU (Triton's bundled ptxas), as
     gluon_fwd.compile_sm90 does for the forward.  ``order`` is the kernel's ORDER (0 plain, 1 overlap:
     the index of jfa.GLUON_BWD_ORDER in jfa.GLUON_BWD_ORDERS)."""
@@ -605,11 +618,12 @@ def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, broadcast=Fals
         "BROADCAST": "constexpr", "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr",
         "STAGES": "constexpr", "GROUPED": "constexpr", "DYNAMIC": "constexpr", "ORDER": "constexpr",
         "FUSE_DQ": "constexpr", "DQ_BUFS": "constexpr", "BLOCK_M": "constexpr", "TMA_STORE": "constexpr",
+        "REG_OPERAND": "constexpr",
     }
     values = dict(BROADCAST=broadcast, CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages,
                   GROUPED=grouped, DYNAMIC=dynamic, ORDER=order,
                   FUSE_DQ=fuse_dq, DQ_BUFS=dq_bufs,
-                  BLOCK_M=block_m, TMA_STORE=tma_store)
+                  BLOCK_M=block_m, TMA_STORE=tma_store, REG_OPERAND=reg_operand)
     names = list(signature)
     constexprs = {(names.index(k),): v for k, v in values.items()}
     return triton.compile(GluonASTSource(dkdv_kernel, signature, constexprs),

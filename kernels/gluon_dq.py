@@ -48,9 +48,10 @@ class DqFlags:
     GROUPED: gl.constexpr
     DYNAMIC: gl.constexpr
     TMA_STORE: gl.constexpr
+    REG_OPERAND: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE):
+    def __init__(self, WG, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE, REG_OPERAND):
         self.WG = gl.constexpr(WG)
         self.CAUSAL = gl.constexpr(CAUSAL)
         self.HEAD_D = gl.constexpr(HEAD_D)
@@ -61,6 +62,7 @@ class DqFlags:
         self.GROUPED = gl.constexpr(GROUPED)
         self.DYNAMIC = gl.constexpr(DYNAMIC)
         self.TMA_STORE = gl.constexpr(TMA_STORE)
+        self.REG_OPERAND = gl.constexpr(REG_OPERAND)
 
 
 @gluon.jit
@@ -213,7 +215,13 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_rea
         lse2 = gl.expand_dims(gl.where(lse == float("-inf"), float("inf"), lse * LOG2E), 1)
         delta = gl.expand_dims(gl.load(DELTA + lse_ptrs, mask=row_ok, other=0.0), 1)
         cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        dq = _key_blocks(q, do, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, r0, n_blocks, rows, row_ok,
+        if flags.REG_OPERAND:
+            # the item's Q half as S's A operand in registers (loaded once per item): S's MMAs then read only
+            # K from shared memory (dO stays there: both in registers leave ptxas short and it serializes)
+            q_a = q.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
+        else:
+            q_a = q
+        dq = _key_blocks(q_a, do, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, r0, n_blocks, rows, row_ok,
                          lse2, delta, cols0, lk, diag, qk_scale, CAUSAL, STAGES, flags.K_STAGES, HEAD_D,
                          s_layout, dq_layout, ds_layout)
         # every MMA reading this item's Q / dO is done
@@ -235,7 +243,8 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_rea
 def dq_kernel(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS, COUNTER,
               stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, H, GROUP, n_items, dq_desc,
               CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
-              GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False, TMA_STORE: gl.constexpr = False):
+              GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False, TMA_STORE: gl.constexpr = False,
+              REG_OPERAND: gl.constexpr = False):
     # work items: (128-row query tile, query head) in ITEMS' order under GROUPED (else heaviest first);
     # program p runs the launch positions p, then p + P, ... (DYNAMIC: those it claims from COUNTER)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [4, HALF_M, HEAD_D], q_desc.layout)  # 2 buffers x 2 halves
@@ -266,17 +275,17 @@ def dq_kernel(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, CU_Q, CU_K, TILE_
               DQ, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
               stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, dq_desc)
     gl.warp_specialize([
-        (_consumer, shared + (DqFlags(0, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE), )),
-        (_consumer, shared + (DqFlags(1, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE), )),
+        (_consumer, shared + (DqFlags(0, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE, REG_OPERAND), )),
+        (_consumer, shared + (DqFlags(1, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE, REG_OPERAND), )),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, pos_smem,
                    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, tail_bar,
                    ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-                   DqFlags(2, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE))),
+                   DqFlags(2, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE, REG_OPERAND))),
     ], [4, 1], [232, 40])
 
 
 def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, dtype="bf16", grouped=False, dynamic=False,
-                 tma_store=False):
+                 tma_store=False, reg_operand=False):
     """Compile ``dq_kernel`` for sm_90 without a GPU (Triton's bundled ptxas), as
     gluon_fwd.compile_sm90 does for the forward."""
     import triton
@@ -296,10 +305,10 @@ def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, dtype="bf16", 
         "sm_scale": "fp32", "qk_scale": "fp32", "H": "i32", "GROUP": "i32", "n_items": "i32",
         "dq_desc": desc(HALF_M.value, head_d),
         "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr", "STAGES": "constexpr",
-        "GROUPED": "constexpr", "DYNAMIC": "constexpr", "TMA_STORE": "constexpr",
+        "GROUPED": "constexpr", "DYNAMIC": "constexpr", "TMA_STORE": "constexpr", "REG_OPERAND": "constexpr",
     }
     values = dict(CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages, GROUPED=grouped, DYNAMIC=dynamic,
-                  TMA_STORE=tma_store)
+                  TMA_STORE=tma_store, REG_OPERAND=reg_operand)
     names = list(signature)
     constexprs = {(names.index(k),): v for k, v in values.items()}
     return triton.compile(GluonASTSource(dq_kernel, signature, constexprs),

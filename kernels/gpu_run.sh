@@ -48,8 +48,10 @@
 #                                           shipped kernel and the same with masked stores (two rounds)
 #   bash kernels/gpu_run.sh OUT_DIR v18fwd  the forward's O stored by TMA too: the forward, store and multi-block GPU
 #                                           tests, then TMA stores everywhere against masked stores (two rounds)
-#   bash kernels/gpu_run.sh OUT_DIR v19fwd  what v18fwd's tests could not finish: the Gluon forward and TMA store tests,
-#                                           then the spec with the forward's TMA stores on (JFA_GLUON_TMA_STORE_KERNELS)
+#   bash kernels/gpu_run.sh OUT_DIR v19     what v18fwd's tests could not finish (the Gluon forward and TMA store tests)
+#                                           and the register-operand tests, then the spec with both opt-ins on
+#   bash kernels/gpu_run.sh OUT_DIR v19table FA4, the v18 default and the opt-ins (O by TMA stores, register operands,
+#                                           both), two rounds
 #   bash kernels/gpu_run.sh OUT_DIR gfusedt the fused-dQ Gluon GPU tests alone
 #   bash kernels/gpu_run.sh OUT_DIR dsdq    dQ read back from stored dS (BWD_DQ_MODE "ds"): its GPU tests beside the
 #                                           multi-block ones, then the shipped backward against it with other dQ and
@@ -71,7 +73,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|tlkvspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|v17|v17spec|v17m64|v18prof|v18ncu|v18tma|v18fwd|v19fwd|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|tlkvspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|v17|v17spec|v17m64|v18prof|v18ncu|v18tma|v18fwd|v19|v19table|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -208,9 +210,16 @@ or gluon_fused_dq_keeps)" gluon_tma_stores
     gpu_tests 230 14 "gpu and (gluon_forward or tma_stores or multiblock or rows_past or keeps_sequences_apart or block_shapes)" \
       fwd_tma_stores
     run_bench 200 v18_fwd --rounds 2 --impls triton-plan-tma-fwd,triton-plan-masked-stores --shapes $ALL_SHAPES ;;
-  v19fwd)
-    gpu_tests 200 14 "gpu and (gluon_forward or tma_stores or gluon_rows_past or gluon_backward_runs)" fwd_tma_stores
-    spec 250 ci-tma-fwd 14 JFA_GLUON_TMA_STORE_KERNELS=forward,backward ;;
+  v19)
+    # the opt-ins written after v18's device time: the Gluon forward, TMA store and register-operand GPU tests,
+    # then the spec with both on (the forward's O by TMA stores, K / Q as register operands)
+    gpu_tests 200 14 "gpu and (gluon_forward or tma_stores or register_operands or gluon_rows_past \
+or gluon_backward_runs)" v19_opt_ins
+    spec 250 ci-v19-opt-ins 14 JFA_GLUON_TMA_STORE_KERNELS=forward,backward JFA_GLUON_BWD_REG_OPERAND=1 ;;
+  v19table)
+    # FA4 beside the v18 default and the opt-ins, two rounds (FA4 installed first)
+    run_bench 420 v19_table --rounds 2 --impls fa4,triton-plan,triton-plan-tma-fwd,triton-plan-reg-operand,\
+triton-plan-tma-fwd-reg-operand --shapes $ALL_SHAPES ;;
   gfusedt)
     gpu_tests 200 14 "gpu and gluon_fused" gluon_fused ;;
   dsdq)

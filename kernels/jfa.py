@@ -244,6 +244,16 @@ GLUON_BWD_KV_ROWS = 64  # TMA box rows of the Gluon dK/dV kernel's K / V halves 
 # that run it, but its own GPU tests and the spec have not run with it yet: it stays opt-in until they do.
 # Environment: JFA_GLUON_TMA_STORE_KERNELS, the names joined by commas ("" for none).
 GLUON_TMA_STORE_KERNELS_ALL = ("forward", "backward")
+# The Gluon backward kernels' S^T / S MMAs with their fixed A operand in registers, loaded once per item: K in
+# the dK/dV kernel (S^T = K Q^T), Q in the dQ kernel (S = Q K^T).  Those MMAs then read only their B operand
+# from shared memory, whose bandwidth limits them at these tile shapes (an m64n32k16 wgmma with both
+# operands in shared memory reads 3 KB in the 16 cycles it takes at the peak rate: about 1.5x what shared
+# memory gives).  Compiled for sm_90 without spills in the loop or serialized wgmma (dO / V stay in shared
+# memory: with them in registers too, ptxas serializes the dQ kernel's wgmma).  The dK/dV kernel does it in
+# the plain order without fused dQ only (the overlapped order with it has every wgmma serialized by Triton
+# 3.6's ptxas, the fused dQ about 50 spills); elsewhere it keeps K in shared memory.  Written after v18's
+# device time and not yet run on a GPU, so off.  Environment: JFA_GLUON_BWD_REG_OPERAND=1.
+GLUON_BWD_REG_OPERAND = os.environ.get("JFA_GLUON_BWD_REG_OPERAND", "0") == "1"
 GLUON_TMA_STORE_KERNELS = tuple(n for n in os.environ.get("JFA_GLUON_TMA_STORE_KERNELS", "backward").split(",") if n)
 LAST_BWD_KV_PATH = ""
 # (BLOCK_M, BLOCK_N, warps per consumer warp group, K/V stages, schedule); schedules (gluon_fwd.py):
@@ -463,6 +473,7 @@ class BackwardSwitches(NamedTuple):
     dq_reduce_tma: bool  # the fused atomic dQ adds blocks by TMA (BWD_DQ_REDUCE "tma" where TMA exists)
     gluon_dq_stages: int  # GLUON_DQ_STAGES
     tma_store: bool = False  # "backward" in GLUON_TMA_STORE_KERNELS (the forward reads it when it launches)
+    reg_operand: bool = False  # GLUON_BWD_REG_OPERAND
 
 
 class LaunchConfig(NamedTuple):
@@ -953,7 +964,8 @@ def _backward_kv_gluon(q, k, v, do, stats, cu_cols, dk, dv, cu_q, cu_k, s, sw, c
         hkv, hq // hkv, n_items, dqd, cu_cols, dk_desc, dv_desc,
         BROADCAST=broadcast, CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=sw.gluon_bwd_stages,
         GROUPED=items is not None, DYNAMIC=dynamic, ORDER=sw.gluon_bwd_order, FUSE_DQ=fuse_split,
-        DQ_BUFS=sw.fused_dq_buffers if fuse_dq else 1, BLOCK_M=block_m, TMA_STORE=tma_store, num_warps=4)
+        DQ_BUFS=sw.fused_dq_buffers if fuse_dq else 1, BLOCK_M=block_m, TMA_STORE=tma_store,
+        REG_OPERAND=sw.reg_operand and sw.gluon_bwd_order == 0 and not fuse_dq, num_warps=4)
 
 
 def _fused_dq_split(head_dim):
@@ -1049,7 +1061,7 @@ def _backward_q_gluon(q, k, v, do, lse, delta, cu_q, cu_k, s, sw, causal, scale)
         qd, kd, vd, dod, dq, lse, delta, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
         dq.stride(0), dq.stride(1), lse.stride(0), scale, scale * tk.LOG2E, hq, hq // hkv, n_items, dqd,
         CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=sw.gluon_dq_stages, GROUPED=items is not None,
-        DYNAMIC=dynamic, TMA_STORE=sw.tma_store, num_warps=4)
+        DYNAMIC=dynamic, TMA_STORE=sw.tma_store, REG_OPERAND=sw.reg_operand, num_warps=4)
     return dq
 
 
@@ -1206,6 +1218,8 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
             and set(GLUON_TMA_STORE_KERNELS) <= set(GLUON_TMA_STORE_KERNELS_ALL)):
         raise ValueError(f"jfa.GLUON_TMA_STORE_KERNELS must be a tuple of names from {GLUON_TMA_STORE_KERNELS_ALL}, "
                          f"got {GLUON_TMA_STORE_KERNELS!r}")
+    if not isinstance(GLUON_BWD_REG_OPERAND, bool):
+        raise ValueError(f"jfa.GLUON_BWD_REG_OPERAND must be True or False, got {GLUON_BWD_REG_OPERAND!r}")
     why_not_gluon_dq = ""
     if BWD_Q_KERNEL != "triton":
         if not (isinstance(GLUON_DQ_STAGES, int) and 1 <= GLUON_DQ_STAGES <= 2):
@@ -1235,7 +1249,7 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
     bwd = BackwardSwitches(GLUON_GRID, GLUON_BWD_STAGES, order, GLUON_BWD_BLOCK_M,
                            GLUON_BWD_SPLIT_KEYS if kv_kernel == "split" else 0, fused_split or "keys",
                            GLUON_FUSED_DQ_BUFFERS, fuse and _dq_reduce_by_tma(q), GLUON_DQ_STAGES,
-                           "backward" in GLUON_TMA_STORE_KERNELS)
+                           "backward" in GLUON_TMA_STORE_KERNELS, GLUON_BWD_REG_OPERAND)
     cfgs = LaunchConfig(_cfg("fwd", dkey, q.dtype, on_cpu), _cfg("kvf" if fuse else "kv", dkey, q.dtype, on_cpu),
                         _cfg("qds" if ds_dq else "q", dkey, q.dtype, on_cpu), fuse, fwd_kernel, why_not_gluon, gluon,
                         kv_kernel if kv_kernel != "triton" and not why_not_gluon_bwd else "triton",

@@ -62,6 +62,13 @@ CONFIGS = [
     dict(kernel="bwd", stages=2, tma_store=True, fuse_dq=1),
     dict(kernel="dq", stages=2, tma_store=True),
     dict(kernel="dq", stages=2, tma_store=True, causal=True, grouped=True, dynamic=True),
+    # ... with K (dK/dV kernel) and Q (dQ kernel) as register operands (jfa.GLUON_BWD_REG_OPERAND)
+    dict(kernel="bwd", stages=3, tma_store=True, reg_operand=True),
+    dict(kernel="bwd", stages=3, tma_store=True, reg_operand=True, causal=True, grouped=True, dynamic=True),
+    dict(kernel="bwd", stages=2, tma_store=True, reg_operand=True, broadcast=True, head_d=64, head_dv=64, dtype="fp16"),
+    dict(kernel="dq", stages=2, tma_store=True, reg_operand=True),
+    dict(kernel="dq", stages=2, tma_store=True, reg_operand=True, causal=True, grouped=True, dynamic=True),
+    dict(kernel="dq", stages=1, tma_store=True, reg_operand=True, head_d=64, head_dv=64, dtype="fp16"),
     dict(kernel="bwd", stages=2, block_m=64, order=1),  # (SERIALIZED_INDEX)
 ]
 SERIALIZED_INDEX = len(CONFIGS) - 1
@@ -106,8 +113,9 @@ def test_gluon_forward_compiles_for_sm90(probed, i):
         # spill stores, 3.9 about 75
         # (two staging buffers: Triton 3.6 29-55, 3.9 55-127)
         # 64-row query blocks: 64 x 64 S^T / dP^T (Triton 3.6: 57 at two stages)
+        # K held in registers by the dK/dV kernel (Triton 3.6: 5-6, 3.9: 12-72; the dQ kernel's Q: 0 / 29-41)
         bound = ((160 if CONFIGS[i].get("dq_bufs", 1) == 2 else 96) if CONFIGS[i].get("fuse_dq")
-                 else 160 if CONFIGS[i].get("block_m") == 64 else 64)
+                 else 160 if CONFIGS[i].get("block_m") == 64 else 96 if CONFIGS[i].get("reg_operand") else 64)
         assert result["spill_stores"] <= bound, result["spill_stores"]
     if CONFIGS[i].get("kernel") == "bwd":
         # the host's account of the kernel's shared memory (jfa checks the switches against sm_90's with it)

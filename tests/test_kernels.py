@@ -1194,6 +1194,22 @@ def test_gpu_gluon_tma_stores_write_what_masked_stores_do(case, causal, monkeypa
 
 
 @needs_gluon
+@pytest.mark.parametrize("case", range(len(GLUON_CASES)))
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_gluon_register_operands_give_the_same_gradients(case, causal, monkeypatch):
+    # jfa.GLUON_BWD_REG_OPERAND: K (dK/dV kernel) and Q (dQ kernel) as register operands of S^T / S instead of
+    # shared-memory ones.  Right against the reference, and the same bits as without (the same products,
+    # summed in the same order).
+    from kernels import jfa
+    kernels = dict(BWD_KV_KERNEL="gluon", BWD_Q_KERNEL="auto", GLUON_BWD_STAGES=3, GLUON_BWD_ORDER="plain")
+    grads = run_gluon_case(case, causal, monkeypatch, GLUON_BWD_REG_OPERAND=True, **kernels)[2]
+    assert jfa.LAST_BWD_KV_PATH == "gluon", jfa.LAST_BWD_KV_PATH
+    plain = run_gluon_case(case, causal, monkeypatch, GLUON_BWD_REG_OPERAND=False, **kernels)[2]
+    for name in ("dq", "dk", "dv"):
+        assert torch.equal(grads[name], plain[name]), name
+
+
+@needs_gluon
 @pytest.mark.parametrize("order, stages", [("overlap", 3), ("plain", 2)])
 @pytest.mark.parametrize("case", range(len(GLUON_CASES)))
 @pytest.mark.parametrize("causal", [False, True])
@@ -1489,11 +1505,14 @@ def test_gluon_backward_stage_count_order_and_block_rows_are_checked(stages, ord
 
 
 @needs_kernels
-@pytest.mark.parametrize("value", [True, "backward", None, ("backward", "sideways")])
-def test_gluon_tma_store_switch_is_checked(value, monkeypatch):
+@pytest.mark.parametrize("field, value", [("GLUON_TMA_STORE_KERNELS", True), ("GLUON_TMA_STORE_KERNELS", "backward"),
+                                          ("GLUON_TMA_STORE_KERNELS", None),
+                                          ("GLUON_TMA_STORE_KERNELS", ("backward", "sideways")),
+                                          ("GLUON_BWD_REG_OPERAND", 1), ("GLUON_BWD_REG_OPERAND", "yes")])
+def test_gluon_store_and_operand_switches_are_checked(field, value, monkeypatch):
     from kernels import jfa
-    monkeypatch.setattr(jfa, "GLUON_TMA_STORE_KERNELS", value)
-    with pytest.raises(ValueError, match="GLUON_TMA_STORE_KERNELS"):
+    monkeypatch.setattr(jfa, field, value)
+    with pytest.raises(ValueError, match=field):
         run_case([4], [4], dtype=torch.float32)
 
 
