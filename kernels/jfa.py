@@ -253,7 +253,8 @@ GLUON_TMA_STORE_KERNELS_ALL = ("forward", "backward")
 # the plain order without fused dQ only (the overlapped order with it has every wgmma serialized by Triton
 # 3.6's ptxas, the fused dQ about 50 spills); elsewhere it keeps K in shared memory.  Written after v18's
 # device time and not yet run on a GPU, so off.  Environment: JFA_GLUON_BWD_REG_OPERAND=1.
-GLUON_BWD_REG_OPERAND = os.environ.get("JFA_GLUON_BWD_REG_OPERAND", "0") == "1"
+_reg_operand_env = os.environ.get("JFA_GLUON_BWD_REG_OPERAND", "0")
+GLUON_BWD_REG_OPERAND = {"0": False, "1": True}.get(_reg_operand_env, _reg_operand_env)  # else refused at the call
 GLUON_TMA_STORE_KERNELS = tuple(n for n in os.environ.get("JFA_GLUON_TMA_STORE_KERNELS", "backward").split(",") if n)
 LAST_BWD_KV_PATH = ""
 # (BLOCK_M, BLOCK_N, warps per consumer warp group, K/V stages, schedule); schedules (gluon_fwd.py):
@@ -1216,10 +1217,12 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
         raise ValueError(f"jfa.BWD_Q_KERNEL must be one of {BWD_Q_KERNELS}, got {BWD_Q_KERNEL!r}")
     if not (isinstance(GLUON_TMA_STORE_KERNELS, (tuple, list, frozenset, set))
             and set(GLUON_TMA_STORE_KERNELS) <= set(GLUON_TMA_STORE_KERNELS_ALL)):
-        raise ValueError(f"jfa.GLUON_TMA_STORE_KERNELS must be a tuple of names from {GLUON_TMA_STORE_KERNELS_ALL}, "
+        raise ValueError(f"jfa.GLUON_TMA_STORE_KERNELS (environment JFA_GLUON_TMA_STORE_KERNELS, names joined by "
+                         f"commas) must be a tuple of names from {GLUON_TMA_STORE_KERNELS_ALL}, "
                          f"got {GLUON_TMA_STORE_KERNELS!r}")
     if not isinstance(GLUON_BWD_REG_OPERAND, bool):
-        raise ValueError(f"jfa.GLUON_BWD_REG_OPERAND must be True or False, got {GLUON_BWD_REG_OPERAND!r}")
+        raise ValueError(f"jfa.GLUON_BWD_REG_OPERAND (environment JFA_GLUON_BWD_REG_OPERAND: 0 or 1) must be True or "
+                         f"False, got {GLUON_BWD_REG_OPERAND!r}")
     why_not_gluon_dq = ""
     if BWD_Q_KERNEL != "triton":
         if not (isinstance(GLUON_DQ_STAGES, int) and 1 <= GLUON_DQ_STAGES <= 2):

@@ -16,6 +16,8 @@ if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -1514,6 +1516,20 @@ def test_gluon_store_and_operand_switches_are_checked(field, value, monkeypatch)
     monkeypatch.setattr(jfa, field, value)
     with pytest.raises(ValueError, match=field):
         run_case([4], [4], dtype=torch.float32)
+
+
+@needs_kernels
+@pytest.mark.parametrize("env, field", [(dict(JFA_GLUON_BWD_REG_OPERAND="yes"), "JFA_GLUON_BWD_REG_OPERAND: 0 or 1"),
+                                        (dict(JFA_GLUON_TMA_STORE_KERNELS="forward,sideways"),
+                                         "JFA_GLUON_TMA_STORE_KERNELS")])
+def test_a_bad_switch_in_the_environment_is_refused_by_name(env, field):
+    # read when kernels.jfa is imported: a value it cannot take is an error at the first call, never a silent default
+    code = ("import torch\nfrom kernels import jfa\nq = torch.randn(4, 1, 16)\n"
+            "cu = torch.tensor([0, 4], dtype=torch.int32)\njfa.jagged_flash_attention(q, q, q, cu, cu, 4, 4)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TRITON_INTERPRET": "1", **env},
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert run.returncode != 0 and "ValueError" in run.stderr and field in run.stderr, run.stderr[-2000:]
 
 
 @needs_kernels
