@@ -736,13 +736,15 @@ def _forward_gluon(q, k, v, cu_q, cu_k, s, cfgs, causal, scale, broadcast, out, 
     n_programs, dynamic = _gluon_grid(n_items, q.device, GLUON_GRID)
     # the dynamic deal's counter of items claimed beyond the first n_programs
     counter = torch.zeros(1, device=q.device, dtype=torch.int32) if dynamic else seq_t
-    od = _store_descriptors((out,), gf.HALF_M)[0]
+    tma_store = "forward" in GLUON_TMA_STORE_KERNELS and d == dv
+    # (without TMA stores the kernel never touches o_desc: Q's descriptor stands in, no host work per call)
+    od = _store_descriptors((out,), gf.HALF_M)[0] if tma_store else qd
     gf.fwd_kernel[(n_programs,)](
         qd, kd, vd, out, lse, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
         out.stride(0), out.stride(1), lse.stride(0), scale * tk.LOG2E, hq, hq // hkv, n_items, od,
         BROADCAST=broadcast, CAUSAL=causal, BLOCK_N=bn, HEAD_D=d, HEAD_DV=dv,
         STAGES=st, SCHEDULE=schedule, GROUPED=items is not None, DYNAMIC=dynamic,
-        TMA_STORE="forward" in GLUON_TMA_STORE_KERNELS and d == dv, num_warps=w)
+        TMA_STORE=tma_store, num_warps=w)
     return out, lse
 
 
