@@ -239,10 +239,10 @@ GLUON_BWD_KV_ROWS = 64  # TMA box rows of the Gluon dK/dV kernel's K / V halves 
 # sequence's rows).  GLUON_TMA_STORE_KERNELS names the kernels that do: any of "forward" and "backward"
 # (both Gluon backward kernels); () is masked stores throughout, as before v18.  Masked stores still: the
 # forward where Dv != D (O does not fit a Q buffer) and the dK/dV kernel with dQ fused by "dim" (both
-# groups read both K halves there).  On the H200 (PERF.md v18) the backward gained 4-16% and passed the
-# spec and every Gluon GPU test with it.  The forward gained 2-27%, and passed the GPU multi-block tests
-# that run it, but its own GPU tests and the spec have not run with it yet: it stays opt-in until they do.
-# Environment: JFA_GLUON_TMA_STORE_KERNELS, the names joined by commas ("" for none).
+# groups read both K halves there).  On the H200 the backward gained 4-16% (PERF.md v18), the forward
+# 2-27% (v18, v19); both passed every Gluon GPU test and the spec with them (v18, v19), and the outputs are
+# identical to the bit with masked stores.  Environment: JFA_GLUON_TMA_STORE_KERNELS, the names joined by
+# commas ("" for none).
 GLUON_TMA_STORE_KERNELS_ALL = ("forward", "backward")
 # The Gluon backward kernels' S^T / S MMAs with their fixed A operand in registers, loaded once per item: K in
 # the dK/dV kernel (S^T = K Q^T), Q in the dQ kernel (S = Q K^T).  Those MMAs then read only their B operand
@@ -255,7 +255,7 @@ GLUON_TMA_STORE_KERNELS_ALL = ("forward", "backward")
 # device time and not yet run on a GPU, so off.  Environment: JFA_GLUON_BWD_REG_OPERAND=1.
 _reg_operand_env = os.environ.get("JFA_GLUON_BWD_REG_OPERAND", "0")
 GLUON_BWD_REG_OPERAND = {"0": False, "1": True}.get(_reg_operand_env, _reg_operand_env)  # else refused at the call
-GLUON_TMA_STORE_KERNELS = tuple(n for n in os.environ.get("JFA_GLUON_TMA_STORE_KERNELS", "backward").split(",") if n)
+GLUON_TMA_STORE_KERNELS = tuple(n for n in os.environ.get("JFA_GLUON_TMA_STORE_KERNELS", "forward,backward").split(",") if n)
 LAST_BWD_KV_PATH = ""
 # (BLOCK_M, BLOCK_N, warps per consumer warp group, K/V stages, schedule); schedules (gluon_fwd.py):
 # "overlap" softmax(j) while PV(j-1) runs; "pingpong" overlap, and the two consumer groups take turns
