@@ -267,16 +267,20 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          # the Gluon dQ kernel)
          "triton-plan-gluon-bwd": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon"),
          **{f"triton-plan-gluon-bwd-s{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon", GLUON_BWD_STAGES=n)
-            for n in (1, 2, 3)},
-         # the Gluon kernels writing every output tile by masked stores (v17; v18 made TMA stores the default)
-         "triton-plan-masked-stores": _triton_with(impl_triton_plan, GLUON_TMA_STORE_KERNELS=()),
-         # ... and the forward's O by TMA stores too (opt-in in v18)
-         "triton-plan-tma-fwd": _triton_with(impl_triton_plan, GLUON_TMA_STORE_KERNELS=("forward", "backward")),
-         # the Gluon backward kernels with K (dK/dV) and Q (dQ) as register operands (opt-in, after v18's device time)
-         "triton-plan-reg-operand": _triton_with(impl_triton_plan, GLUON_BWD_REG_OPERAND=True),
-         # ... both opt-ins
-         "triton-plan-tma-fwd-reg-operand": _triton_with(impl_triton_plan, GLUON_BWD_REG_OPERAND=True,
-                                                         GLUON_TMA_STORE_KERNELS=("forward", "backward")),
+            for n in (1, 2, 3, 4)},
+         # the Gluon kernels writing every output tile by masked stores, K / Q from shared memory (v17's default)
+         "triton-plan-masked-stores": _triton_with(impl_triton_plan, GLUON_TMA_STORE_KERNELS=(),
+                                                   GLUON_BWD_REG_OPERAND=False),
+         # v18's default: dK / dV / dQ by TMA stores, O by masked stores, K / Q from shared memory
+         "triton-plan-v18": _triton_with(impl_triton_plan, GLUON_TMA_STORE_KERNELS=("backward",),
+                                         GLUON_BWD_REG_OPERAND=False),
+         # O by TMA stores too, K / Q from shared memory (v19's first default)
+         "triton-plan-tma-fwd": _triton_with(impl_triton_plan, GLUON_TMA_STORE_KERNELS=("forward", "backward"),
+                                             GLUON_BWD_REG_OPERAND=False),
+         # K (dK/dV) and Q (dQ) as register operands, every output by TMA stores: the default since v19 (the
+         # row names both so that it keeps meaning this should the default move)
+         "triton-plan-reg-operand": _triton_with(impl_triton_plan, GLUON_BWD_REG_OPERAND=True,
+                                                 GLUON_TMA_STORE_KERNELS=("forward", "backward")),
          # the tl dK/dV kernel (the default before v17, when "auto" began to pick the Gluon one on sm_90)
          "triton-plan-tl-kv": _triton_with(impl_triton_plan, BWD_KV_KERNEL="triton"),
          **{f"triton-plan-gluon-bwd-ovl-s{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon",

@@ -54,6 +54,8 @@
 #                                           both), two rounds
 #   bash kernels/gpu_run.sh OUT_DIR v19def  the spec with O by TMA stores as the default; register operands against
 #                                           it (four rounds); S3's backward kernel times
+#   bash kernels/gpu_run.sh OUT_DIR v19stages the Gluon dK/dV kernel's Q/dO stages (2, 3, 4) with K in registers
+#   bash kernels/gpu_run.sh OUT_DIR v19final FA4, the v19 default and it with K / Q from shared memory, three rounds
 #   bash kernels/gpu_run.sh OUT_DIR gfusedt the fused-dQ Gluon GPU tests alone
 #   bash kernels/gpu_run.sh OUT_DIR dsdq    dQ read back from stored dS (BWD_DQ_MODE "ds"): its GPU tests beside the
 #                                           multi-block ones, then the shipped backward against it with other dQ and
@@ -75,7 +77,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|tlkvspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|v17|v17spec|v17m64|v18prof|v18ncu|v18tma|v18fwd|v19|v19table|v19def|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|tlkvspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|v17|v17spec|v17m64|v18prof|v18ncu|v18tma|v18fwd|v19|v19table|v19def|v19stages|v19final|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -220,17 +222,26 @@ or gluon_backward_runs)" v19_opt_ins
     spec 250 ci-v19-opt-ins 14 JFA_GLUON_TMA_STORE_KERNELS=forward,backward JFA_GLUON_BWD_REG_OPERAND=1 ;;
   v19table)
     # FA4 beside the v18 default and the opt-ins, two rounds (FA4 installed first)
-    run_bench 420 v19_table --rounds 2 --impls fa4,triton-plan,triton-plan-tma-fwd,triton-plan-reg-operand,\
-triton-plan-tma-fwd-reg-operand --shapes $ALL_SHAPES ;;
+    # (its rows were named triton-plan, triton-plan-tma-fwd, triton-plan-reg-operand (TMA stores in the backward
+    # only) and triton-plan-tma-fwd-reg-operand when it ran; the last is today's default)
+    run_bench 420 v19_table --rounds 2 --impls fa4,triton-plan-v18,triton-plan-tma-fwd,triton-plan-reg-operand \
+      --shapes $ALL_SHAPES ;;
   v19def)
     # O by TMA stores made the default: the spec as shipped; then the register operands against it, bwd only in
     # effect (four rounds, no FA4); then where S3's backward time goes (it trails FA4 most among S1-S3)
     spec 250 ci-v19-default 14
-    run_bench 220 v19_reg_operand --rounds 4 --impls triton-plan,triton-plan-reg-operand --shapes $ALL_SHAPES
+    run_bench 220 v19_reg_operand --rounds 4 --impls triton-plan-tma-fwd,triton-plan-reg-operand --shapes $ALL_SHAPES
     timeout 60 python3 -m kernels.profile --shape S3 --impl triton-plan --iters 3 --backward --kernel-times \
       > "$OUT_DIR/kernel_times_S3_triton-plan.txt" 2>&1
     echo "kernel times S3 rc=$?" | tee -a "$L"
     grep -E "kernel|Self CUDA" "$OUT_DIR/kernel_times_S3_triton-plan.txt" | cut -c1-150 | head -12 ;;
+  v19stages)
+    # Q/dO stages of the Gluon dK/dV kernel now that K is a register operand (three rounds, no FA4)
+    gb=triton-plan-gluon-bwd
+    run_bench 240 v19_stages --rounds 3 --impls triton-plan,$gb-s2,$gb-s4 --shapes $ALL_SHAPES ;;
+  v19final)
+    # FA4 beside the v19 default and the same with K / Q from shared memory, three rounds (FA4 installed first)
+    run_bench 400 v19_final --rounds 3 --impls fa4,triton-plan,triton-plan-tma-fwd --shapes $ALL_SHAPES ;;
   gfusedt)
     gpu_tests 200 14 "gpu and gluon_fused" gluon_fused ;;
   dsdq)
