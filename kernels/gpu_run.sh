@@ -56,6 +56,7 @@
 #                                           it (four rounds); S3's backward kernel times
 #   bash kernels/gpu_run.sh OUT_DIR v19stages the Gluon dK/dV kernel's Q/dO stages (2, 3, 4) with K in registers
 #   bash kernels/gpu_run.sh OUT_DIR v19final FA4, the v19 default and it with K / Q from shared memory, three rounds
+#   bash kernels/gpu_run.sh OUT_DIR jitter  twelve timed rounds of S3 and S1 with each kernel's GPU time per round
 #   bash kernels/gpu_run.sh OUT_DIR gfusedt the fused-dQ Gluon GPU tests alone
 #   bash kernels/gpu_run.sh OUT_DIR dsdq    dQ read back from stored dS (BWD_DQ_MODE "ds"): its GPU tests beside the
 #                                           multi-block ones, then the shipped backward against it with other dQ and
@@ -77,7 +78,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|tlkvspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|v17|v17spec|v17m64|v18prof|v18ncu|v18tma|v18fwd|v19|v19table|v19def|v19stages|v19final|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|tlkvspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|v17|v17spec|v17m64|v18prof|v18ncu|v18tma|v18fwd|v19|v19table|v19def|v19stages|v19final|jitter|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -242,6 +243,14 @@ or gluon_backward_runs)" v19_opt_ins
   v19final)
     # FA4 beside the v19 default and the same with K / Q from shared memory, three rounds (FA4 installed first)
     run_bench 400 v19_final --rounds 3 --impls fa4,triton-plan,triton-plan-tma-fwd --shapes $ALL_SHAPES ;;
+  jitter)
+    # why the shipped kernel's S3 times jump by up to 40% between bench rounds (FA4's stay within 1%): twelve
+    # rounds of fresh set-up, do_bench and per-kernel GPU times; S1 beside it
+    for shape in S3 S1; do
+      timeout 150 python3 -m kernels.profile --shape $shape --impl triton-plan --backward --rounds 12 --iters 3 \
+        > "$OUT_DIR/jitter_$shape.txt" 2>&1
+      echo "jitter $shape rc=$?" | tee -a "$L"; grep -v Warning "$OUT_DIR/jitter_$shape.txt" | cut -c1-200 | tail -16
+    done ;;
   gfusedt)
     gpu_tests 200 14 "gpu and gluon_fused" gluon_fused ;;
   dsdq)

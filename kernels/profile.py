@@ -6,7 +6,10 @@ Nsight Compute / Nsight Systems capture only those launches, after the compiles 
 
 ``--impl`` names an implementation of ``kernels.bench`` (its switches apply, e.g. ``triton-gluon``).
 Prints the shape, the implementation and the paths that ran; ``--kernel-times`` instead records the
-profiled calls with torch.profiler and prints each kernel's GPU time (no Nsight needed).
+profiled calls with torch.profiler and prints each kernel's GPU time (no Nsight needed).  ``--rounds N``
+times N rounds as the benchmark does (a fresh implementation each round, do_bench medians) and prints one
+line per round with each kernel's mean GPU time over ``--iters`` profiled calls: which kernel a slow
+round loses its time in.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=2, help="profiled calls")
     ap.add_argument("--backward", action="store_true", help="profile forward + backward")
     ap.add_argument("--kernel-times", action="store_true", help="print each kernel's GPU time (torch.profiler)")
+    ap.add_argument("--rounds", type=int, default=0, help="rounds of fresh set-up, timing and kernel times")
     a = ap.parse_args(argv)
     shapes = bench.make_shapes()
     if a.shape not in shapes:
@@ -31,6 +35,8 @@ def main(argv=None):
     if a.impl not in bench.IMPLS:
         raise SystemExit(f"--impl must be one of {sorted(bench.IMPLS)}, got {a.impl!r}")
     shape = shapes[a.shape]
+    if a.rounds:
+        return rounds(a, shape)
     q, k, v, cu_q, cu_k = bench.build(shape)
     q, k, v = (t.requires_grad_(a.backward) for t in (q, k, v))
     fwd = bench.IMPLS[a.impl](shape, q, k, v, cu_q, cu_k)
@@ -68,6 +74,45 @@ def main(argv=None):
         paths += f"; backward dK/dV {jfa.LAST_BWD_KV_PATH or '-'}, dQ {jfa.LAST_BWD_DQ_PATH or '-'}"
     print(f"profiled {a.iters} x {'fwd+bwd' if a.backward else 'fwd'} of {a.shape} ({shape['desc']}) with "
           f"{a.impl}; {paths}", flush=True)
+
+
+def kernel_times(step, iters):
+    """{kernel name: mean GPU ms per call} over ``iters`` calls of ``step`` (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+    return {e.key: e.self_device_time_total / 1e3 / iters for e in prof.key_averages()
+            if e.self_device_time_total > 0}
+
+
+def rounds(a, shape):
+    tensors = bench.build(shape)
+    q, k, v, cu_q, cu_k = tensors
+    names, lines = [], []
+    for i in range(a.rounds):
+        t_f, t_b, _ = bench.time_impl(bench.IMPLS[a.impl], shape, tensors, backward=a.backward)
+        qg, kg, vg = (t.detach().requires_grad_(a.backward) for t in (q, k, v))
+        fwd = bench.IMPLS[a.impl](shape, qg, kg, vg, cu_q, cu_k)
+        out = fwd()
+        do = torch.randn_like(out)
+
+        def step():
+            with torch.set_grad_enabled(a.backward):
+                o = fwd()
+                if a.backward:
+                    torch.autograd.grad(o, (qg, kg, vg), do)
+        times = kernel_times(step, a.iters)
+        names += [n for n in sorted(times, key=times.get, reverse=True) if n not in names]
+        lines.append((i, t_f, t_b, times))
+    print(f"{a.rounds} rounds of {a.shape} ({shape['desc']}) with {a.impl}: do_bench medians (ms), then each "
+          f"kernel's mean GPU time per call (ms) over {a.iters} profiled calls")
+    short = [n[:24] for n in names[:8]]
+    print("round   fwd ms   bwd ms | " + " | ".join(f"{n:>24}" for n in short))
+    for i, t_f, t_b, times in lines:
+        print(f"{i:5d} {t_f:8.3f} {t_b:8.3f} | " + " | ".join(f"{times.get(n, 0.0):24.3f}" for n in names[:8]),
+              flush=True)
 
 
 if __name__ == "__main__":
