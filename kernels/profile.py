@@ -28,6 +28,9 @@ def main(argv=None):
     ap.add_argument("--backward", action="store_true", help="profile forward + backward")
     ap.add_argument("--kernel-times", action="store_true", help="print each kernel's GPU time (torch.profiler)")
     ap.add_argument("--rounds", type=int, default=0, help="rounds of fresh set-up, timing and kernel times")
+    ap.add_argument("--host", action="store_true",
+                    help="host time per forward and per backward call (no synchronization between calls), and "
+                         "cProfile's top functions of the backward calls")
     a = ap.parse_args(argv)
     shapes = bench.make_shapes()
     if a.shape not in shapes:
@@ -37,6 +40,8 @@ def main(argv=None):
     shape = shapes[a.shape]
     if a.rounds:
         return rounds(a, shape)
+    if a.host:
+        return host_times(a, shape)
     q, k, v, cu_q, cu_k = bench.build(shape)
     q, k, v = (t.requires_grad_(a.backward) for t in (q, k, v))
     fwd = bench.IMPLS[a.impl](shape, q, k, v, cu_q, cu_k)
@@ -113,6 +118,46 @@ def rounds(a, shape):
     for i, t_f, t_b, times in lines:
         print(f"{i:5d} {t_f:8.3f} {t_b:8.3f} | " + " | ".join(f"{times.get(n, 0.0):24.3f}" for n in names[:8]),
               flush=True)
+
+
+def host_times(a, shape, calls=50):
+    """What a call costs the host: the launches are queued without waiting, so while the GPU queue has room
+    the wall time of ``calls`` calls is the host's.  A backward whose host time nears its GPU time leaves
+    the GPU idle between kernels whenever the host runs slower."""
+    import cProfile
+    import pstats
+    import time
+    q, k, v, cu_q, cu_k = (t.detach() for t in bench.build(shape))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    fwd = bench.IMPLS[a.impl](shape, q, k, v, cu_q, cu_k)
+    out = fwd()
+    do = torch.randn_like(out)
+
+    def bwd():
+        torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+    for _ in range(3):
+        fwd()
+        bwd()
+    rows = []
+    for name, fn in (("forward", fwd), ("backward", bwd)):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        host = (time.perf_counter() - t0) / calls
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / calls
+        rows.append(f"{name}: host {host * 1e3:.3f} ms per call, host + GPU {wall * 1e3:.3f} ms per call")
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        bwd()
+    prof.disable()
+    torch.cuda.synchronize()
+    print(f"{a.shape} ({shape['desc']}) with {a.impl}, {calls} calls each:")
+    print("\n".join(rows))
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
 if __name__ == "__main__":
