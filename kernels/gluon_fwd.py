@@ -33,6 +33,8 @@ the way FA3 lays out its Hopper forward:
 Same conventions as kernels/triton_kernels.py: bottom-right causal, natural-log LSE [Hq, rows],
 rows with no visible key give 0 and -inf, broadcast-Q output row b * Lq + i.
 """
+import functools
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -57,7 +59,14 @@ BLOCK_M = 2 * HALF_M
 
 
 def nvmma_layout(block_shape, torch_dtype):
-    gdt = {"torch.bfloat16": gl.bfloat16, "torch.float16": gl.float16, "torch.float32": gl.float32}[str(torch_dtype)]
+    return _nvmma_layout(tuple(block_shape), str(torch_dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _nvmma_layout(block_shape, dtype_name):
+    # cached: building a layout runs about fifty Python calls, and a backward asks for twelve of the few
+    # distinct ones (the host's time per call is near the GPU's on short batches, PERF.md v19)
+    gdt = {"torch.bfloat16": gl.bfloat16, "torch.float16": gl.float16, "torch.float32": gl.float32}[dtype_name]
     return gl.NVMMASharedLayout.get_default_for(list(block_shape), gdt)
 
 

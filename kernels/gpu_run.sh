@@ -58,6 +58,7 @@
 #   bash kernels/gpu_run.sh OUT_DIR v19final FA4, the v19 default and it with K / Q from shared memory, three rounds
 #   bash kernels/gpu_run.sh OUT_DIR jitter  twelve timed rounds of S3 and S1 with each kernel's GPU time per round
 #   bash kernels/gpu_run.sh OUT_DIR hostprof the host's time per call on S3, S1, S4a and the backward's cProfile
+#   bash kernels/gpu_run.sh OUT_DIR hostfix  hostprof's times again, the default Gluon paths' GPU tests, S3 / S1 / S2 timed
 #   bash kernels/gpu_run.sh OUT_DIR gfusedt the fused-dQ Gluon GPU tests alone
 #   bash kernels/gpu_run.sh OUT_DIR dsdq    dQ read back from stored dS (BWD_DQ_MODE "ds"): its GPU tests beside the
 #                                           multi-block ones, then the shipped backward against it with other dQ and
@@ -79,7 +80,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|tlkvspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|v17|v17spec|v17m64|v18prof|v18ncu|v18tma|v18fwd|v19|v19table|v19def|v19stages|v19final|jitter|hostprof|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|tlkvspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|v17|v17spec|v17m64|v18prof|v18ncu|v18tma|v18fwd|v19|v19table|v19def|v19stages|v19final|jitter|hostprof|hostfix|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -259,6 +260,15 @@ or gluon_backward_runs)" v19_opt_ins
       echo "host $shape rc=$?" | tee -a "$L"; grep -E "per call" "$OUT_DIR/host_$shape.txt"
     done
     grep -v Warning "$OUT_DIR/host_S3.txt" | cut -c1-160 | head -45 ;;
+  hostfix)
+    # the Gluon layouts cached and the unused fused-dQ descriptor made once: the host's time again, the GPU
+    # tests of the default Gluon paths, and S3 / S1 timed in three rounds (no FA4)
+    for shape in S3 S1 S4a; do
+      timeout 100 python3 -m kernels.profile --shape $shape --impl triton-plan --host > "$OUT_DIR/host_$shape.txt" 2>&1
+      echo "host $shape rc=$?" | tee -a "$L"; grep -E "per call" "$OUT_DIR/host_$shape.txt"
+    done
+    gpu_tests 120 14 "gpu and (gluon_backward_runs or register_operands or tma_stores or gluon_forward)" host_fix
+    run_bench 100 host_fix --rounds 3 --impls triton-plan --shapes S3,S1,S2 ;;
   gfusedt)
     gpu_tests 200 14 "gpu and gluon_fused" gluon_fused ;;
   dsdq)

@@ -954,9 +954,9 @@ def _backward_kv_gluon(q, k, v, do, stats, cu_cols, dk, dv, cu_q, cu_k, s, sw, c
     (qd, kd, vd, dod), n_programs, dynamic, counter = _gluon_backward_launch(
         q, k, v, do, (block_m, GLUON_BWD_KV_ROWS), n_items, seq_t, sw.gluon_grid)
     fuse_dq = dq_acc_t is not None
-    if not fuse_dq:  # a descriptor of the right type all the same (the kernel never uses it)
-        dq_acc_t = torch.zeros((gb.DQ_ROWS.value, gb.DQ_COLS.value), device=q.device, dtype=torch.float32)
-    dqd = _fused_dq_descriptor(dq_acc_t)
+    # without fused dQ, a descriptor of the right type all the same (the kernel never uses it), made once per
+    # device: an allocation, a fill and a descriptor less on every call
+    dqd = _fused_dq_descriptor(dq_acc_t) if fuse_dq else _unused_dq_descriptor(q.device)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     statsd = TensorDescriptor.from_tensor(stats, [1, block_m], gb.STATS_LAYOUT)
     fuse_split = (2 if sw.fused_dq_split == "dim" else 1) if fuse_dq else 0
@@ -1016,6 +1016,18 @@ def _fused_dq_descriptor(dq_acc_t):
     from . import gluon_bwd as gb
     from .gluon_fwd import descriptor
     return descriptor(dq_acc_t, [gb.DQ_ROWS.value, gb.DQ_COLS.value])
+
+
+_UNUSED_DQ_DESCRIPTORS = {}
+
+
+def _unused_dq_descriptor(device):
+    """A fused-dQ descriptor over a small buffer of its own, for launches that do not fuse dQ."""
+    if device not in _UNUSED_DQ_DESCRIPTORS:
+        from . import gluon_bwd as gb
+        buf = torch.zeros((gb.DQ_ROWS.value, gb.DQ_COLS.value), device=device, dtype=torch.float32)
+        _UNUSED_DQ_DESCRIPTORS[device] = _fused_dq_descriptor(buf)  # (the descriptor holds the buffer)
+    return _UNUSED_DQ_DESCRIPTORS[device]
 
 
 def _fused_dq_result(dq_acc_t, cols, q, scale):
