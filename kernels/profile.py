@@ -31,7 +31,11 @@ def main(argv=None):
     ap.add_argument("--host", action="store_true",
                     help="host time per forward and per backward call (no synchronization between calls), and "
                          "cProfile's top functions of the backward calls")
+    ap.add_argument("--calls", type=int, default=50, help="calls per measurement of --host")
     a = ap.parse_args(argv)
+    for name, least in (("iters", 1), ("rounds", 0), ("calls", 1)):
+        if getattr(a, name) < least:
+            raise SystemExit(f"--{name} must be at least {least}, got {getattr(a, name)}")
     shapes = bench.make_shapes()
     if a.shape not in shapes:
         raise SystemExit(f"--shape must be one of {sorted(shapes)}, got {a.shape!r}")
@@ -81,13 +85,22 @@ def main(argv=None):
           f"{a.impl}; {paths}", flush=True)
 
 
-def kernel_times(step, iters):
-    """{kernel name: mean GPU ms per call} over ``iters`` calls of ``step`` (torch.profiler)."""
+def _synchronize(t):
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)
+
+
+def kernel_times(step, iters, device_tensor):
+    """{kernel name: mean GPU ms per call} over ``iters`` calls of ``step`` (torch.profiler; empty off a GPU)."""
+    if not device_tensor.is_cuda:
+        for _ in range(iters):
+            step()
+        return {}
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
             step()
-        torch.cuda.synchronize()
+        _synchronize(device_tensor)
     return {e.key: e.self_device_time_total / 1e3 / iters for e in prof.key_averages()
             if e.self_device_time_total > 0}
 
@@ -108,7 +121,7 @@ def rounds(a, shape):
                 o = fwd()
                 if a.backward:
                     torch.autograd.grad(o, (qg, kg, vg), do)
-        times = kernel_times(step, a.iters)
+        times = kernel_times(step, a.iters, q)
         names += [n for n in sorted(times, key=times.get, reverse=True) if n not in names]
         lines.append((i, t_f, t_b, times))
     print(f"{a.rounds} rounds of {a.shape} ({shape['desc']}) with {a.impl}: do_bench medians (ms), then each "
@@ -120,7 +133,7 @@ def rounds(a, shape):
               flush=True)
 
 
-def host_times(a, shape, calls=50):
+def host_times(a, shape):
     """What a call costs the host: the launches are queued without waiting, so while the GPU queue has room
     the wall time of ``calls`` calls is the host's.  A backward whose host time nears its GPU time leaves
     the GPU idle between kernels whenever the host runs slower."""
@@ -129,6 +142,7 @@ def host_times(a, shape, calls=50):
     import time
     q, k, v, cu_q, cu_k = (t.detach() for t in bench.build(shape))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
+    calls = a.calls
     fwd = bench.IMPLS[a.impl](shape, q, k, v, cu_q, cu_k)
     out = fwd()
     do = torch.randn_like(out)
@@ -140,21 +154,21 @@ def host_times(a, shape, calls=50):
         bwd()
     rows = []
     for name, fn in (("forward", fwd), ("backward", bwd)):
-        torch.cuda.synchronize()
+        _synchronize(q)
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
         host = (time.perf_counter() - t0) / calls
-        torch.cuda.synchronize()
+        _synchronize(q)
         wall = (time.perf_counter() - t0) / calls
         rows.append(f"{name}: host {host * 1e3:.3f} ms per call, host + GPU {wall * 1e3:.3f} ms per call")
-    torch.cuda.synchronize()
+    _synchronize(q)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
         bwd()
     prof.disable()
-    torch.cuda.synchronize()
+    _synchronize(q)
     print(f"{a.shape} ({shape['desc']}) with {a.impl}, {calls} calls each:")
     print("\n".join(rows))
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)

@@ -3,6 +3,7 @@
 and the sweep's correctness column for backward configs."""
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -165,6 +166,35 @@ def test_profile_driver_runs_a_bench_shape_and_names_bad_arguments(monkeypatch, 
         profile.main(["--shape", "S9"])
     with pytest.raises(SystemExit, match="--impl must be one of"):
         profile.main(["--shape", "T", "--impl", "cuda"])
+
+
+def test_profile_rounds_and_host_times_print_what_they_measured(monkeypatch, capsys):
+    # --rounds: a line per round with its do_bench times; --host: host time per call and the backward's
+    # cProfile table
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        pytest.skip("runs the kernels under the Triton interpreter only")
+    import triton.testing
+    from kernels import bench, profile
+    clock = iter([1.5, 2.5, 1.25, 2.25])
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), next(clock))[1])
+    real_build = bench.build
+    monkeypatch.setattr(bench, "build", lambda shape, D=128: real_build(shape, D=16, dtype=torch.float32, device="cpu"))
+    monkeypatch.setattr(bench, "make_shapes", lambda: {"T": dict(desc="tiny", lq=np.array([20, 3]),
+                                                                  lk=np.array([20, 3]), H=2, causal=True, bq=False)})
+    profile.main(["--shape", "T", "--impl", "triton", "--backward", "--rounds", "2", "--iters", "1"])
+    out = capsys.readouterr().out
+    assert "2 rounds of T (tiny) with triton" in out
+    assert [line.split()[:3] for line in out.splitlines() if line.startswith("    ")] == [
+        ["0", "1.500", "2.500"], ["1", "1.250", "2.250"]]
+    profile.main(["--shape", "T", "--impl", "triton", "--host", "--calls", "2"])
+    out = capsys.readouterr().out
+    assert "T (tiny) with triton, 2 calls each:" in out
+    assert re.search(r"^forward: host \d+\.\d{3} ms per call, host \+ GPU \d+\.\d{3} ms per call$", out, re.M)
+    assert re.search(r"^backward: host \d+\.\d{3} ms per call", out, re.M)
+    assert re.search(r"^ +\d+ function calls .* in \d+\.\d+ seconds$", out, re.M)  # the cProfile table
+    for argv, name in ((["--rounds", "-1"], "--rounds"), (["--calls", "0"], "--calls"), (["--iters", "0"], "--iters")):
+        with pytest.raises(SystemExit, match=f"{name} must be at least"):
+            profile.main(["--shape", "T"] + argv)
 
 
 def test_plan_impls_launch_what_the_full_call_launches():
