@@ -1114,6 +1114,10 @@ class _JaggedFlashAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
+# torch.compile: the host side of a call (validation, the offsets read on the host, the cached schedule,
+# the switches) is Python that dynamo should not trace, so both entry points run outside the graph: one
+# graph break per call, the same answers and gradients as eager (tests/test_kernels.py).
+@torch.compiler.disable
 def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                            causal=False, softmax_scale=None, broadcast_q=False,
                            deterministic=False):
@@ -1163,6 +1167,7 @@ class JaggedPlan:
         return (("shape", tuple(t.shape)), ("dtype", t.dtype), ("device", t.device), ("stride", t.stride()),
                 ("data_ptr % 16", t.data_ptr() % 16))
 
+    @torch.compiler.disable
     def __call__(self, q, k, v):
         for name, t, planned in zip("qkv", (q, k, v), self._layout):
             for (field, want), (_, got) in zip(planned, self._layout_of(name, t)):

@@ -410,6 +410,31 @@ def test_plan_gives_the_plain_call_bit_for_bit(causal, broadcast):
 
 
 @needs_kernels
+@pytest.mark.parametrize("entry", ["call", "plan"])
+def test_torch_compile_gives_the_eager_answers_and_gradients(entry):
+    # the entry points run outside dynamo's graph (torch.compiler.disable): a compiled model around them
+    # gets eager's outputs and gradients to the bit (dynamo tracing into the host side failed before)
+    from kernels import JaggedPlan
+    torch._dynamo.reset()
+    lens = [7, 0, 3, 20]
+    dtype = torch.float16 if DEVICE == "cuda" else torch.float32
+    q, k, v, cu_q, cu_k = (t.to(DEVICE) for t in make_inputs(lens, lens, 4, 2, 16, 16, dtype))
+    plan = JaggedPlan(q, k, v, cu_q, cu_k, 20, 20, causal=True)
+    attend = plan if entry == "plan" else (
+        lambda a, b, c: jagged_flash_attention(a, b, c, cu_q, cu_k, 20, 20, causal=True))
+
+    def model(a, b, c):
+        out, lse = attend(a * 2, b, c)
+        return (out.float() * out.float()).sum() + lse[lse.isfinite()].sum()
+    runs = []
+    for fn in (model, torch.compile(model, backend="aot_eager")):
+        a, b, c = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        loss = fn(a, b, c)
+        runs.append((loss,) + torch.autograd.grad(loss, (a, b, c)))
+    assert all(torch.equal(x, y) for x, y in zip(*runs))
+
+
+@needs_kernels
 def test_plan_refuses_tensors_of_another_layout():
     from kernels import JaggedPlan
     q, k, v, cu_q, cu_k = (t.to(DEVICE) for t in make_inputs([7, 3], [7, 3], 2, 2, 32, 32, torch.float32))
