@@ -200,7 +200,8 @@ BWD_KV_KERNEL = os.environ.get("JFA_BWD_KV_KERNEL", "auto")
 # "auto" takes the Gluon dK/dV kernel only where it was timed (every bench shape has D = Dv = 128)
 GLUON_BWD_AUTO_HEAD_DIMS = (128,)
 # Q/dO blocks in flight (GLUON_BWD_BLOCK_M rows each), 1..4: at 32 rows two were 20-25% faster than one
-# (PERF.md v11); with the statistics by TMA three are level to 4% faster than two but on S3 (v17)
+# (PERF.md v11); with the statistics by TMA three are level to 4% faster than two but on S3 (v17); with K
+# in registers 2, 3 and 4 are within 2% on four bench shapes, 4 is 4% faster on S2, 2 and 4 slower on S3 (v19)
 GLUON_BWD_STAGES = 3
 # Query rows per streamed block, 32 or 64 (64: S^T / dP^T as 64 x 64 MMAs, half the waits per row; exact,
 # 3-8% slower on the H200 in v15 and level in v17; the fused dQ adds 32-row parts, so it needs 32)
