@@ -542,7 +542,8 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
     gl.static_assert(not (TMA_STORE and FUSE_DQ == 2), "TMA_STORE needs FUSE_DQ != 2")
     # K in registers beside the overlapped order's or the fused dQ's extra live tiles: Triton 3.6's ptxas
     # serializes every wgmma (overlapped) or spills about 50 registers (fused)
-    gl.static_assert(not REG_OPERAND or (ORDER == 0 and FUSE_DQ == 0), "REG_OPERAND needs the plain order, no FUSE_DQ")
+    gl.static_assert(not REG_OPERAND or (ORDER == 0 and FUSE_DQ == 0 and BLOCK_M == 32),
+                     "REG_OPERAND needs the plain order, 32-row blocks, no FUSE_DQ")
     if FUSE_DQ:
         gl.static_assert(BLOCK_M == DQ_COLS, "the fused dQ adds 32-row parts")
         gl.static_assert(FUSE_DQ == 1 or HEAD_D == 2 * DQ_ROWS,

@@ -251,8 +251,9 @@ GLUON_TMA_STORE_KERNELS_ALL = ("forward", "backward")
 # operands in shared memory reads 3 KB in the 16 cycles it takes at the peak rate: about 1.5x what shared
 # memory gives).  Compiled for sm_90 without spills in the loop or serialized wgmma (dO / V stay in shared
 # memory: with them in registers too, ptxas serializes the dQ kernel's wgmma).  The dK/dV kernel does it in
-# the plain order without fused dQ only (the overlapped order with it has every wgmma serialized by Triton
-# 3.6's ptxas, the fused dQ about 50 spills); elsewhere it keeps K in shared memory.  On the H200 (PERF.md
+# the plain order at 32-row query blocks without fused dQ only (the overlapped order with it has every
+# wgmma serialized by Triton 3.6's ptxas, 64-row blocks too and about 100 spills, the fused dQ about 50
+# spills); elsewhere it keeps K in shared memory.  On the H200 (PERF.md
 # v19): gradients identical to the bit to those with K / Q in shared memory, the spec conformant, and the
 # backward 2-7% faster on all six bench shapes (four rounds).  Environment: JFA_GLUON_BWD_REG_OPERAND=0 / 1.
 _reg_operand_env = os.environ.get("JFA_GLUON_BWD_REG_OPERAND", "1")
@@ -970,7 +971,13 @@ def _backward_kv_gluon(q, k, v, do, stats, cu_cols, dk, dv, cu_q, cu_k, s, sw, c
         BROADCAST=broadcast, CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=sw.gluon_bwd_stages,
         GROUPED=items is not None, DYNAMIC=dynamic, ORDER=sw.gluon_bwd_order, FUSE_DQ=fuse_split,
         DQ_BUFS=sw.fused_dq_buffers if fuse_dq else 1, BLOCK_M=block_m, TMA_STORE=tma_store,
-        REG_OPERAND=sw.reg_operand and sw.gluon_bwd_order == 0 and not fuse_dq, num_warps=4)
+        REG_OPERAND=_dkdv_reg_operand(sw, fuse_dq), num_warps=4)
+
+
+def _dkdv_reg_operand(sw, fuse_dq):
+    """Whether the dK/dV kernel holds K in registers: asked for (GLUON_BWD_REG_OPERAND) and in the one form
+    Triton 3.6 compiles well with it (plain order, 32-row blocks, dQ not fused; see GLUON_BWD_REG_OPERAND)."""
+    return sw.reg_operand and sw.gluon_bwd_order == 0 and sw.gluon_bwd_block_m == 32 and not fuse_dq
 
 
 def _fused_dq_split(head_dim):

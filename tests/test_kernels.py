@@ -1236,6 +1236,17 @@ def test_gpu_gluon_register_operands_give_the_same_gradients(case, causal, monke
         assert torch.equal(grads[name], plain[name]), name
 
 
+def test_dkdv_kernel_holds_k_in_registers_only_where_it_compiles_well():
+    # Triton 3.6 for sm_90 with K in registers: plain order at 32-row blocks compiles clean; the overlapped
+    # order and 64-row blocks serialize every wgmma (64 rows also ~100 spills), fused dQ ~50 spills
+    # (tests/gluon_sm90_probe.py).  The switch on asks for it only there; off, never.
+    base = jfa.BackwardSwitches("dynamic", 3, 0, 32, 0, "keys", 1, False, 2, True, True)
+    assert jfa._dkdv_reg_operand(base, fuse_dq=False)
+    assert not jfa._dkdv_reg_operand(base, fuse_dq=True)
+    for change in (dict(gluon_bwd_order=1), dict(gluon_bwd_block_m=64), dict(reg_operand=False)):
+        assert not jfa._dkdv_reg_operand(base._replace(**change), fuse_dq=False), change
+
+
 @needs_gluon
 @pytest.mark.parametrize("order, stages", [("overlap", 3), ("plain", 2)])
 @pytest.mark.parametrize("case", range(len(GLUON_CASES)))
