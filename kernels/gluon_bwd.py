@@ -540,8 +540,8 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
     # each group's fp32 dQ^T parts (the TMA adds' sources, DQ_BUFS per group)
     # TMA_STORE writes dK / dV through a group's K / V half, which FUSE_DQ == 2's dQ MMA reads from both groups
     gl.static_assert(not (TMA_STORE and FUSE_DQ == 2), "TMA_STORE needs FUSE_DQ != 2")
-    # K in registers beside the overlapped order's or the fused dQ's extra live tiles: Triton 3.6's ptxas
-    # serializes every wgmma (overlapped) or spills about 50 registers (fused)
+    # K in registers beside the overlapped order's, 64-row blocks' or the fused dQ's extra live tiles: Triton
+    # 3.6's ptxas serializes every wgmma (overlapped; 64 rows, with ~100 spills) or spills ~50 registers (fused)
     gl.static_assert(not REG_OPERAND or (ORDER == 0 and FUSE_DQ == 0 and BLOCK_M == 32),
                      "REG_OPERAND needs the plain order, 32-row blocks, no FUSE_DQ")
     if FUSE_DQ:

@@ -253,9 +253,9 @@ GLUON_TMA_STORE_KERNELS_ALL = ("forward", "backward")
 # memory: with them in registers too, ptxas serializes the dQ kernel's wgmma).  The dK/dV kernel does it in
 # the plain order at 32-row query blocks without fused dQ only (the overlapped order with it has every
 # wgmma serialized by Triton 3.6's ptxas, 64-row blocks too and about 100 spills, the fused dQ about 50
-# spills); elsewhere it keeps K in shared memory.  On the H200 (PERF.md
-# v19): gradients identical to the bit to those with K / Q in shared memory, the spec conformant, and the
-# backward 2-7% faster on all six bench shapes (four rounds).  Environment: JFA_GLUON_BWD_REG_OPERAND=0 / 1.
+# spills); elsewhere it keeps K in shared memory.  On the H200 (PERF.md v19): gradients identical to the
+# bit to those with K / Q in shared memory, the spec conformant, and the backward 2-7% faster on all six
+# bench shapes (four rounds).  Environment: JFA_GLUON_BWD_REG_OPERAND=0 / 1.
 _reg_operand_env = os.environ.get("JFA_GLUON_BWD_REG_OPERAND", "1")
 GLUON_BWD_REG_OPERAND = {"0": False, "1": True}.get(_reg_operand_env, _reg_operand_env)  # else refused at the call
 GLUON_TMA_STORE_KERNELS = tuple(n for n in os.environ.get("JFA_GLUON_TMA_STORE_KERNELS", "forward,backward").split(",") if n)
