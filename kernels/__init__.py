@@ -6,5 +6,6 @@ from .jfa import (  # noqa: F401
     JaggedPlan,
     jagged_flash_attention,
 )
+from . import torch_ops  # noqa: F401,E402  (registers the custom operators torch.compile calls)
 
 __all__ = ["jagged_flash_attention", "JaggedPlan", "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES", "DQ_DETERMINISTIC"]

@@ -1122,10 +1122,19 @@ class _JaggedFlashAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
-# torch.compile: the host side of a call (validation, the offsets read on the host, the cached schedule,
-# the switches) is Python that dynamo should not trace, so both entry points run outside the graph: one
-# graph break per call, the same answers and gradients as eager (tests/test_kernels.py).
-@torch.compiler.disable
+def _compiled_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+                   broadcast_q, deterministic):
+    """A call inside torch.compile: the host side (validation, offsets read on the host, the cached schedule,
+    the switches) is Python dynamo should not trace, so the graph gets one opaque custom operator that runs
+    it when the graph runs (kernels/torch_ops.py)."""
+    def as_int(x):
+        return None if x is None else max_seqlen_q_or(x)
+    scale = None if softmax_scale is None else float(softmax_scale)
+    return torch.ops.jfa_conformance.jagged_attention_forward(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, as_int(max_seqlen_q), as_int(max_seqlen_k), bool(causal), scale,
+        bool(broadcast_q), bool(deterministic))
+
+
 def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                            causal=False, softmax_scale=None, broadcast_q=False,
                            deterministic=False):
@@ -1138,7 +1147,12 @@ def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     ``deterministic`` is set; ``deterministic=True`` also keeps the opt-in
     atomic dQ mode (jfa.BWD_DQ_MODE) off.  The module switches are read when
     the call is made: its backward acts on those, whatever they are by then.
+    Inside torch.compile the call is one custom operator (kernels/torch_ops.py,
+    which says how that differs).
     """
+    if torch.compiler.is_compiling():
+        return _compiled_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                              softmax_scale, broadcast_q, deterministic)
     return _JaggedFlashAttention.apply(*_prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                  causal, softmax_scale, broadcast_q, deterministic))
 
@@ -1158,7 +1172,8 @@ class JaggedPlan:
     A call takes q, k, v of the planned shapes, dtypes, devices and strides (any values); anything else is a
     ValueError naming the field.  The forward kernel, the launch configs, the tile schedule and the switches
     the backward acts on (BackwardSwitches) are fixed when the plan is made; the forward's other switches
-    are read at each call, as in a plain call.
+    are read at each call, as in a plain call.  Inside torch.compile a call is a plain call with the plan's
+    own offsets (kernels/torch_ops.py).
     """
 
     def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
@@ -1166,6 +1181,7 @@ class JaggedPlan:
         own = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in (cu_seqlens_q, cu_seqlens_k)]
         self._args = _prepare(q, k, v, own[0], own[1], max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                               broadcast_q, deterministic)
+        self._deterministic = deterministic
         self._layout = tuple(self._layout_of(name, t) for name, t in zip("qkv", (q, k, v)))
 
     @staticmethod
@@ -1175,8 +1191,10 @@ class JaggedPlan:
         return (("shape", tuple(t.shape)), ("dtype", t.dtype), ("device", t.device), ("stride", t.stride()),
                 ("data_ptr % 16", t.data_ptr() % 16))
 
-    @torch.compiler.disable
     def __call__(self, q, k, v):
+        if torch.compiler.is_compiling():  # a plain call with the plan's own offsets (kernels/torch_ops.py)
+            cu_q, cu_k, _, _, causal, scale, broadcast = self._args[3:10]
+            return _compiled_call(q, k, v, cu_q, cu_k, None, None, causal, scale, broadcast, self._deterministic)
         for name, t, planned in zip("qkv", (q, k, v), self._layout):
             for (field, want), (_, got) in zip(planned, self._layout_of(name, t)):
                 if got != want:

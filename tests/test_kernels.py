@@ -410,28 +410,47 @@ def test_plan_gives_the_plain_call_bit_for_bit(causal, broadcast):
 
 
 @needs_kernels
+@pytest.mark.parametrize("broadcast", [False, True])
 @pytest.mark.parametrize("entry", ["call", "plan"])
-def test_torch_compile_gives_the_eager_answers_and_gradients(entry):
-    # the entry points run outside dynamo's graph (torch.compiler.disable): a compiled model around them
-    # gets eager's outputs and gradients to the bit (dynamo tracing into the host side failed before)
+def test_torch_compile_gives_the_eager_answers_and_gradients(entry, broadcast):
+    # inside torch.compile both entry points become one custom operator (kernels/torch_ops.py): the whole
+    # model compiles as one graph (fullgraph=True), with eager's outputs and gradients to the bit
     from kernels import JaggedPlan
     torch._dynamo.reset()
-    lens = [7, 0, 3, 20]
+    lens_q, lens_k = ([5], [7, 0, 3]) if broadcast else ([7, 0, 3, 20], [9, 2, 3, 20])
     dtype = torch.float16 if DEVICE == "cuda" else torch.float32
-    q, k, v, cu_q, cu_k = (t.to(DEVICE) for t in make_inputs(lens, lens, 4, 2, 16, 16, dtype))
-    plan = JaggedPlan(q, k, v, cu_q, cu_k, 20, 20, causal=True)
+    q, k, v, cu_q, cu_k = (t.to(DEVICE) for t in make_inputs(lens_q, lens_k, 4, 2, 16, 16, dtype, broadcast))
+    mq, mk = max(lens_q), max(lens_k)
+    plan = JaggedPlan(q, k, v, cu_q, cu_k, mq, mk, causal=True, broadcast_q=broadcast)
     attend = plan if entry == "plan" else (
-        lambda a, b, c: jagged_flash_attention(a, b, c, cu_q, cu_k, 20, 20, causal=True))
+        lambda a, b, c: jagged_flash_attention(a, b, c, cu_q, cu_k, mq, mk, causal=True, broadcast_q=broadcast))
 
     def model(a, b, c):
         out, lse = attend(a * 2, b, c)
         return (out.float() * out.float()).sum() + lse[lse.isfinite()].sum()
     runs = []
-    for fn in (model, torch.compile(model, backend="aot_eager")):
+    for fn in (model, torch.compile(model, backend="aot_eager", fullgraph=True)):
         a, b, c = (t.detach().clone().requires_grad_() for t in (q, k, v))
         loss = fn(a, b, c)
         runs.append((loss,) + torch.autograd.grad(loss, (a, b, c)))
     assert all(torch.equal(x, y) for x, y in zip(*runs))
+
+
+@needs_kernels
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_custom_operators_pass_torch_library_opcheck(broadcast):
+    # schema, fake (shape-only) implementation and autograd registration agree with what the operator does
+    from kernels import torch_ops
+    lens_q, lens_k = ([5], [7, 0, 3]) if broadcast else ([7, 0, 3], [9, 2, 3])
+    dtype = torch.float16 if DEVICE == "cuda" else torch.float32
+    q, k, v, cu_q, cu_k = (t.to(DEVICE) for t in make_inputs(lens_q, lens_k, 4, 2, 16, 16, dtype, broadcast))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    args = (q, k, v, cu_q, cu_k, max(lens_q), None, True, None, broadcast, False)
+    torch.library.opcheck(torch_ops.jagged_attention_forward, args)
+    out, lse = torch_ops.jagged_attention_forward(*args)
+    torch.library.opcheck(torch_ops.jagged_attention_backward,
+                          (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out.detach(), lse, cu_q, cu_k,
+                           None, None, True, None, broadcast, False))
 
 
 @needs_kernels
