@@ -190,8 +190,8 @@ FWD_KERNEL = os.environ.get("JFA_FWD_KERNEL", "auto")
 #     silently (LAST_BWD_KV_PATH names the kernel that ran).
 #   "split": the key blocks of sequences with at least GLUON_BWD_SPLIT_KEYS keys go to the Gluon kernel,
 #     the rest to the tl kernel: two launches writing disjoint dK / dV rows (as the forward's "split").
-#     Not with the fused atomic dQ (the tl kernel then does all).  Written after v15's device time: not yet
-#     run on a GPU.
+#     Not with the fused atomic dQ (the tl kernel then does all).  Exact on the H200 (22 GPU tests, PERF.md
+#     v16); timed then against the tl dK/dV kernel, before the Gluon one became the default.
 BWD_KV_KERNELS = ("auto", "triton", "gluon", "split")
 # "split": fewest keys a sequence needs for its dK / dV to go to the Gluon kernel (v15: it beats the tl
 # kernel on S4b's 4,096-key sequences only)

@@ -1255,6 +1255,18 @@ def test_gpu_gluon_register_operands_give_the_same_gradients(case, causal, monke
         assert torch.equal(grads[name], plain[name]), name
 
 
+def test_kernels_readme_lists_every_environment_switch_with_its_default():
+    # kernels/README.md's table of switches against the names and defaults jfa.py reads, so neither can
+    # change without the other
+    import re
+    here = os.path.dirname(jfa.__file__)
+    code = open(os.path.join(here, "jfa.py")).read()
+    read = dict(re.findall(r'os\.environ\.get\("(JFA_\w+)", "([^"]*)"\)', code))
+    readme = open(os.path.join(here, "README.md")).read()
+    listed = dict(re.findall(r"^\| `(JFA_\w+)` \| `([^`]*)`", readme, re.M))
+    assert len(read) >= 10 and listed == read
+
+
 def test_dkdv_kernel_holds_k_in_registers_only_where_it_compiles_well():
     # Triton 3.6 for sm_90 with K in registers: plain order at 32-row blocks compiles clean; the overlapped
     # order and 64-row blocks serialize every wgmma (64 rows also ~100 spills), fused dQ ~50 spills
