@@ -775,6 +775,9 @@ def _fwd_only(q, k, v, cu_q, cu_k, causal, broadcast=False):
 @pytest.mark.parametrize("fwd_path", FWD_PATHS + ["ptr"], indirect=True)
 @pytest.mark.parametrize("poison", ["huge", "inf", "nan"])
 @pytest.mark.parametrize("causal", [False, True])
+# the interpreter computes the masked-out lanes too, in numpy, which warns on the poison it meets there
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
+                            "ignore:All-NaN slice encountered:RuntimeWarning")
 def test_fwd_rows_past_lk_never_leak(fwd_path, poison, causal):
     """The key rows just past a sequence's end are the next sequence's: TMA
     reads them (only the tensor end is zero-filled).  Whatever they hold, the
