@@ -258,7 +258,8 @@ GLUON_TMA_STORE_KERNELS_ALL = ("forward", "backward")
 # bench shapes (four rounds).  Environment: JFA_GLUON_BWD_REG_OPERAND=0 / 1.
 _reg_operand_env = os.environ.get("JFA_GLUON_BWD_REG_OPERAND", "1")
 GLUON_BWD_REG_OPERAND = {"0": False, "1": True}.get(_reg_operand_env, _reg_operand_env)  # else refused at the call
-GLUON_TMA_STORE_KERNELS = tuple(n for n in os.environ.get("JFA_GLUON_TMA_STORE_KERNELS", "forward,backward").split(",") if n)
+GLUON_TMA_STORE_KERNELS = tuple(
+    n for n in os.environ.get("JFA_GLUON_TMA_STORE_KERNELS", "forward,backward").split(",") if n)
 LAST_BWD_KV_PATH = ""
 # (BLOCK_M, BLOCK_N, warps per consumer warp group, K/V stages, schedule); schedules (gluon_fwd.py):
 # "overlap" softmax(j) while PV(j-1) runs; "pingpong" overlap, and the two consumer groups take turns

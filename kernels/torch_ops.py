@@ -22,7 +22,8 @@ Tensor = torch.Tensor
 @torch.library.custom_op("jfa_conformance::jagged_attention_forward", mutates_args=())
 def jagged_attention_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                              max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], causal: bool,
-                             softmax_scale: Optional[float], broadcast_q: bool, deterministic: bool) -> Tuple[Tensor, Tensor]:
+                             softmax_scale: Optional[float], broadcast_q: bool,
+                             deterministic: bool) -> Tuple[Tensor, Tensor]:
     prepared = jfa._prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                             broadcast_q, deterministic)
     return jfa._forward(*prepared)
@@ -40,8 +41,8 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, s
 @torch.library.custom_op("jfa_conformance::jagged_attention_backward", mutates_args=())
 def jagged_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                               cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: Optional[int],
-                              max_seqlen_k: Optional[int], causal: bool, softmax_scale: Optional[float], broadcast_q: bool,
-                              deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                              max_seqlen_k: Optional[int], causal: bool, softmax_scale: Optional[float],
+                              broadcast_q: bool, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
     (q2, k2, v2, cu_q, cu_k, s, cfgs, causal_, scale, broadcast, _) = jfa._prepare(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, broadcast_q,
         deterministic)
