@@ -46,18 +46,7 @@ def main(argv=None):
         return rounds(a, shape)
     if a.host:
         return host_times(a, shape)
-    q, k, v, cu_q, cu_k = bench.build(shape)
-    q, k, v = (t.requires_grad_(a.backward) for t in (q, k, v))
-    fwd = bench.IMPLS[a.impl](shape, q, k, v, cu_q, cu_k)
-    do = None  # random, as in the benchmark
-
-    def step():
-        nonlocal do
-        with torch.set_grad_enabled(a.backward):
-            out = fwd()
-            if a.backward:
-                do = torch.randn_like(out) if do is None else do
-                torch.autograd.grad(out, (q, k, v), do)
+    q, step = _step(a, shape, bench.build(shape))
     for _ in range(3):  # compile and warm up outside the profiled range
         step()
     cuda = q.device.type == "cuda"
@@ -85,6 +74,24 @@ def main(argv=None):
           f"{a.impl}; {paths}", flush=True)
 
 
+def _step(a, shape, tensors):
+    """(q, step): one call of the implementation on fresh leaves of ``tensors``, forward and (--backward)
+    the backward of its output with a fixed random dO, as in the benchmark."""
+    q, k, v, cu_q, cu_k = tensors
+    q, k, v = (t.detach().requires_grad_(a.backward) for t in (q, k, v))
+    fwd = bench.IMPLS[a.impl](shape, q, k, v, cu_q, cu_k)
+    do = None
+
+    def step():
+        nonlocal do
+        with torch.set_grad_enabled(a.backward):
+            out = fwd()
+            if a.backward:
+                do = torch.randn_like(out) if do is None else do
+                torch.autograd.grad(out, (q, k, v), do)
+    return q, step
+
+
 def _synchronize(t):
     if t.is_cuda:
         torch.cuda.synchronize(t.device)
@@ -107,20 +114,12 @@ def kernel_times(step, iters, device_tensor):
 
 def rounds(a, shape):
     tensors = bench.build(shape)
-    q, k, v, cu_q, cu_k = tensors
+    q = tensors[0]
     names, lines = [], []
     for i in range(a.rounds):
         t_f, t_b, _ = bench.time_impl(bench.IMPLS[a.impl], shape, tensors, backward=a.backward)
-        qg, kg, vg = (t.detach().requires_grad_(a.backward) for t in (q, k, v))
-        fwd = bench.IMPLS[a.impl](shape, qg, kg, vg, cu_q, cu_k)
-        out = fwd()
-        do = torch.randn_like(out)
-
-        def step():
-            with torch.set_grad_enabled(a.backward):
-                o = fwd()
-                if a.backward:
-                    torch.autograd.grad(o, (qg, kg, vg), do)
+        _, step = _step(a, shape, tensors)
+        step()  # draws dO outside the profiled calls
         times = kernel_times(step, a.iters, q)
         names += [n for n in sorted(times, key=times.get, reverse=True) if n not in names]
         lines.append((i, t_f, t_b, times))
