@@ -111,6 +111,13 @@ run_bench() {  # run_bench(time limit s, tag, kernels.bench arguments...): rows 
   cat "$OUT_DIR/bench_$tag.md" 2>/dev/null
 }
 
+host_times() {  # the host's time per call of the shipped kernel on S3, S1 and S4a (kernels.profile --host)
+  for shape in S3 S1 S4a; do
+    timeout 100 python3 -m kernels.profile --shape $shape --impl triton-plan --host > "$OUT_DIR/host_$shape.txt" 2>&1
+    echo "host $shape rc=$?" | tee -a "$L"; grep -E "per call" "$OUT_DIR/host_$shape.txt"
+  done
+}
+
 ALL_SHAPES=S4b,S1,S1c,S2,S4a,S3
 case $STAGE in
   bench)
@@ -255,18 +262,12 @@ or gluon_backward_runs)" v19_opt_ins
     done ;;
   hostprof)
     # the host's time per forward and backward call, and where the backward's goes (cProfile)
-    for shape in S3 S1 S4a; do
-      timeout 100 python3 -m kernels.profile --shape $shape --impl triton-plan --host > "$OUT_DIR/host_$shape.txt" 2>&1
-      echo "host $shape rc=$?" | tee -a "$L"; grep -E "per call" "$OUT_DIR/host_$shape.txt"
-    done
+    host_times
     grep -v Warning "$OUT_DIR/host_S3.txt" | cut -c1-160 | head -45 ;;
   hostfix)
     # the Gluon layouts cached and the unused fused-dQ descriptor made once: the host's time again, the GPU
     # tests of the default Gluon paths, and S3 / S1 timed in three rounds (no FA4)
-    for shape in S3 S1 S4a; do
-      timeout 100 python3 -m kernels.profile --shape $shape --impl triton-plan --host > "$OUT_DIR/host_$shape.txt" 2>&1
-      echo "host $shape rc=$?" | tee -a "$L"; grep -E "per call" "$OUT_DIR/host_$shape.txt"
-    done
+    host_times
     gpu_tests 120 14 "gpu and (gluon_backward_runs or register_operands or tma_stores or gluon_forward)" host_fix
     run_bench 100 host_fix --rounds 3 --impls triton-plan --shapes S3,S1,S2 ;;
   gfusedt)
