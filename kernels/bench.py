@@ -277,10 +277,14 @@ IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-per
          # O by TMA stores too, K / Q from shared memory (v19's first default)
          "triton-plan-tma-fwd": _triton_with(impl_triton_plan, GLUON_TMA_STORE_KERNELS=("forward", "backward"),
                                              GLUON_BWD_REG_OPERAND=False),
-         # K (dK/dV) and Q (dQ) as register operands, every output by TMA stores: the default since v19 (the
-         # row names both so that it keeps meaning this should the default move)
+         # K (dK/dV) and Q (dQ) as register operands, every output by TMA stores, delta by its own pass: v19's
+         # default (the row names each switch so that it keeps meaning this as defaults move)
          "triton-plan-reg-operand": _triton_with(impl_triton_plan, GLUON_BWD_REG_OPERAND=True,
-                                                 GLUON_TMA_STORE_KERNELS=("forward", "backward")),
+                                                 GLUON_TMA_STORE_KERNELS=("forward", "backward"),
+                                                 GLUON_DQ_DELTA=False),
+         # ... and delta from the Gluon dQ kernel, run first, instead of a separate pass (jfa.GLUON_DQ_DELTA)
+         "triton-plan-dq-delta": _triton_with(impl_triton_plan, GLUON_BWD_REG_OPERAND=True,
+                                              GLUON_TMA_STORE_KERNELS=("forward", "backward"), GLUON_DQ_DELTA=True),
          # the tl dK/dV kernel (the default before v17, when "auto" began to pick the Gluon one on sm_90)
          "triton-plan-tl-kv": _triton_with(impl_triton_plan, BWD_KV_KERNEL="triton"),
          **{f"triton-plan-gluon-bwd-ovl-s{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon",
@@ -425,7 +429,7 @@ def main(argv=None):
                         from kernels import jfa
                         rec["fwd_path"] = jfa.LAST_FWD_PATH
                         if name not in args.fwd_only.split(","):
-                            rec["bwd_path"] = f"dK/dV {jfa.LAST_BWD_KV_PATH}; dQ {jfa.LAST_BWD_DQ_PATH}"
+                            rec["bwd_path"] = jfa.last_backward_paths()
                     if ref_out is None:
                         ref_out = out.float()
                     elif rnd == 0:

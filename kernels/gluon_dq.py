@@ -14,6 +14,12 @@
   the K rows past a ragged key end before publishing the block (dS is 0 there, but 0 * inf inside an
   MMA is NaN).  Q / dO rows past the sequence end only feed rows that are masked and never stored.
 * Every block is masked (no separate unmasked path): gluon_bwd.py's note on Triton 3.6.
+* ``OWN_DELTA`` (jfa.GLUON_DQ_DELTA): the kernel runs before the dK/dV kernels and computes each row's
+  delta = rowsum(dO * O) itself, from its dO half in shared memory and its O rows read from global memory
+  (issued at the item's start, first needed after block 0's S and dP are issued, so the read overlaps those
+  MMAs).  It writes delta to DELTA, and with ``WRITE_STATS`` the Gluon dK/dV kernel's statistics (LSE *
+  log2(e) and delta at the aligned columns COLS), which saves the separate pass over O and dO.  An item that
+  sees no key block writes delta 0: all its rows see no key, so their O is 0.
 
 Conventions as the rest of kernels/: natural-log LSE [Hq, rows], bottom-right causal.  Not for
 broadcast-Q (its dQ sums over the batch: the tl chunked kernel does that).
@@ -49,9 +55,12 @@ class DqFlags:
     DYNAMIC: gl.constexpr
     TMA_STORE: gl.constexpr
     REG_OPERAND: gl.constexpr
+    OWN_DELTA: gl.constexpr
+    WRITE_STATS: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE, REG_OPERAND):
+    def __init__(self, WG, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE, REG_OPERAND, OWN_DELTA,
+                 WRITE_STATS):
         self.WG = gl.constexpr(WG)
         self.CAUSAL = gl.constexpr(CAUSAL)
         self.HEAD_D = gl.constexpr(HEAD_D)
@@ -63,6 +72,8 @@ class DqFlags:
         self.DYNAMIC = gl.constexpr(DYNAMIC)
         self.TMA_STORE = gl.constexpr(TMA_STORE)
         self.REG_OPERAND = gl.constexpr(REG_OPERAND)
+        self.OWN_DELTA = gl.constexpr(OWN_DELTA)
+        self.WRITE_STATS = gl.constexpr(WRITE_STATS)
 
 
 @gluon.jit
@@ -122,6 +133,24 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, po
 
 
 @gluon.jit
+def _load_o_rows(O, o_start, first, lq, stride_ot, HEAD_DV: gl.constexpr, o_layout: gl.constexpr):
+    # this group's O rows [HALF_M, HEAD_DV] for delta (0 past the sequence end); the read is issued here, at
+    # the item's start, and waited for only where delta is first needed
+    rows = first + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, o_layout))
+    cols = gl.arange(0, HEAD_DV, layout=gl.SliceLayout(0, o_layout))
+    ptrs = O + gl.expand_dims((o_start + rows).to(gl.int64) * stride_ot, 1) + gl.expand_dims(cols, 0)
+    return gl.load(ptrs, mask=gl.expand_dims(rows < lq, 1), other=0.0)
+
+
+@gluon.jit
+def _row_delta(o, do, row_ok, o_layout: gl.constexpr, s_layout: gl.constexpr):
+    # delta = rowsum(dO * O) in fp32, as jfa's preprocess pass computes it; rows past the end give 0 (their
+    # dO in shared memory may be a neighbour's inf / NaN)
+    delta = gl.sum(o.to(gl.float32) * do.load(o_layout).to(gl.float32), axis=1)
+    return gl.where(row_ok, gl.convert_layout(delta, gl.SliceLayout(1, s_layout)), 0.0)
+
+
+@gluon.jit
 def _ds_block(st, dp, j, rows, row_ok, lse2, delta, cols0, lk, diag, qk_scale, dtype: gl.constexpr,
               CAUSAL: gl.constexpr, ds_layout: gl.constexpr):
     # dS of key block j as the dQ MMA's register operand, 0 outside the sequence and the causal triangle
@@ -151,16 +180,22 @@ def _issue_s_dp(r, q, do, k_smem, v_smem, k_ready, v_ready, STAGES: gl.constexpr
 
 @gluon.jit
 def _key_blocks(q, do, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, r0, n_blocks, rows, row_ok, lse2,
-                delta, cols0, lk, diag, qk_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr, KS: gl.constexpr,
-                HEAD_D: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr, ds_layout: gl.constexpr):
+                delta, cols0, lk, diag, qk_scale, o, CAUSAL: gl.constexpr, STAGES: gl.constexpr, KS: gl.constexpr,
+                HEAD_D: gl.constexpr, OWN_DELTA: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr,
+                ds_layout: gl.constexpr, o_layout: gl.constexpr):
     # The forward's order (FA3's intra-warpgroup overlap): block j's S and dP are issued, then block
     # j-1's dQ MMA; one wait for S and dP alone (dQ(j-1) stays in flight) and dS(j) is computed while
     # dQ(j-1) runs; a second wait retires dQ(j-1), whose K buffer is freed there (so K has one buffer
     # more than V).  No MMA is in flight across the loop's back edge: ptxas serializes every wgmma of
-    # the kernel when an accumulator is (kernels/PERF.md v12).
+    # the kernel when an accumulator is (kernels/PERF.md v12).  OWN_DELTA: delta is computed from ``o`` while
+    # block 0's S and dP run, and returned (0 where no key block is seen: O is 0 there).
     dq = gl.zeros([HALF_M, HEAD_D], gl.float32, dq_layout)
+    delta_rows = gl.zeros([HALF_M], gl.float32, gl.SliceLayout(1, s_layout))
     if n_blocks > 0:
         st, dp = _issue_s_dp(r0, q, do, k_smem, v_smem, k_ready, v_ready, STAGES, KS, s_layout)
+        if OWN_DELTA:
+            delta_rows = _row_delta(o, do, row_ok, o_layout, s_layout)
+            delta = gl.expand_dims(delta_rows, 1)
         st, dp = warpgroup_mma_wait(0, deps=(st, dp))
         mbarrier.arrive(v_empty.index(r0 % STAGES))
         ds_prev = _ds_block(st, dp, 0, rows, row_ok, lse2, delta, cols0, lk, diag, qk_scale, k_smem.dtype,
@@ -180,13 +215,14 @@ def _key_blocks(q, do, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, r0, n
         dq_run = warpgroup_mma(ds_prev, k_smem.index(last % KS), dq, is_async=True)
         dq, ds_prev = warpgroup_mma_wait(0, deps=(dq_run, ds_prev))
         mbarrier.arrive(k_empty.index(last % KS))
-    return dq
+    return dq, delta_rows
 
 
 @gluon.jit
 def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
               DQ, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-              stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, dq_desc, flags):
+              stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, dq_desc, O, STATS, COLS, stride_ot, stride_oh,
+              stride_sh, flags):
     WG: gl.constexpr = flags.WG
     CAUSAL: gl.constexpr = flags.CAUSAL
     HEAD_D: gl.constexpr = flags.HEAD_D
@@ -196,6 +232,7 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_rea
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_D, 16])
     ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
+    o_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16-byte pieces of O / dO rows
     r0 = 0
     tq = 0
     mbarrier.wait(q_ready.index(0), 0)
@@ -210,10 +247,18 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_rea
         rows = first + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))
         row_ok = rows < lq
         lse_ptrs = h.to(gl.int64) * stride_lh + o_start + rows
+        if flags.OWN_DELTA:
+            o = _load_o_rows(O + h * stride_oh, o_start, first, lq, stride_ot, flags.HEAD_DV, o_layout)
+            delta = gl.expand_dims(gl.zeros([HALF_M], gl.float32, gl.SliceLayout(1, s_layout)), 1)
+            if flags.WRITE_STATS:
+                stat_cols = gl.load(COLS + o_start + rows, mask=row_ok, other=0).to(gl.int64)
+        else:
+            o = 0  # (not read)
+            delta = gl.expand_dims(gl.load(DELTA + lse_ptrs, mask=row_ok, other=0.0), 1)
         lse = gl.load(LSE + lse_ptrs, mask=row_ok, other=float("inf"))
         # rows that see no key carry -inf: their P must be 0
-        lse2 = gl.expand_dims(gl.where(lse == float("-inf"), float("inf"), lse * LOG2E), 1)
-        delta = gl.expand_dims(gl.load(DELTA + lse_ptrs, mask=row_ok, other=0.0), 1)
+        lse2_rows = gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+        lse2 = gl.expand_dims(lse2_rows, 1)
         cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         if flags.REG_OPERAND:
             # the item's Q half as S's A operand in registers (loaded once per item): S's MMAs then read only
@@ -221,9 +266,16 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_rea
             q_a = q.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
         else:
             q_a = q
-        dq = _key_blocks(q_a, do, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, r0, n_blocks, rows, row_ok,
-                         lse2, delta, cols0, lk, diag, qk_scale, CAUSAL, STAGES, flags.K_STAGES, HEAD_D,
-                         s_layout, dq_layout, ds_layout)
+        dq, delta_rows = _key_blocks(q_a, do, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, r0, n_blocks,
+                                     rows, row_ok, lse2, delta, cols0, lk, diag, qk_scale, o, CAUSAL, STAGES,
+                                     flags.K_STAGES, HEAD_D, flags.OWN_DELTA, s_layout, dq_layout, ds_layout,
+                                     o_layout)
+        if flags.OWN_DELTA:
+            # what the preprocess pass would have written: delta, and the dK/dV kernel's statistics
+            gl.store(DELTA + lse_ptrs, delta_rows, mask=row_ok)
+            if flags.WRITE_STATS:
+                gl.store(STATS + h.to(gl.int64) * stride_sh + stat_cols, lse2_rows, mask=row_ok)
+                gl.store(STATS + (H + h).to(gl.int64) * stride_sh + stat_cols, delta_rows, mask=row_ok)
         # every MMA reading this item's Q / dO is done
         dq = (dq * sm_scale).to(DQ.dtype.element_ty)
         if not flags.TMA_STORE:
@@ -242,9 +294,10 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_rea
 @gluon.jit
 def dq_kernel(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS, COUNTER,
               stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, H, GROUP, n_items, dq_desc,
+              O, STATS, COLS, stride_ot, stride_oh, stride_sh,
               CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
               GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False, TMA_STORE: gl.constexpr = False,
-              REG_OPERAND: gl.constexpr = False):
+              REG_OPERAND: gl.constexpr = False, OWN_DELTA: gl.constexpr = False, WRITE_STATS: gl.constexpr = False):
     # work items: (128-row query tile, query head) in ITEMS' order under GROUPED (else heaviest first);
     # program p runs the launch positions p, then p + P, ... (DYNAMIC: those it claims from COUNTER)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [4, HALF_M, HEAD_D], q_desc.layout)  # 2 buffers x 2 halves
@@ -273,19 +326,23 @@ def dq_kernel(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, CU_Q, CU_K, TILE_
     fence_async_shared()
     shared = (q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
               DQ, LSE, DELTA, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-              stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, dq_desc)
+              stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, dq_desc, O, STATS, COLS, stride_ot, stride_oh,
+              stride_sh)
     gl.warp_specialize([
-        (_consumer, shared + (DqFlags(0, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE, REG_OPERAND), )),
-        (_consumer, shared + (DqFlags(1, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE, REG_OPERAND), )),
+        (_consumer, shared + (DqFlags(0, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE, REG_OPERAND,
+                                      OWN_DELTA, WRITE_STATS), )),
+        (_consumer, shared + (DqFlags(1, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE, REG_OPERAND,
+                                      OWN_DELTA, WRITE_STATS), )),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, pos_smem,
                    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, tail_bar,
                    ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-                   DqFlags(2, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE, REG_OPERAND))),
+                   DqFlags(2, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE, REG_OPERAND,
+                                      OWN_DELTA, WRITE_STATS))),
     ], [4, 1], [232, 40])
 
 
 def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, dtype="bf16", grouped=False, dynamic=False,
-                 tma_store=False, reg_operand=False):
+                 tma_store=False, reg_operand=False, own_delta=False, write_stats=False):
     """Compile ``dq_kernel`` for sm_90 without a GPU (Triton's bundled ptxas), as
     gluon_fwd.compile_sm90 does for the forward."""
     import triton
@@ -304,11 +361,13 @@ def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, dtype="bf16", 
         "ITEMS": "*i32", "COUNTER": "*i32", "stride_dqt": "i32", "stride_dqh": "i32", "stride_lh": "i32",
         "sm_scale": "fp32", "qk_scale": "fp32", "H": "i32", "GROUP": "i32", "n_items": "i32",
         "dq_desc": desc(HALF_M.value, head_d),
+        "O": "*" + dtype, "STATS": "*fp32", "COLS": "*i32", "stride_ot": "i32", "stride_oh": "i32", "stride_sh": "i32",
         "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr", "STAGES": "constexpr",
         "GROUPED": "constexpr", "DYNAMIC": "constexpr", "TMA_STORE": "constexpr", "REG_OPERAND": "constexpr",
+        "OWN_DELTA": "constexpr", "WRITE_STATS": "constexpr",
     }
     values = dict(CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages, GROUPED=grouped, DYNAMIC=dynamic,
-                  TMA_STORE=tma_store, REG_OPERAND=reg_operand)
+                  TMA_STORE=tma_store, REG_OPERAND=reg_operand, OWN_DELTA=own_delta, WRITE_STATS=write_stats)
     names = list(signature)
     constexprs = {(names.index(k),): v for k, v in values.items()}
     return triton.compile(GluonASTSource(dq_kernel, signature, constexprs),

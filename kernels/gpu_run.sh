@@ -56,6 +56,11 @@
 #                                           it (four rounds); S3's backward kernel times
 #   bash kernels/gpu_run.sh OUT_DIR v19stages the Gluon dK/dV kernel's Q/dO stages (2, 3, 4) with K in registers
 #   bash kernels/gpu_run.sh OUT_DIR v19final FA4, the v19 default and it with K / Q from shared memory, three rounds
+#   bash kernels/gpu_run.sh OUT_DIR v20     delta from the Gluon dQ kernel: its GPU tests, torch.compile on the GPU,
+#                                           the spec as shipped; the delta pass against it (three rounds); S1's
+#                                           kernel times
+#   bash kernels/gpu_run.sh OUT_DIR v20final FA4, the v20 default, v19's default and (once) flex_attention and
+#                                           padded SDPA: three rounds, the complete table
 #   bash kernels/gpu_run.sh OUT_DIR jitter  twelve timed rounds of S3 and S1 with each kernel's GPU time per round
 #   bash kernels/gpu_run.sh OUT_DIR hostprof the host's time per call on S3, S1, S4a and the backward's cProfile
 #   bash kernels/gpu_run.sh OUT_DIR hostfix  hostprof's times again, the default Gluon paths' GPU tests, S3 / S1 / S2 timed
@@ -80,7 +85,7 @@
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for "bench"; FA4_PATH may point at an unpacked
 # install.  Every step has its own time limit, so a slow step leaves the others' output.
 set -u
-STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|tlkvspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|v17|v17spec|v17m64|v18prof|v18ncu|v18tma|v18fwd|v19|v19table|v19def|v19stages|v19final|jitter|hostprof|hostfix|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
+STAGE=${2:?usage: gpu_run.sh OUT_DIR bench|tests|gtests|spec|tldqspec|tlkvspec|fusedspec|verify|gbwd|gfused|dqtma|retime|gm64|gsplit|gstats|gfusedt|v17|v17spec|v17m64|v18prof|v18ncu|v18tma|v18fwd|v19|v19table|v19def|v19stages|v19final|v20|v20final|jitter|hostprof|hostfix|rounds|split|sdpa|sweep|sweepkv|ncu|ncubwd}
 FA4_PATH=${FA4_PATH:-/opt/fa4}
 export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -252,6 +257,24 @@ or gluon_backward_runs)" v19_opt_ins
   v19final)
     # FA4 beside the v19 default and the same with K / Q from shared memory, three rounds (FA4 installed first)
     run_bench 400 v19_final --rounds 3 --impls fa4,triton-plan,triton-plan-tma-fwd --shapes $ALL_SHAPES ;;
+  v20)
+    # delta from the Gluon dQ kernel (jfa.GLUON_DQ_DELTA, default on in this tree): its GPU tests, the default
+    # Gluon paths' and torch.compile's on the GPU, beside the spec as shipped (7 workers each); then the
+    # delta pass against the dQ kernel's delta (three rounds, no FA4) and S1's kernel times
+    gpu_tests 260 7 "(gpu and (dq_kernel_computes_delta or gluon_dq or register_operands or tma_stores \
+or gluon_backward_runs or gluon_split or keeps_sequences_apart)) or torch_compile or opcheck" v20_dq_delta &
+    spec 230 ci-v20 7
+    wait
+    run_bench 220 v20_dq_delta --rounds 3 --impls triton-plan-reg-operand,triton-plan-dq-delta --shapes $ALL_SHAPES
+    timeout 60 python3 -m kernels.profile --shape S1 --impl triton-plan --iters 3 --backward --kernel-times \
+      > "$OUT_DIR/kernel_times_S1_triton-plan.txt" 2>&1
+    echo "kernel times S1 rc=$?" | tee -a "$L"
+    grep -E "kernel|Self CUDA" "$OUT_DIR/kernel_times_S1_triton-plan.txt" | cut -c1-150 | head -12 ;;
+  v20final)
+    # FA4 beside the v20 default and v19's (delta by its own pass), three rounds, and flex_attention and padded
+    # SDPA once: every implementation the table names, in one run (FA4 installed first)
+    run_bench 540 v20_final --rounds 3 --once flex,sdpa --impls fa4,triton-plan,triton-plan-reg-operand,flex,sdpa \
+      --shapes $ALL_SHAPES ;;
   jitter)
     # why the shipped kernel's S3 times jump by up to 40% between bench rounds (FA4's stay within 1%): twelve
     # rounds of fresh set-up, do_bench and per-kernel GPU times; S1 beside it

@@ -260,6 +260,20 @@ _reg_operand_env = os.environ.get("JFA_GLUON_BWD_REG_OPERAND", "1")
 GLUON_BWD_REG_OPERAND = {"0": False, "1": True}.get(_reg_operand_env, _reg_operand_env)  # else refused at the call
 GLUON_TMA_STORE_KERNELS = tuple(
     n for n in os.environ.get("JFA_GLUON_TMA_STORE_KERNELS", "forward,backward").split(",") if n)
+# Where the Gluon dQ kernel runs, it also computes delta = rowsum(dO * O) for its rows (O read once per item,
+# overlapped with its first MMAs) and writes delta and the Gluon dK/dV kernel's statistics, so the backward
+# skips the separate preprocess pass (one read of O and dO: 0.27 ms of S1's ~6 ms backward on the H200,
+# PERF.md v18) and launches the dQ kernel before the dK/dV kernels.  Elsewhere (tl dQ, broadcast-Q, the
+# fused dQ modes) the preprocess pass runs.  LAST_BWD_DELTA_PATH names which did.  Environment:
+# JFA_GLUON_DQ_DELTA=0 / 1.
+_dq_delta_env = os.environ.get("JFA_GLUON_DQ_DELTA", "1")
+GLUON_DQ_DELTA = {"0": False, "1": True}.get(_dq_delta_env, _dq_delta_env)  # else refused at the call
+LAST_BWD_DELTA_PATH = ""
+
+
+def last_backward_paths() -> str:
+    """What the latest backward ran, in one line (benchmarks and profiles record it beside their times)."""
+    return f"dK/dV {LAST_BWD_KV_PATH or '-'}; dQ {LAST_BWD_DQ_PATH or '-'}; delta {LAST_BWD_DELTA_PATH or '-'}"
 LAST_BWD_KV_PATH = ""
 # (BLOCK_M, BLOCK_N, warps per consumer warp group, K/V stages, schedule); schedules (gluon_fwd.py):
 # "overlap" softmax(j) while PV(j-1) runs; "pingpong" overlap, and the two consumer groups take turns
@@ -479,6 +493,7 @@ class BackwardSwitches(NamedTuple):
     gluon_dq_stages: int  # GLUON_DQ_STAGES
     tma_store: bool = False  # "backward" in GLUON_TMA_STORE_KERNELS (the forward reads it when it launches)
     reg_operand: bool = False  # GLUON_BWD_REG_OPERAND
+    dq_delta: bool = False  # GLUON_DQ_DELTA
 
 
 class LaunchConfig(NamedTuple):
@@ -824,17 +839,6 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     LAST_BWD_KV_PATH = ("gluon+triton" if run_gluon and tl_tiles is not None and tl_tiles[2] > 0
                         else "gluon" if run_gluon else f"triton (gluon: {why})" if why and not cfgs.gluon_bwd_silent
                         else "triton")
-    delta = torch.empty_like(lse)  # (the tl kernels read LSE and delta with one row stride)
-    # the Gluon dK/dV kernel's statistics, [2 * Hq, columns] fp32: LSE * log2(e), then delta
-    columns = s["columns"] if run_gluon else None
-    stats = (torch.empty((2 * hq, columns.n_cols), device=q.device, dtype=torch.float32) if run_gluon
-             else delta)
-    if n_out > 0 and hq > 0:
-        blk = 64 if dvd <= 128 else 32
-        tk._bwd_preprocess[(triton_cdiv(n_out, blk), hq)](
-            out, do, delta, lse, stats, cu_q if columns is None else columns.cols, n_out, out.stride(0),
-            out.stride(1), do.stride(0), do.stride(1), delta.stride(0), stats.stride(0),
-            BLOCK=blk, HEAD_DV=dvd, WRITE_STATS=run_gluon, num_warps=4)
     dq_tma = False
     dq_acc_t = None
     if fuse and run_gluon:  # (only BWD_KV_KERNEL "gluon" fuses dQ in)
@@ -866,6 +870,24 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
         LAST_BWD_DQ_PATH = "gluon" if gluon_dq else "separate"
     if cfgs.why_not_ds:
         LAST_BWD_DQ_PATH += f" (ds: {cfgs.why_not_ds})"
+    delta = torch.empty_like(lse)  # (the tl kernels read LSE and delta with one row stride)
+    # the Gluon dK/dV kernel's statistics, [2 * Hq, columns] fp32: LSE * log2(e), then delta
+    columns = s["columns"] if run_gluon else None
+    stats = (torch.empty((2 * hq, columns.n_cols), device=q.device, dtype=torch.float32) if run_gluon
+             else delta)
+    # delta (and the statistics) from the Gluon dQ kernel, run first, or from the preprocess pass
+    global LAST_BWD_DELTA_PATH
+    dq_first = LAST_BWD_DQ_PATH == "gluon" and sw.dq_delta
+    LAST_BWD_DELTA_PATH = "dq kernel" if dq_first else "preprocess"
+    if dq_first:
+        dq_gluon = _backward_q_gluon(q, k, v, do, lse, delta, cu_q, cu_k, s, sw, causal, scale,
+                                     own_delta=(out, stats, columns))
+    elif n_out > 0 and hq > 0:
+        blk = 64 if dvd <= 128 else 32
+        tk._bwd_preprocess[(triton_cdiv(n_out, blk), hq)](
+            out, do, delta, lse, stats, cu_q if columns is None else columns.cols, n_out, out.stride(0),
+            out.stride(1), do.stride(0), do.stride(1), delta.stride(0), stats.stride(0),
+            BLOCK=blk, HEAD_DV=dvd, WRITE_STATS=run_gluon, num_warps=4)
     # BWD_DQ_MODE "ds": the workspace the dK/dV kernel writes dS^T into (rows: query heads)
     ds_ws = (torch.empty((hq, max(1, s["ds_total"])), device=q.device, dtype=q.dtype) if cfgs.ds_dq
              else None)
@@ -898,6 +920,8 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     if fuse:
         return dq_acc.to(q.dtype), dk, dv
     # dQ
+    if dq_first:
+        return dq_gluon, dk, dv
     if LAST_BWD_DQ_PATH == "gluon":
         return _backward_q_gluon(q, k, v, do, lse, delta, cu_q, cu_k, s, sw, causal, scale), dk, dv
     blo_t, bhi_t, mblk_t, slot_t, n_q, n_slots = s["q"]
@@ -1069,7 +1093,10 @@ def _store_descriptors(outputs, rows):
     return tuple(descriptor(t.view(t.shape[0], -1), [rows, t.shape[2]]) for t in outputs)
 
 
-def _backward_q_gluon(q, k, v, do, lse, delta, cu_q, cu_k, s, sw, causal, scale):
+def _backward_q_gluon(q, k, v, do, lse, delta, cu_q, cu_k, s, sw, causal, scale, own_delta=None):
+    """The Gluon dQ kernel.  With ``own_delta`` = (out, stats, columns) it also computes delta from dO and out
+    and writes it into ``delta`` and, where ``columns`` is not None, into the dK/dV kernel's ``stats``, as
+    the preprocess pass does; otherwise it reads ``delta``."""
     from . import gluon_dq as gd
     assert (gd.HALF_M.value, gd.BLOCK_N.value) == GLUON_DQ_BOX_ROWS
     seq_t, blk_t, n_tiles, items = s["q_gluon"]
@@ -1082,11 +1109,14 @@ def _backward_q_gluon(q, k, v, do, lse, delta, cu_q, cu_k, s, sw, causal, scale)
     (qd, kd, vd, dod), n_programs, dynamic, counter = _gluon_backward_launch(q, k, v, do, GLUON_DQ_BOX_ROWS,
                                                                              n_items, seq_t, sw.gluon_grid)
     dqd = _store_descriptors((dq,), GLUON_DQ_BOX_ROWS[0])[0] if sw.tma_store else qd
+    out, stats, columns = own_delta if own_delta is not None else (dq, delta, None)  # (else unused pointers)
     gd.dq_kernel[(n_programs,)](
         qd, kd, vd, dod, dq, lse, delta, cu_q, cu_k, seq_t, blk_t, seq_t if items is None else items, counter,
         dq.stride(0), dq.stride(1), lse.stride(0), scale, scale * tk.LOG2E, hq, hq // hkv, n_items, dqd,
+        out, stats, cu_q if columns is None else columns.cols, out.stride(0), out.stride(1), stats.stride(0),
         CAUSAL=causal, HEAD_D=d, HEAD_DV=dvd, STAGES=sw.gluon_dq_stages, GROUPED=items is not None,
-        DYNAMIC=dynamic, TMA_STORE=sw.tma_store, REG_OPERAND=sw.reg_operand, num_warps=4)
+        DYNAMIC=dynamic, TMA_STORE=sw.tma_store, REG_OPERAND=sw.reg_operand, OWN_DELTA=own_delta is not None,
+        WRITE_STATS=columns is not None, num_warps=4)
     return dq
 
 
@@ -1267,9 +1297,9 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
         raise ValueError(f"jfa.GLUON_TMA_STORE_KERNELS (environment JFA_GLUON_TMA_STORE_KERNELS, names joined by "
                          f"commas) must be a tuple of names from {GLUON_TMA_STORE_KERNELS_ALL}, "
                          f"got {GLUON_TMA_STORE_KERNELS!r}")
-    if not isinstance(GLUON_BWD_REG_OPERAND, bool):
-        raise ValueError(f"jfa.GLUON_BWD_REG_OPERAND (environment JFA_GLUON_BWD_REG_OPERAND: 0 or 1) must be True or "
-                         f"False, got {GLUON_BWD_REG_OPERAND!r}")
+    for name, value in (("GLUON_BWD_REG_OPERAND", GLUON_BWD_REG_OPERAND), ("GLUON_DQ_DELTA", GLUON_DQ_DELTA)):
+        if not isinstance(value, bool):
+            raise ValueError(f"jfa.{name} (environment JFA_{name}: 0 or 1) must be True or False, got {value!r}")
     why_not_gluon_dq = ""
     if BWD_Q_KERNEL != "triton":
         if not (isinstance(GLUON_DQ_STAGES, int) and 1 <= GLUON_DQ_STAGES <= 2):
@@ -1299,7 +1329,7 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
     bwd = BackwardSwitches(GLUON_GRID, GLUON_BWD_STAGES, order, GLUON_BWD_BLOCK_M,
                            GLUON_BWD_SPLIT_KEYS if kv_kernel == "split" else 0, fused_split or "keys",
                            GLUON_FUSED_DQ_BUFFERS, fuse and _dq_reduce_by_tma(q), GLUON_DQ_STAGES,
-                           "backward" in GLUON_TMA_STORE_KERNELS, GLUON_BWD_REG_OPERAND)
+                           "backward" in GLUON_TMA_STORE_KERNELS, GLUON_BWD_REG_OPERAND, GLUON_DQ_DELTA)
     cfgs = LaunchConfig(_cfg("fwd", dkey, q.dtype, on_cpu), _cfg("kvf" if fuse else "kv", dkey, q.dtype, on_cpu),
                         _cfg("qds" if ds_dq else "q", dkey, q.dtype, on_cpu), fuse, fwd_kernel, why_not_gluon, gluon,
                         kv_kernel if kv_kernel != "triton" and not why_not_gluon_bwd else "triton",

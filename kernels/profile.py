@@ -69,7 +69,7 @@ def main(argv=None):
     from kernels import jfa
     paths = f"forward path {jfa.LAST_FWD_PATH or '-'}"
     if a.backward:
-        paths += f"; backward dK/dV {jfa.LAST_BWD_KV_PATH or '-'}, dQ {jfa.LAST_BWD_DQ_PATH or '-'}"
+        paths += f"; backward {jfa.last_backward_paths()}"
     print(f"profiled {a.iters} x {'fwd+bwd' if a.backward else 'fwd'} of {a.shape} ({shape['desc']}) with "
           f"{a.impl}; {paths}", flush=True)
 

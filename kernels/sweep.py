@@ -123,7 +123,7 @@ def main(argv=None):
                             maxdiff = max((g.float() - ref).abs().max().item() for g, ref in zip(grads, shipped_grads))
                         r = dict(shape=sn, kind=kind, cfg=cfg, ms=t, tflops=tf, maxdiff=maxdiff)
                         if kind not in ("fwd", "gluon"):  # which kernels the timed backward ran
-                            r["bwd_path"] = f"dK/dV {jfa.LAST_BWD_KV_PATH}; dQ {jfa.LAST_BWD_DQ_PATH}"
+                            r["bwd_path"] = jfa.last_backward_paths()
                     except Exception as e:
                         r = dict(shape=sn, kind=kind, cfg=cfg, error=f"{type(e).__name__}: {str(e)[:200]}")
                     # requested path, and the one that ran (it differs on a TMA fallback)

@@ -122,9 +122,9 @@ def test_rows_name_the_backward_that_ran(monkeypatch, tmp_path):
                        "--shapes", "T"])
     by = {r["impl"]: r for r in rows}
     assert all("error" not in r for r in rows), rows
-    assert by["triton-plan"]["bwd_path"] == "dK/dV triton; dQ separate"
-    assert by["triton-plan-atomic"]["bwd_path"] == "dK/dV triton; dQ atomic-element"
-    assert by["triton-plan-tl-dq"]["bwd_path"] == "dK/dV triton; dQ separate"
+    assert by["triton-plan"]["bwd_path"] == "dK/dV triton; dQ separate; delta preprocess"
+    assert by["triton-plan-atomic"]["bwd_path"] == "dK/dV triton; dQ atomic-element; delta preprocess"
+    assert by["triton-plan-tl-dq"]["bwd_path"] == "dK/dV triton; dQ separate; delta preprocess"
 
 
 def test_backward_sweep_rows_carry_their_difference_from_the_shipped_gradients(monkeypatch, tmp_path):
@@ -147,7 +147,7 @@ def test_backward_sweep_rows_carry_their_difference_from_the_shipped_gradients(m
     assert [r["kind"] for r in rows] == ["kv", "kv", "q"] and not any("error" in r for r in rows)
     assert all(0.0 <= r["maxdiff"] < 1e-4 for r in rows), rows  # float32: only summation order differs
     # each row ran the tl kernel it swept (on sm_90 "auto" would pick a Gluon one), and the switches are back
-    assert [r["bwd_path"] for r in rows] == ["dK/dV triton; dQ separate"] * 3, rows
+    assert [r["bwd_path"] for r in rows] == ["dK/dV triton; dQ separate; delta preprocess"] * 3, rows
     assert (jfa.BWD_KV_KERNEL, jfa.BWD_Q_KERNEL) == ("auto", "auto")
 
 
@@ -160,8 +160,8 @@ def test_profile_driver_runs_a_bench_shape_and_names_bad_arguments(monkeypatch, 
     monkeypatch.setattr(bench, "make_shapes", lambda: {"T": dict(desc="tiny", lq=np.array([20, 3]),
                                                                   lk=np.array([20, 3]), H=2, causal=True, bq=False)})
     profile.main(["--shape", "T", "--impl", "triton", "--backward"])
-    assert ("profiled 2 x fwd+bwd of T (tiny) with triton; forward path ptr; backward dK/dV triton, dQ separate"
-            in capsys.readouterr().out)
+    assert ("profiled 2 x fwd+bwd of T (tiny) with triton; forward path ptr; backward dK/dV triton; dQ separate; "
+            "delta preprocess" in capsys.readouterr().out)
     with pytest.raises(SystemExit, match="--shape must be one of"):
         profile.main(["--shape", "S9"])
     with pytest.raises(SystemExit, match="--impl must be one of"):

@@ -69,6 +69,11 @@ CONFIGS = [
     dict(kernel="dq", stages=2, tma_store=True, reg_operand=True),
     dict(kernel="dq", stages=2, tma_store=True, reg_operand=True, causal=True, grouped=True, dynamic=True),
     dict(kernel="dq", stages=1, tma_store=True, reg_operand=True, head_d=64, head_dv=64, dtype="fp16"),
+    # ... computing delta itself and writing the dK/dV kernel's statistics (jfa.GLUON_DQ_DELTA)
+    dict(kernel="dq", stages=2, tma_store=True, reg_operand=True, own_delta=True, write_stats=True),
+    dict(kernel="dq", stages=2, tma_store=True, reg_operand=True, own_delta=True, write_stats=True, causal=True,
+         grouped=True, dynamic=True, head_dv=64),
+    dict(kernel="dq", stages=1, own_delta=True, head_d=64, head_dv=64, dtype="fp16"),
     dict(kernel="bwd", stages=2, block_m=64, order=1),  # (SERIALIZED_INDEX)
 ]
 SERIALIZED_INDEX = len(CONFIGS) - 1

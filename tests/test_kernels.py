@@ -295,7 +295,8 @@ def test_ds_dq_mode_says_why_it_did_not_run(monkeypatch):
 # every module switch a backward acts on (kernels/jfa.py BackwardSwitches and the kernel choices)
 BACKWARD_SWITCHES = ("BWD_DQ_MODE", "BWD_KV_KERNEL", "BWD_Q_KERNEL", "BWD_DQ_REDUCE", "GLUON_GRID",
                      "GLUON_BWD_STAGES", "GLUON_BWD_ORDER", "GLUON_BWD_BLOCK_M", "GLUON_BWD_SPLIT_KEYS",
-                     "GLUON_FUSED_DQ_SPLIT", "GLUON_FUSED_DQ_BUFFERS", "GLUON_DQ_STAGES", "DS_WORKSPACE_MAX_BYTES")
+                     "GLUON_FUSED_DQ_SPLIT", "GLUON_FUSED_DQ_BUFFERS", "GLUON_DQ_STAGES", "DS_WORKSPACE_MAX_BYTES",
+                     "GLUON_BWD_REG_OPERAND", "GLUON_DQ_DELTA")
 
 
 def check_backward_keeps_its_switches(monkeypatch, switches, d, dtype):
@@ -1310,15 +1311,57 @@ def test_gpu_gluon_dq(case, causal, grid, monkeypatch):
 
 
 @needs_gluon
+@pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("poison", ["inf", "nan"])
-def test_gpu_gluon_dq_rows_past_the_end_never_leak(poison, monkeypatch):
-    """A ragged last key block reads the next sequence's K and V rows, a ragged query tile its Q and dO
-    rows: none of them may reach the first sequence's dQ."""
+def test_gpu_gluon_dq_rows_past_the_end_never_leak(poison, d, monkeypatch):
+    """A ragged last key block reads the next sequence's K and V rows, a ragged query tile its Q, dO (and,
+    computing delta, O) rows: none of them may reach the first sequence's dQ, nor through delta its dK / dV
+    (tl dK/dV kernel at 64, Gluon at 128)."""
     from kernels import jfa
     monkeypatch.setattr(jfa, "BWD_Q_KERNEL", "gluon")
-    check_grads_beside_a_poisoned_sequence(poison, poisoned_first=False, d=64, names=("dq",),
-                                           tol=TOL[torch.bfloat16])
-    assert jfa.LAST_BWD_DQ_PATH == "gluon", jfa.LAST_BWD_DQ_PATH
+    check_grads_beside_a_poisoned_sequence(poison, poisoned_first=False, d=d, names=("dq", "dk", "dv"),
+                                           tol=2 * TOL[torch.bfloat16])
+    assert (jfa.LAST_BWD_DQ_PATH, jfa.LAST_BWD_DELTA_PATH) == ("gluon", "dq kernel")
+
+
+@needs_gluon
+@pytest.mark.parametrize("kv_kernel", ["gluon", "triton", "split"])
+@pytest.mark.parametrize("case", range(len(GLUON_CASES)))
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_gluon_dq_kernel_computes_delta(case, causal, kv_kernel, monkeypatch):
+    # jfa.GLUON_DQ_DELTA: the dQ kernel runs first and writes delta (and the Gluon dK/dV kernel's statistics)
+    # in place of the preprocess pass, for whichever dK/dV kernels run after it; broadcast-Q (case 1) keeps
+    # the preprocess pass.  Right against the reference both ways (delta's sum runs in another order, so the
+    # bits may differ).
+    from kernels import jfa
+    kernels = dict(BWD_KV_KERNEL=kv_kernel, BWD_Q_KERNEL="gluon", GLUON_BWD_SPLIT_KEYS=100)
+    broadcast = GLUON_CASES[case][6]
+    for own in (True, False):
+        run_gluon_case(case, causal, monkeypatch, GLUON_DQ_DELTA=own, **kernels)
+        assert jfa.LAST_BWD_DELTA_PATH == ("dq kernel" if own and not broadcast else "preprocess")
+        assert jfa.LAST_BWD_KV_PATH == {"gluon": "gluon", "triton": "triton", "split": "gluon+triton"}[kv_kernel]
+
+
+@needs_gluon
+def test_gpu_torch_compile_with_inductor_runs_the_gluon_kernels():
+    # the default backend (inductor) on a GPU, at a size where every Gluon kernel runs: the same bits as eager
+    from kernels import jfa
+    torch._dynamo.reset()
+    lens = [700, 129, 300]
+    q, k, v, cu_q, cu_k = (t.to(DEVICE) for t in make_inputs(lens, lens, 4, 2, 128, 128, torch.bfloat16))
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16).to(DEVICE)
+
+    def model(a, b, c):
+        return jagged_flash_attention(a, b, c, cu_q, cu_k, 700, 700, causal=True)
+    runs = []
+    for fn in (model, torch.compile(model, fullgraph=True)):
+        a, b, c = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        out, lse = fn(a, b, c)
+        runs.append((out, lse) + torch.autograd.grad(out, (a, b, c), do))
+        # (700 keys: Gluon forward; 129 and 300: the tl forward)
+        assert jfa.LAST_FWD_PATH.startswith("gluon+"), jfa.LAST_FWD_PATH
+        assert (jfa.LAST_BWD_KV_PATH, jfa.LAST_BWD_DQ_PATH) == ("gluon", "gluon")
+    assert all(torch.equal(x, y) for x, y in zip(*runs))
 
 
 @needs_gluon
