@@ -839,6 +839,11 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
     LAST_BWD_KV_PATH = ("gluon+triton" if run_gluon and tl_tiles is not None and tl_tiles[2] > 0
                         else "gluon" if run_gluon else f"triton (gluon: {why})" if why and not cfgs.gluon_bwd_silent
                         else "triton")
+    delta = torch.empty_like(lse)  # (the tl kernels read LSE and delta with one row stride)
+    # the Gluon dK/dV kernel's statistics, [2 * Hq, columns] fp32: LSE * log2(e), then delta
+    columns = s["columns"] if run_gluon else None
+    stats = (torch.empty((2 * hq, columns.n_cols), device=q.device, dtype=torch.float32) if run_gluon
+             else delta)
     dq_tma = False
     dq_acc_t = None
     if fuse and run_gluon:  # (only BWD_KV_KERNEL "gluon" fuses dQ in)
@@ -870,11 +875,6 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
         LAST_BWD_DQ_PATH = "gluon" if gluon_dq else "separate"
     if cfgs.why_not_ds:
         LAST_BWD_DQ_PATH += f" (ds: {cfgs.why_not_ds})"
-    delta = torch.empty_like(lse)  # (the tl kernels read LSE and delta with one row stride)
-    # the Gluon dK/dV kernel's statistics, [2 * Hq, columns] fp32: LSE * log2(e), then delta
-    columns = s["columns"] if run_gluon else None
-    stats = (torch.empty((2 * hq, columns.n_cols), device=q.device, dtype=torch.float32) if run_gluon
-             else delta)
     # delta (and the statistics) from the Gluon dQ kernel, run first, or from the preprocess pass
     global LAST_BWD_DELTA_PATH
     dq_first = LAST_BWD_DQ_PATH == "gluon" and sw.dq_delta
