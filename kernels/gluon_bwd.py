@@ -37,7 +37,8 @@
   two blocks per iteration, was slower than ``overlap`` and wrong on two causal cases (PERF.md v18).
 
 * Each block's LSE (log2 domain) and delta come with its Q and dO, by TMA into the same ring stage
-  (jfa._bwd_preprocess writes them, each sequence from a 16-byte aligned column: jfa.AlignedColumns).
+  (the Gluon dQ kernel, run first, writes them, or else jfa's preprocess pass; each sequence from a 16-byte
+  aligned column: jfa.AlignedColumns).
   Read by the consumers from global memory, they cost a full memory latency per block (PERF.md v17).
 
 Status (H200, PERF.md v11-v17): exact against the float64 reference at 1-3 stages on all three grids,

@@ -966,9 +966,10 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, s, cfgs, causal, scale, broadca
 
 def _backward_kv_gluon(q, k, v, do, stats, cu_cols, dk, dv, cu_q, cu_k, s, sw, causal, scale, broadcast,
                        dq_acc_t=None):
-    """The Gluon dK/dV kernel.  ``stats`` [2 * Hq, columns] holds LSE * log2(e) and delta (_bwd_preprocess),
-    each sequence from column ``cu_cols`` (AlignedColumns.cu) on.  With ``dq_acc_t`` from _fused_dq_buffer
-    (same columns) it also adds the unscaled dQ^T into that buffer (the fused atomic mode)."""
+    """The Gluon dK/dV kernel.  ``stats`` [2 * Hq, columns] holds LSE * log2(e) and delta (written by the Gluon
+    dQ kernel or by _bwd_preprocess), each sequence from column ``cu_cols`` (AlignedColumns.cu) on.  With
+    ``dq_acc_t`` from _fused_dq_buffer (same columns) it also adds the unscaled dQ^T into that buffer (the
+    fused atomic mode)."""
     from . import gluon_bwd as gb
     assert gb.HALF_N.value == GLUON_BWD_KV_ROWS
     block_m = sw.gluon_bwd_block_m
