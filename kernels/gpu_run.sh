@@ -123,6 +123,13 @@ host_times() {  # the host's time per call of the shipped kernel on S3, S1 and S
   done
 }
 
+kernel_times() {  # kernel_times(shape, impl): each kernel's GPU time over three profiled fwd+bwd calls
+  local f="$OUT_DIR/kernel_times_${1}_$2.txt"
+  timeout 60 python3 -m kernels.profile --shape "$1" --impl "$2" --iters 3 --backward --kernel-times > "$f" 2>&1
+  echo "kernel times $1 $2 rc=$?" | tee -a "$L"
+  grep -E "kernel|Self CUDA|Self CPU time total|profiled" "$f" | cut -c1-150 | head -12
+}
+
 ALL_SHAPES=S4b,S1,S1c,S2,S4a,S3
 case $STAGE in
   bench)
@@ -197,12 +204,8 @@ for r in json.load(open(sys.argv[1])): print(r['shape'], r['impl'], '|', r.get('
   v18prof)
     # where the v17 default backward's time goes, and dQ fused into the Gluon dK/dV kernel re-timed now that
     # its statistics come by TMA (v15's timings predate that)
-    for shape in S1 S4b; do
-      timeout 60 python3 -m kernels.profile --shape $shape --impl triton-plan --iters 3 --backward --kernel-times \
-        > "$OUT_DIR/kernel_times_${shape}_triton-plan.txt" 2>&1
-      echo "kernel times $shape rc=$?" | tee -a "$L"
-      grep -E "kernel|Self CUDA" "$OUT_DIR/kernel_times_${shape}_triton-plan.txt" | cut -c1-150 | head -12
-    done
+    kernel_times S1 triton-plan
+    kernel_times S4b triton-plan
     run_bench 330 fused_v18 --shapes $ALL_SHAPES --impls triton-plan,triton-plan-gluon-fused-dim,\
 triton-plan-gluon-fused-dim-s2,triton-plan-gluon-fused-keys,triton-plan-atomic ;;
   v18ncu)
@@ -246,10 +249,7 @@ or gluon_backward_runs)" v19_opt_ins
     # effect (four rounds, no FA4); then where S3's backward time goes (it trails FA4 most among S1-S3)
     spec 250 ci-v19-default 14
     run_bench 220 v19_reg_operand --rounds 4 --impls triton-plan-tma-fwd,triton-plan-reg-operand --shapes $ALL_SHAPES
-    timeout 60 python3 -m kernels.profile --shape S3 --impl triton-plan --iters 3 --backward --kernel-times \
-      > "$OUT_DIR/kernel_times_S3_triton-plan.txt" 2>&1
-    echo "kernel times S3 rc=$?" | tee -a "$L"
-    grep -E "kernel|Self CUDA" "$OUT_DIR/kernel_times_S3_triton-plan.txt" | cut -c1-150 | head -12 ;;
+    kernel_times S3 triton-plan ;;
   v19stages)
     # Q/dO stages of the Gluon dK/dV kernel now that K is a register operand (three rounds, no FA4)
     gb=triton-plan-gluon-bwd
@@ -266,10 +266,7 @@ or gluon_backward_runs or gluon_split or keeps_sequences_apart)) or torch_compil
     spec 230 ci-v20 7
     wait
     run_bench 220 v20_dq_delta --rounds 3 --impls triton-plan-reg-operand,triton-plan-dq-delta --shapes $ALL_SHAPES
-    timeout 60 python3 -m kernels.profile --shape S1 --impl triton-plan --iters 3 --backward --kernel-times \
-      > "$OUT_DIR/kernel_times_S1_triton-plan.txt" 2>&1
-    echo "kernel times S1 rc=$?" | tee -a "$L"
-    grep -E "kernel|Self CUDA" "$OUT_DIR/kernel_times_S1_triton-plan.txt" | cut -c1-150 | head -12 ;;
+    kernel_times S1 triton-plan ;;
   v20final)
     # FA4 beside the v20 default and v19's (delta by its own pass), three rounds, and flex_attention and padded
     # SDPA once: every implementation the table names, in one run (FA4 installed first)
@@ -306,12 +303,7 @@ for r in json.load(open(sys.argv[1])): print(r['shape'], r['impl'], '|', r.get('
   dsprof)
     gpu_tests 150 14 "ds_dq or (gpu_multiblock and ds) or (broadcast_multiblock and ds) or (block_shapes and ds)" ds_dq2
     for shape in S1 S4b; do
-      for impl in triton-plan triton-plan-ds-q128x64w4s3; do
-        timeout 60 python3 -m kernels.profile --shape $shape --impl $impl --iters 3 --backward --kernel-times \
-          > "$OUT_DIR/kernel_times_${shape}_$impl.txt" 2>&1
-        echo "kernel times $shape $impl rc=$?" | tee -a "$L"
-        grep -E "kernel|Self CUDA|Self CPU time total|profiled" "$OUT_DIR/kernel_times_${shape}_$impl.txt" | cut -c1-150 | head -12
-      done
+      for impl in triton-plan triton-plan-ds-q128x64w4s3; do kernel_times $shape $impl; done
     done ;;
   rounds)
     run_bench 280 v9_rounds --rounds 7 --impls fa4,triton,triton-tl,triton-gluon --fwd-only triton-tl,triton-gluon \
