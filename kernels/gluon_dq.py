@@ -337,7 +337,7 @@ def dq_kernel(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, CU_Q, CU_K, TILE_
                    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, tail_bar,
                    ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
                    DqFlags(2, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE, REG_OPERAND,
-                                      OWN_DELTA, WRITE_STATS))),
+                           OWN_DELTA, WRITE_STATS))),
     ], [4, 1], [232, 40])
 
 
@@ -361,7 +361,8 @@ def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, dtype="bf16", 
         "ITEMS": "*i32", "COUNTER": "*i32", "stride_dqt": "i32", "stride_dqh": "i32", "stride_lh": "i32",
         "sm_scale": "fp32", "qk_scale": "fp32", "H": "i32", "GROUP": "i32", "n_items": "i32",
         "dq_desc": desc(HALF_M.value, head_d),
-        "O": "*" + dtype, "STATS": "*fp32", "COLS": "*i32", "stride_ot": "i32", "stride_oh": "i32", "stride_sh": "i32",
+        "O": "*" + dtype, "STATS": "*fp32", "COLS": "*i32", "stride_ot": "i32", "stride_oh": "i32",
+        "stride_sh": "i32",
         "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr", "STAGES": "constexpr",
         "GROUPED": "constexpr", "DYNAMIC": "constexpr", "TMA_STORE": "constexpr", "REG_OPERAND": "constexpr",
         "OWN_DELTA": "constexpr", "WRITE_STATS": "constexpr",

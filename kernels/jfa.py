@@ -264,17 +264,20 @@ GLUON_TMA_STORE_KERNELS = tuple(
 # overlapped with its first MMAs) and writes delta and the Gluon dK/dV kernel's statistics, so the backward
 # skips the separate preprocess pass (one read of O and dO: 0.27 ms of S1's ~6 ms backward on the H200,
 # PERF.md v18) and launches the dQ kernel before the dK/dV kernels.  Elsewhere (tl dQ, broadcast-Q, the
-# fused dQ modes) the preprocess pass runs.  LAST_BWD_DELTA_PATH names which did.  Environment:
-# JFA_GLUON_DQ_DELTA=0 / 1.
+# fused dQ modes) the preprocess pass runs.  LAST_BWD_DELTA_PATH names which did.  On the H200 (PERF.md v20)
+# the GPU tests and the spec pass with it; timed, it is level with the separate pass within the noise of the
+# medians (its fastest rounds were 1-5% faster in 9 of 10 pairs).  Environment: JFA_GLUON_DQ_DELTA=0 / 1.
 _dq_delta_env = os.environ.get("JFA_GLUON_DQ_DELTA", "1")
 GLUON_DQ_DELTA = {"0": False, "1": True}.get(_dq_delta_env, _dq_delta_env)  # else refused at the call
 LAST_BWD_DELTA_PATH = ""
+LAST_BWD_KV_PATH = ""
 
 
 def last_backward_paths() -> str:
     """What the latest backward ran, in one line (benchmarks and profiles record it beside their times)."""
     return f"dK/dV {LAST_BWD_KV_PATH or '-'}; dQ {LAST_BWD_DQ_PATH or '-'}; delta {LAST_BWD_DELTA_PATH or '-'}"
-LAST_BWD_KV_PATH = ""
+
+
 # (BLOCK_M, BLOCK_N, warps per consumer warp group, K/V stages, schedule); schedules (gluon_fwd.py):
 # "overlap" softmax(j) while PV(j-1) runs; "pingpong" overlap, and the two consumer groups take turns
 # to issue their MMAs.  (A third form, PV reading P from shared memory, was no faster: PERF.md v9.)
