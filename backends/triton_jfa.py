@@ -39,7 +39,8 @@ class TritonJfa(Backend):
         self.capabilities = dataclasses.replace(
             self.capabilities, deterministic=DQ_DETERMINISTIC and jfa.BWD_DQ_MODE != "atomic",
             notes=f"{self.capabilities.notes}; kernel switches: forward {jfa.FWD_KERNEL}, "
-                  f"dK/dV {jfa.BWD_KV_KERNEL}, dQ {jfa.BWD_Q_KERNEL}, dQ mode {jfa.BWD_DQ_MODE}")
+                  f"dK/dV {jfa.BWD_KV_KERNEL}, dQ {jfa.BWD_Q_KERNEL}, dQ mode {jfa.BWD_DQ_MODE}, "
+                  f"delta in the Gluon dQ kernel {jfa.GLUON_DQ_DELTA}")
         if _interpreting():  # the interpreter runs every program in Python: keep drawn problems small
             self.capabilities = dataclasses.replace(self.capabilities, max_drawn_rows=160)
 
