@@ -3,6 +3,7 @@ last problem and its verdicts (after a failure, hypothesis's shrunk counterexamp
 budget used per quantity over all examples."""
 from __future__ import annotations
 
+from .configs import KernelConfig, problem_axes
 from .harness import assert_verdicts
 from .problem import Problem
 from .tolerance import Verdict
@@ -16,6 +17,16 @@ class CheckLog:
         self.last_problem: Problem | None = None
         self.last_verdicts: list[Verdict] = []
         self.worst: dict[str, Verdict] = {}
+        self.axes: dict[str, dict[str, int]] = {}  # coverage: axis -> value -> examples run
+        self.configs: dict[str, int] = {}  # kernel configuration key -> examples run
+
+    def exercised(self, problem: Problem) -> None:
+        """Count one example that ran on ``problem`` in the coverage tallies."""
+        for axis, value in problem_axes(problem).items():
+            counts = self.axes.setdefault(axis, {})
+            counts[value] = counts.get(value, 0) + 1
+        key = KernelConfig.of(problem).key
+        self.configs[key] = self.configs.get(key, 0) + 1
 
     def __repr__(self) -> str:  # hypothesis prints fixtures in failing cases: keep it short
         return f"CheckLog({self.backend!r})"
@@ -30,6 +41,7 @@ class CheckLog:
     def verify(self, problem: Problem, verdicts: list[Verdict]) -> None:
         """Record the verdicts of one example, then fail if any verdict fails."""
         self.examples += 1
+        self.exercised(problem)
         self.last_problem, self.last_verdicts = problem, list(verdicts)
         for v in verdicts:
             if v.quantity not in self.worst or v.budget_used > self.worst[v.quantity].budget_used:

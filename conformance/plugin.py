@@ -12,8 +12,9 @@ import pytest
 import torch
 from hypothesis.errors import Unsatisfiable
 
-from . import profiles
+from . import containment, profiles
 from .checklog import CheckLog
+from .configs import KernelConfig, kernel_configs
 
 # Report records, --dtype, crash/timeout diagnosis under xdist (inactive unless its options are given).
 pytest_plugins = ["conformance.recorder"]
@@ -126,6 +127,45 @@ def device(request) -> str:
     return request.config.getoption("device") or default_device()
 
 
+def run_seed(config) -> int:
+    """The seed that fixes this run's kernel configurations: hypothesis's seed, 0 for a derandomized run."""
+    seed = config.getoption("hypothesis_seed", default=None)
+    try:
+        return int(seed) if seed is not None else 0
+    except ValueError:
+        return abs(hash(seed)) % 2**31
+
+
+def backend_configs(backend, config) -> tuple[KernelConfig, ...] | None:
+    """The kernel configurations this run draws for ``backend`` (the same in every worker), or None when
+    the profile draws kernel axes freely."""
+    cache = config.__dict__.setdefault("_jfa_kernel_configs", {})
+    if backend.name not in cache:
+        extra = profiles.extra_kernel_configs(config.getoption("hypothesis_profile", default=None))
+        cache[backend.name] = None if extra is None else configs_for(backend, run_seed(config), extra)
+    return cache[backend.name]
+
+
+def configs_for(backend, seed: int, extra: int = 0) -> tuple[KernelConfig, ...]:
+    """The edge cases' configurations in every declared dtype, then a covering set (configs.py)."""
+    from .spec.edge_cases import EDGE_CASES
+
+    caps = backend.capabilities
+    seeds = [KernelConfig.of(p.replace(dtype=d)) for p in EDGE_CASES.values() for d in caps.dtypes]
+
+    def supported(c: KernelConfig) -> bool:
+        lengths_k = (6, 9)
+        return not backend.not_supported_reasons(c.problem((5, 5) if c.broadcast_q else lengths_k, lengths_k))
+
+    return kernel_configs(caps, seed, seeds=seeds, extra=extra, supported=supported)
+
+
+@pytest.fixture
+def configs(request, backend) -> tuple[KernelConfig, ...] | None:
+    """The run's kernel configurations for ``backend``; pass to ``problems(..., configs=configs)``."""
+    return backend_configs(backend, request.config)
+
+
 CHECK_LOG = pytest.StashKey[CheckLog]()
 
 
@@ -135,6 +175,43 @@ def check(request, backend) -> CheckLog:
     log = CheckLog(backend=backend.name)
     request.node.stash[CHECK_LOG] = log
     return log
+
+
+_PROBED: set[str] = set()  # suspect backends this process has probed and found answering
+
+
+def pytest_runtest_setup(item):
+    """Hang containment (containment.py): skip a dead backend's check as not-run; probe a suspect one."""
+    callspec = getattr(item, "callspec", None)
+    backend = callspec.params.get("backend") if callspec else None
+    flight_dir = item.config.getoption("jfa_flight_dir", default=None)
+    if backend is None or not flight_dir:
+        return
+    state = containment.read(flight_dir).get(backend.name)
+    if state is None:
+        return
+    if state["state"] == "dead":
+        pytest.skip(containment.NOT_RUN_PREFIX + state["why"])
+    if backend.name in _PROBED:
+        return
+    from . import recorder
+    from .harness import Unsupported, run_backend
+
+    seconds = containment.probe_seconds(item.config.getoption("timeout", default=None))
+    recorder.note_probe(state["why"], seconds)
+    configs = backend_configs(backend, item.config) or ()
+    device = item.config.getoption("device") or default_device()
+    with containment.Watchdog(seconds):
+        for kernel_config in configs[:3]:
+            try:
+                run_backend(backend, kernel_config.problem((4,), (4,)), device)
+                break
+            except Unsupported:
+                continue
+            except Exception:  # noqa: BLE001 - an answer, even an error, is not a hang
+                break
+    recorder.note_probe(None, None)
+    _PROBED.add(backend.name)
 
 
 @pytest.hookimpl(wrapper=True)

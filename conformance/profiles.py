@@ -18,8 +18,16 @@ PROFILES = {
     "dev": settings(max_examples=40, **_COMMON),
     "thorough": settings(max_examples=300, **_COMMON),
 }
+# Kernel configurations per run (configs.py): beyond the set that covers every declared value, this many
+# more random ones; None draws every kernel axis freely (many more compiles, for long exploratory runs).
+# A profile registered elsewhere gets the covering set alone.
+EXTRA_KERNEL_CONFIGS = {"ci": 0, "dev": 6, "thorough": None}
 for _name, _settings in PROFILES.items():
     settings.register_profile(_name, _settings)
+
+
+def extra_kernel_configs(name: str | None) -> int | None:
+    return EXTRA_KERNEL_CONFIGS.get(name or DEFAULT, 0)
 
 
 def load(name: str, max_examples: int | None = None) -> None:

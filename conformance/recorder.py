@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from . import containment
 from .checklog import CheckLog
 from .harness import DEVICE_ERROR
 from .problem import Problem, problem_of_args
@@ -123,7 +124,10 @@ def classify(report, message: str) -> tuple[str, str | None]:
         if hasattr(report, "wasxfail"):
             return "expected-fail", report.wasxfail or "expected failure"
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        return "unsupported", reason.removeprefix("Skipped: ").removeprefix("unsupported: ")
+        reason = reason.removeprefix("Skipped: ")
+        if reason.startswith(containment.NOT_RUN_PREFIX):
+            return "not-run", reason.removeprefix(containment.NOT_RUN_PREFIX)
+        return "unsupported", reason.removeprefix("unsupported: ")
     if report.passed:
         return "pass", ("expected to fail but passed: " + report.wasxfail) if hasattr(report, "wasxfail") else None
     if TIMEOUT_MESSAGE.search(message):
@@ -148,6 +152,7 @@ def build_record(item, report, call) -> dict:
         "message": _short(message) if message else None,
         "duration_s": round(report.duration, 4), "examples": log.examples if log else 0,
         "unsupported_examples": dict(log.unsupported) if log else {},
+        "axes": log.axes if log else {}, "kernel_configs": log.configs if log else {},
     }
     verdicts = []
     if log:
@@ -220,6 +225,16 @@ def _write_flight() -> None:
         os.write(fd, data)
     finally:
         os.close(fd)
+
+
+def note_probe(why: str | None, seconds: float | None) -> None:
+    """Say in the flight file that this process is probing a suspect backend (``why`` it is suspect), so
+    that a watchdog exit reads as the probe's verdict rather than as a crash of the check."""
+    if why is None:
+        _FLIGHT.pop("probe", None)
+    else:
+        _FLIGHT["probe"] = {"why": why, "seconds": seconds, "started": time.time()}
+    _write_flight()
 
 
 def _watch(backend) -> None:
@@ -408,10 +423,18 @@ def _controller_receive(config, report) -> None:
     if sink is None:
         return
     record = getattr(report, RECORD_ATTR, None)
-    if record is not None:
-        sink.record(record)
-    elif report.failed and report.when not in ("setup", "call", "teardown"):
-        sink.record(crash_record(config, report, sink.backend_names))
+    if record is None and report.failed and report.when not in ("setup", "call", "teardown"):
+        record = crash_record(config, report, sink.backend_names)
+    if record is None:
+        return
+    sink.record(record)
+    flight_dir = config.getoption("jfa_flight_dir", default=None)
+    where = f"{record['backend']} hung in {record.get('feature') or record['id']}" + \
+        (f" [{record['dtype']}]" if record.get("dtype") else "")
+    if record["outcome"] == "timeout":
+        containment.mark(flight_dir, record["backend"], "suspect", where)
+    elif record["outcome"] == "not-run" and "probe" in (record.get("reason") or ""):
+        containment.mark(flight_dir, record["backend"], "dead", record["reason"].partition(";")[0])
 
 
 def crash_record(config, report, backend_names) -> dict:
@@ -426,6 +449,13 @@ def crash_record(config, report, backend_names) -> dict:
         if flight.get("timeout") and elapsed >= flight["timeout"]:
             outcome = "timeout"
             reason = f"no result after {flight['timeout']:g} s (per-check timeout); the process was stopped"
+    if flight and flight.get("probe"):
+        probe = flight["probe"]
+        outcome = "not-run"
+        if time.time() - probe["started"] >= probe["seconds"] - 1:
+            reason = f"{probe['why']}; a {probe['seconds']:g} s probe before this check got no answer either"
+        else:
+            reason = f"{probe['why']}; the probe before this check ended its process"
     problem = Problem(**flight["problem"]) if flight and flight.get("problem") else None
     return {
         "id": report.nodeid, **identity, "outcome": outcome, "reason": reason, "message": str(report.longrepr),

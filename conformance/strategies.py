@@ -9,13 +9,13 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from .backend import Capabilities
+from .configs import HEAD_DIMS, HEAD_LAYOUTS, SCALES, SLOW_PATH_MAX_HEADS, KernelConfig, pinned
 from .problem import Problem
+
+__all__ = ["HEAD_DIMS", "HEAD_LAYOUTS", "LENGTH_LAWS", "lengths", "problems"]
 
 # Lengths around tile edges: 1, 15-17, 63-65, 127-129.
 TILE_EDGES = (1, 15, 16, 17, 63, 64, 65, 127, 128, 129)
-HEAD_DIMS = (16, 32, 40, 64, 72, 128, 256)
-# (Hq, Hkv): MHA, GQA ratios 2, 3, 7, 8, and MQA.
-HEAD_LAYOUTS = ((1, 1), (2, 2), (4, 2), (3, 1), (6, 2), (7, 1), (8, 1), (8, 4), (16, 2))
 MAX_BATCH = 8
 MAX_LEN = 96  # typical lengths; the mega law and tile edges go past it
 
@@ -67,6 +67,25 @@ def _shrink_to(max_rows: int, seqlens_q: list[int], seqlens_k: list[int], broadc
     return shrink(seqlens_q), shrink(seqlens_k)
 
 
+def _free_config(draw, caps: Capabilities, broadcast_q, causal, dtype) -> KernelConfig:
+    """Every kernel axis drawn independently from what ``caps`` declares (the ``thorough`` profile)."""
+    if broadcast_q is None:
+        broadcast_q = caps.broadcast_q != "none" and draw(st.booleans(), label="broadcast_q")
+    layouts = HEAD_LAYOUTS if caps.gqa else tuple(h for h in HEAD_LAYOUTS if h[0] == h[1])
+    if caps.max_drawn_rows is not None:
+        layouts = tuple(h for h in layouts if h[0] <= SLOW_PATH_MAX_HEADS)
+    heads_q, heads_kv = draw(st.sampled_from(layouts), label="heads (Hq, Hkv)")
+    dims = tuple(d for d in (caps.head_dims or HEAD_DIMS) if caps.supports_head_dim(d))
+    head_dim = draw(st.sampled_from(dims), label="head_dim")
+    head_dim_v = None
+    if caps.value_dim_differs and draw(st.booleans(), label="Dv != D"):
+        head_dim_v = draw(st.sampled_from(dims), label="head_dim_v")
+    return KernelConfig(
+        dtype=dtype or draw(st.sampled_from(caps.dtypes), label="dtype"), head_dim=head_dim, head_dim_v=head_dim_v,
+        heads_q=heads_q, heads_kv=heads_kv, causal=causal or draw(st.sampled_from(caps.causal_modes), label="causal"),
+        broadcast_q=broadcast_q, scale=draw(st.sampled_from(SCALES), label="scale"))
+
+
 @st.composite
 def problems(
     draw,
@@ -76,17 +95,26 @@ def problems(
     causal: str | None = None,
     dtype: str | None = None,
     min_batch: int = 0,
+    configs: tuple[KernelConfig, ...] | None = None,
 ) -> Problem:
-    """A problem inside ``caps``; keyword arguments pin a feature instead of drawing it."""
+    """A problem inside ``caps``; keyword arguments pin a feature instead of drawing it.
+
+    With ``configs`` (the run's kernel configurations, see configs.py) the kernel axes are one drawn
+    configuration; without, each kernel axis is drawn on its own. Lengths, batch and seed are always
+    drawn freely.
+    """
+    candidates = pinned(configs or (), broadcast_q=broadcast_q, causal=causal, dtype=dtype)
+    if candidates:
+        config = draw(st.sampled_from(candidates), label="kernel config")
+    else:
+        config = _free_config(draw, caps, broadcast_q, causal, dtype)
     batch = draw(st.integers(min_batch, MAX_BATCH), label="batch")
     law = draw(st.sampled_from(LENGTH_LAWS), label="length_law")
     seqlens_k = draw(lengths(batch, law, "seqlens_k"))
     if not caps.zero_length:
         seqlens_k = [max(1, n) for n in seqlens_k]
 
-    if broadcast_q is None:
-        broadcast_q = caps.broadcast_q != "none" and draw(st.booleans(), label="broadcast_q")
-    if broadcast_q:
+    if config.broadcast_q:
         lq = draw(st.sampled_from((1, 4, 16, 17, 33, 64)), label="dense Lq")
         seqlens_q = [lq] * batch
     elif caps.cross_attention and draw(st.booleans(), label="cross-attention (Lq != Lk)"):
@@ -97,27 +125,5 @@ def problems(
         seqlens_q = list(seqlens_k)
 
     if caps.max_drawn_rows is not None:
-        seqlens_q, seqlens_k = _shrink_to(caps.max_drawn_rows, seqlens_q, seqlens_k, broadcast_q)
-    layouts = HEAD_LAYOUTS if caps.gqa else tuple(h for h in HEAD_LAYOUTS if h[0] == h[1])
-    if caps.max_drawn_rows is not None:
-        layouts = tuple(h for h in layouts if h[0] <= 4)
-    heads_q, heads_kv = draw(st.sampled_from(layouts), label="heads (Hq, Hkv)")
-    dims = tuple(d for d in (caps.head_dims or HEAD_DIMS) if caps.supports_head_dim(d))
-    head_dim = draw(st.sampled_from(dims), label="head_dim")
-    head_dim_v = None
-    if caps.value_dim_differs and draw(st.booleans(), label="Dv != D"):
-        head_dim_v = draw(st.sampled_from(dims), label="head_dim_v")
-    return Problem(
-        seqlens_q=tuple(seqlens_q),
-        seqlens_k=tuple(seqlens_k),
-        heads_q=heads_q,
-        heads_kv=heads_kv,
-        head_dim=head_dim,
-        head_dim_v=head_dim_v,
-        dtype=dtype or draw(st.sampled_from(caps.dtypes), label="dtype"),
-        causal=causal or draw(st.sampled_from(caps.causal_modes), label="causal"),
-        broadcast_q=broadcast_q,
-        scale=draw(st.one_of(st.none(), st.sampled_from((0.05, 0.3, 1.0))), label="scale"),
-        seed=draw(st.integers(0, 2**16), label="seed"),
-        length_law=law,
-    )
+        seqlens_q, seqlens_k = _shrink_to(caps.max_drawn_rows, seqlens_q, seqlens_k, config.broadcast_q)
+    return config.problem(seqlens_q, seqlens_k, seed=draw(st.integers(0, 2**16), label="seed"), length_law=law)

@@ -75,17 +75,18 @@ def describe(problem: Problem, differences: dict[str, tuple[int, float]], runs: 
     return f"results vary over {runs} identical runs on {problem!r}\n  " + "\n  ".join(varying)
 
 
-def test_determinism(backend, device, check):
+def test_determinism(backend, device, check, configs):
     runs = determinism_runs()
     declared = backend.capabilities.deterministic
     largest = {"difference": 0.0, "problem": None}  # over all examples, for the report of an undeclared backend
 
     @given(data=st.data())
     def repeat(data):
-        problem = data.draw(problems(backend.capabilities, min_batch=1), label="problem")
+        problem = data.draw(problems(backend.capabilities, configs=configs, min_batch=1), label="problem")
         with supported(check):
             differences = repeated_runs(backend, problem, device, runs)
         check.examples += 1
+        check.exercised(problem)
         check.last_problem = problem
         worst = max((d for _, d in differences.values()), default=0.0)
         if worst > largest["difference"]:

@@ -16,18 +16,18 @@ pytestmark = pytest.mark.spec
 
 @pytest.mark.parametrize("relation", list(RELATIONS))
 @given(data=st.data())
-def test_metamorphic(backend, device, check, relation, data):
-    problem = data.draw(problems(backend.capabilities, min_batch=1), label="problem")
+def test_metamorphic(backend, device, check, configs, relation, data):
+    problem = data.draw(problems(backend.capabilities, configs=configs, min_batch=1), label="problem")
     with supported(check):
         verdicts = checks.relation(backend, problem, device, relation)
     check.verify(problem, verdicts)
 
 
 @given(data=st.data())
-def test_broadcast_q_native_matches_replicated(backend, device, check, data):
+def test_broadcast_q_native_matches_replicated(backend, device, check, configs, data):
     """A native broadcast-Q path must equal the same call with q replicated per sequence, dQ summed."""
     require(backend.capabilities.broadcast_q == "native", f"{backend.name} has no native broadcast-Q path")
-    problem = data.draw(problems(backend.capabilities, broadcast_q=True, min_batch=1), label="problem")
+    problem = data.draw(problems(backend.capabilities, configs=configs, broadcast_q=True, min_batch=1), label="problem")
     with supported(check):
         verdicts = checks.broadcast_native(backend, problem, device)
     check.verify(problem, verdicts)

@@ -14,26 +14,26 @@ pytestmark = pytest.mark.spec
 
 
 @given(data=st.data())
-def test_forward(backend, device, check, data):
-    problem = data.draw(problems(backend.capabilities), label="problem")
+def test_forward(backend, device, check, configs, data):
+    problem = data.draw(problems(backend.capabilities, configs=configs), label="problem")
     with supported(check):
         verdicts = checks.forward(backend, problem, device)
     check.verify(problem, verdicts)
 
 
 @given(data=st.data())
-def test_lse(backend, device, check, data):
+def test_lse(backend, device, check, configs, data):
     require(backend.capabilities.lse, f"{backend.name} declares no LSE")
-    problem = data.draw(problems(backend.capabilities), label="problem")
+    problem = data.draw(problems(backend.capabilities, configs=configs), label="problem")
     with supported(check):
         verdicts = checks.lse(backend, problem, device)
     check.verify(problem, verdicts)
 
 
 @given(data=st.data())
-def test_gradients(backend, device, check, data):
+def test_gradients(backend, device, check, configs, data):
     require(backend.capabilities.backward, f"{backend.name} declares no backward")
-    problem = data.draw(problems(backend.capabilities), label="problem")
+    problem = data.draw(problems(backend.capabilities, configs=configs), label="problem")
     with supported(check):
         verdicts = checks.gradients(backend, problem, device)
     check.verify(problem, verdicts)

@@ -54,8 +54,8 @@ def guarded_forward_verdicts(backend, problem: Problem, device) -> list[Verdict]
 
 
 @given(data=st.data())
-def test_guarded_inputs(backend, device, check, data):
-    problem = data.draw(problems(backend.capabilities, min_batch=1), label="problem")
+def test_guarded_inputs(backend, device, check, configs, data):
+    problem = data.draw(problems(backend.capabilities, configs=configs, min_batch=1), label="problem")
     with supported(check):
         verdicts = guarded_forward_verdicts(backend, problem, device)
     check.verify(problem, verdicts)

@@ -1,0 +1,71 @@
+"""Hang containment: a backend that has timed out once must not cost a full timeout per remaining check.
+
+The run keeps a small state file per run (``backends.json`` in the flight directory) that the pytest
+controller and the warm-up write and every worker reads before each check:
+
+* ``suspect`` — the backend timed out (in a check, or compiling in the warm-up). Before its next check,
+  each worker runs a *probe*: one tiny forward call under a short watchdog. If it answers, the check runs
+  as usual (a slow check is not a hang). If it does not, the watchdog ends the worker process; the
+  controller records that check as ``not-run`` and marks the backend
+* ``dead`` — its remaining checks are reported ``not-run: <backend> hung in <check>`` at once.
+
+So a hanging backend costs about one check timeout plus one probe, however many checks it has.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+STATE_FILE = "backends.json"
+PROBE_EXIT_STATUS = 75  # a worker ended by the probe's watchdog
+NOT_RUN_PREFIX = "not run: "  # a skip whose reason starts so is recorded as not-run, not unsupported
+
+
+def probe_seconds(timeout_s: float | None) -> float:
+    """The probe's budget: a fifth of the check timeout, between 5 and 60 seconds."""
+    return max(5.0, min(60.0, (timeout_s or 300.0) / 5))
+
+
+def _path(flight_dir) -> Path | None:
+    return None if not flight_dir else Path(flight_dir) / STATE_FILE
+
+
+def read(flight_dir) -> dict[str, dict]:
+    path = _path(flight_dir)
+    if path is None:
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def mark(flight_dir, backend: str, state: str, why: str) -> None:
+    """Set ``backend``'s state (``suspect`` or ``dead``); ``dead`` is never downgraded."""
+    path = _path(flight_dir)
+    if path is None:
+        return
+    states = read(flight_dir)
+    if states.get(backend, {}).get("state") == "dead":
+        return
+    states[backend] = {"state": state, "why": why}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(states))
+    os.replace(tmp, path)
+
+
+class Watchdog:
+    """Ends this process with :data:`PROBE_EXIT_STATUS` unless stopped within ``seconds``."""
+
+    def __init__(self, seconds: float):
+        self.timer = threading.Timer(seconds, lambda: os._exit(PROBE_EXIT_STATUS))
+        self.timer.daemon = True
+
+    def __enter__(self):
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.timer.cancel()
