@@ -3,12 +3,13 @@
 Not collected by the spec run (the file name does not match ``test_*.py``): ``jfa-conformance run --bench``
 runs it in its own pytest session without xdist, because pytest-benchmark switches itself off under xdist.
 Each benchmark stores in ``extra_info`` what the report needs: the shape, its length skew, the useful FLOPs
-(valid tokens only, causal halved: ``4 * pairs * D * Hq`` forward, 2.5x that backward) and the padding waste
-a padded ``[B, max L]`` layout would pay on it.
+(valid tokens only, causal halved: ``4 * pairs * D * Hq`` forward, 2.5x that backward), the padding waste
+a padded ``[B, max L]`` layout would pay on it, and the seconds of the first call (compilation included).
 """
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 import torch
@@ -107,6 +108,12 @@ def test_timing(benchmark, backend, device, shape, direction):
         def run():
             torch.autograd.grad(out, leaves, grad_out, retain_graph=True, allow_unused=True)
             _synchronize(device)
+    # The first call in this direction on this shape, compilation included. A backend compiles per
+    # configuration (dtype, head dims, causal mode), so a shape after one with the same configuration
+    # may find its kernels compiled already; the report shows it beside the backend's compile time.
+    start = time.perf_counter()
+    run()
+    benchmark.extra_info["first_call_s"] = time.perf_counter() - start
     # Same as the spec's contract check: a wrong shape would make the timing meaningless.
     call_backend(backend, args)
     benchmark.pedantic(run, rounds=5 if device.startswith("cuda") else 3, iterations=1, warmup_rounds=1)

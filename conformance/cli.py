@@ -361,40 +361,54 @@ def _run_benchmarks(ns, run_dir: Path, backend_specs, device, env, console) -> t
 
 
 def _replay(run_dir: Path, record: dict, spec_of: dict) -> dict | None:
-    """The replay artifact and command of a failed check, when the replay module provides them."""
-    try:
-        replay = importlib.import_module("conformance.replay")
-    except ImportError:
-        return None
-    if not hasattr(replay, "write_artifact"):
-        return None
-    backend = spec_of.get(record["backend"], record["backend"])
-    params = dict(record.get("params") or {})
-    if record.get("dtype"):
-        params["dtype"] = record["dtype"]
-    # The replay module's record: the backend as the user named it, the check, all its parameters.
-    artifact_record = {**record, "backend": backend, "check": record.get("test"), "nodeid": record["id"],
-                       "params": params}
-    try:
-        result = replay.write_artifact(run_dir, artifact_record)
-    except Exception as exc:  # noqa: BLE001 - a replay bug must not lose the report
-        return {"artifact": None, "command": None, "error": f"{type(exc).__name__}: {exc}"}
-    if result is None:
-        return None
-    if isinstance(result, str) and result.startswith("jfa-conformance"):
-        return {"artifact": None, "command": result}
-    path = os.path.relpath(result) if Path(result).is_absolute() else str(result)
-    if hasattr(replay, "replay_command"):
-        command = replay.replay_command(path, backend)
-    else:
-        command = f"jfa-conformance replay {path} --backend {backend}"
-    return {"artifact": str(result), "command": command}
+    """The backend spec (as the user named it) a failed check's reproducer calls; ``write_run_dir`` writes
+    the artifact and script under the report's ``failures/`` and fills in the rest of the entry."""
+    return {"backend": spec_of.get(record["backend"], record["backend"])}
 
 
-def write_run_dir(run_dir: Path, report: dict, regressions: list[dict] | None = None) -> None:
+def _run_option(report: dict, option: str) -> str | None:
+    """The value ``option`` had on the run's command line (``run.command``), or None."""
+    try:
+        tokens = shlex.split(str((report.get("run") or {}).get("command") or ""))
+    except ValueError:
+        return None
+    value = None
+    for i, token in enumerate(tokens):
+        if token == option and i + 1 < len(tokens):
+            value = tokens[i + 1]
+        elif token.startswith(option + "="):
+            value = token.partition("=")[2]
+    return value
+
+
+def write_run_dir(run_dir: Path, report: dict, regressions: list[dict] | None = None, *,
+                  baseline_backend: str | None = None, triage_file: str | None = None) -> None:
+    """report.json, summary.md and index.html in ``run_dir``, and every failure's reproducer (artifact and
+    standalone script) in its ``failures/``. ``baseline_backend`` and ``triage_file`` default to the run's
+    ``--baseline-backend`` and ``--triage-file``, then to what the report already holds."""
+    from . import replay
     from . import report as rp
-    from .reporting import render_html, render_markdown
+    from .reporting import render_html, render_markdown, triage
+    run_dir = Path(run_dir)
     report["summary"] = rp.summarize_backends(report)
+    baseline_backend = baseline_backend or _run_option(report, "--baseline-backend")
+    if baseline_backend:
+        report["run"]["baseline_backend"] = baseline_backend
+    triage_file = triage_file or _run_option(report, "--triage-file")
+    if triage_file:
+        try:
+            report["triage"] = {"file": str(triage_file), "entries": triage.load_triage_file(triage_file)}
+        except triage.TriageFileError as exc:
+            print(f"jfa-conformance: --triage-file: {exc}", file=sys.stderr)
+    try:
+        replay.write_reproducers(run_dir, report)
+    except Exception as exc:  # noqa: BLE001 - report.json and the exit code matter more than reproducers
+        print(f"jfa-conformance: could not write reproducers: {type(exc).__name__}: {exc}", file=sys.stderr)
+    groups = triage.groups(report["records"], (report.get("triage") or {}).get("entries"))
+    for group in groups:
+        for r in group.records:
+            r["summary"], r["signature"] = triage.summary(r), group.id
+    report["causes"] = [g.as_dict() for g in groups]
     rp.write_json(run_dir / "report.json", report)
     for filename, render in (("summary.md", render_markdown), ("index.html", render_html)):
         try:
@@ -408,34 +422,57 @@ def print_summary(console, report: dict, regressions: list[dict], run_dir: Path 
     from rich.table import Table
 
     from . import report as rp
+    from .reporting import perf, triage
+    times = perf.backend_times(report)
     table = Table(title="Conformance")
-    for column in ("backend", "verdict", "pass", "fail", "crash", "timeout", "not run", "xfail", "unsupported",
-                   "worst budget"):
+    columns = ["backend", "verdict", "pass", "fail", "crash", "timeout", "not run", "xfail", "unsupported",
+               "worst budget"] + (["compile s", "check s"] if times else [])
+    for column in columns:
         table.add_column(column, justify="left" if column in ("backend", "verdict") else "right")
-    colour = {"conformant": "green", "failing": "bold red", "supports nothing": "yellow"}
+    colour = {"conformant": "green", "failing": "bold red", "incomplete": "yellow", "supports nothing": "yellow"}
     for name, s in rp.summarize_backends(report).items():
         c = s["counts"]
         budget = s["worst_budget"]
-        table.add_row(name, f"[{colour[s['verdict']]}]{s['verdict']}[/]", str(c["pass"]), str(c["fail"] or ""),
-                      str(c["crash"] or ""), str(c["timeout"] or ""), str(c["not-run"] or ""),
-                      str(c["expected-fail"] or ""), str(c["unsupported"] or ""),
-                      "" if budget is None else ("inf" if budget == float("inf") else f"{budget:.0%}"))
+        cells = [escape(name), f"[{colour.get(s['verdict'], '')}]{s['verdict']}[/]", str(c["pass"]), str(c["fail"] or ""),
+                 str(c["crash"] or ""), str(c["timeout"] or ""), str(c["not-run"] or ""),
+                 str(c["expected-fail"] or ""), str(c["unsupported"] or ""),
+                 "" if budget is None else ("inf" if budget == float("inf") else f"{budget:.0%}")]
+        if times:
+            t = times.get(name) or {}
+            cells += ["" if t.get(k) is None else f"{t[k]:.1f}" for k in ("compile_s", "check_s")]
+        table.add_row(*cells)
     console.print(table)
-    bad = rp.failures(report)
-    for r in bad[:30]:
-        where = f"{r['backend']} {r['feature']}" + (f" [{r['dtype']}]" if r.get("dtype") else "")
-        console.print(f"[bold red]{r['outcome'].upper()}[/] {escape(where)}: {escape(r.get('reason') or '')}",
-                      highlight=False, soft_wrap=True)
-        if r.get("counterexample"):
-            console.print(f"    {rp.problem_label(r)}: {r['counterexample']}", markup=False, soft_wrap=True)
-        if (r.get("replay") or {}).get("command"):
-            console.print(f"    replay: {r['replay']['command']}", markup=False, soft_wrap=True)
-    if len(bad) > 30:
-        console.print(f"... and {len(bad) - 30} more failures (see summary.md)")
+    style = {"crash": "bold magenta", "fail": "bold red", "timeout": "bold yellow"}
+    groups = triage.groups(report["records"], (report.get("triage") or {}).get("entries"))
+    for group in groups[:20]:
+        count = f" x{len(group.records)}" if len(group.records) > 1 else ""
+        console.print(f"[{style.get(group.outcome, 'bold')}]{group.outcome.upper()}[/] {escape(group.backend)}{count}: "
+                      f"{escape(group.summary)}", highlight=False, soft_wrap=True)
+        if group.label:
+            console.print(f"    known: {group.label}" + (f" ({group.link})" if group.link else ""), markup=False,
+                          soft_wrap=True)
+        if group.shared_text():
+            console.print(f"    {group.shared_text()}", markup=False, soft_wrap=True)
+        checks = ", ".join(r["feature"] + (f" [{r['dtype']}]" if r.get("dtype") else "") for r in group.records)
+        console.print(f"    checks: {checks}", markup=False, soft_wrap=True)
+        first = group.smallest() or group.records[0]
+        if first.get("counterexample"):
+            console.print(f"    {rp.problem_label(first)}: {first['counterexample']}", markup=False, soft_wrap=True)
+        script = (first.get("replay") or {}).get("script")
+        if script:
+            where = Path(run_dir) / script if run_dir is not None else Path(script)
+            console.print(f"    reproduce: python {where}", markup=False, soft_wrap=True)
+    if len(groups) > 20:
+        console.print(f"... and {len(groups) - 20} more causes (see summary.md)")
+    unrun, _ = rp.unrun_checks(report)
+    if unrun:
+        console.print(f"[yellow]not run[/] (no verdict): {sum(map(len, unrun.values()))} checks of "
+                      f"{', '.join(escape(b) for b in unrun)}", highlight=False, soft_wrap=True)
     for r in regressions:
         console.print(f"[bold red]REGRESSION[/] {r['kind']}: {escape(r['what'])} — {escape(r['detail'])}", soft_wrap=True)
     if run_dir is not None:
-        console.print(f"report: {run_dir / 'index.html'}  (also report.json, summary.md, junit.xml)", markup=False)
+        console.print(f"report: {run_dir / 'index.html'}  (also report.json, summary.md, junit.xml, failures/)",
+                      markup=False)
 
 
 def _unfinished_checks(ns) -> list[str]:
@@ -600,35 +637,78 @@ def cmd_run(ns) -> int:
 
 
 # -- compare and merge ----------------------------------------------------------------------------------
+def _speedups(report: dict, baseline: str | None) -> dict[tuple[str, str, str], float]:
+    from .reporting import perf
+    return {(name, row.shape, row.direction): cell.speedup for row in perf.rows(report, baseline)
+            for name, cell in row.cells.items() if cell.speedup is not None}
+
+
 def cmd_compare(ns) -> int:
+    from rich.table import Table
+
     from . import report as rp
+    from .reporting import perf, triage
     try:
         old, new = rp.load(ns.old), rp.load(ns.new)
     except rp.ReportError as exc:
         raise UsageError(str(exc)) from None
+    entries = None
+    if ns.triage_file:
+        try:
+            entries = triage.load_triage_file(ns.triage_file)
+        except triage.TriageFileError as exc:
+            raise UsageError(f"--triage-file: {exc}") from None
+    entries = entries if entries is not None else (new.get("triage") or {}).get("entries")
     diff = rp.compare(old, new, ns.timing_threshold)
     if ns.json:
         print(json.dumps(diff, indent=1))
         return 1 if diff["new_failures"] or diff["timing_regressions"] else 0
     console = _console()
     console.print(f"[bold]{old['run'].get('name')}[/] -> [bold]{new['run'].get('name')}[/]")
+    cause = {r["id"]: g for g in triage.groups(new["records"], entries) for r in g.records}
+
+    def new_failure(f):
+        g = cause.get(f["id"])
+        text = f"{f['backend']} {f['feature']} {f.get('dtype') or ''}: {f['before']} -> {f['after']} "
+        text += (triage.summary(g.records[0]) if g else f.get("reason") or "")
+        if g is not None and g.label:
+            text += f"  [known: {g.label}" + (f", {g.link}" if g.link else "") + "]"
+        return text
+
     sections = [
-        ("New failures", diff["new_failures"], lambda f: f"{f['backend']} {f['feature']} {f.get('dtype') or ''}: "
-                                                         f"{f['before']} -> {f['after']} {f.get('reason') or ''}"),
+        ("New failures", diff["new_failures"], new_failure),
         ("Fixed", diff["fixed"], lambda f: f"{f['backend']} {f['feature']} {f.get('dtype') or ''}: {f['before']} -> {f['after']}"),
         ("Error-budget changes (>= 5 points)", diff["budget_changes"][:25],
          lambda c: f"{c['backend']} {c['feature']} {c.get('dtype') or ''}: {c['before']:.0%} -> {c['after']:.0%}"),
-        ("Timing changes", diff["timing_changes"],
-         lambda t: f"{t['backend']} {t['shape']} {t['direction']}: {t['before_s'] * 1e3:.3f} ms -> "
-                   f"{t['after_s'] * 1e3:.3f} ms ({t['change']:+.0%})"
-                   + ("  REGRESSION" if t["regression"]
-                      else "  past the threshold but within both runs' spread (not gated)" if t["within_spread"]
-                      else "")),
     ]
     for title, rows, fmt in sections:
         console.print(f"\n[bold]{title}[/] ({len(rows)})")
         for row in rows:
             console.print("  " + fmt(row), markup=False)
+    changes = diff["timing_changes"]
+    console.print(f"\n[bold]Timing changes[/] ({len(changes)})")
+    if changes:
+        base = perf.baseline_backend(new, ns.baseline_backend)
+        before_sp, after_sp = _speedups(old, base), _speedups(new, base)
+        old_rows = {rp.timing_key(t): t for t in old.get("timings", [])}
+        new_rows = {rp.timing_key(t): t for t in new.get("timings", [])}
+        table = Table(show_lines=False, title=f"speedups against {base}" if base else None)
+        for column in ("backend", "shape", "direction", "before ms", "after ms", "change", "spread before / after",
+                       "TFLOP/s after", f"speedup vs {base}" if base else "speedup", "verdict"):
+            table.add_column(column, justify="left" if column in ("backend", "shape", "direction", "verdict") else "right")
+        for t in sorted(changes, key=lambda t: (t["shape"], t["direction"], t["backend"])):
+            key = (t["backend"], t["shape"], t["direction"])
+            o, n = old_rows.get(key, {}), new_rows.get(key, {})
+            s0, s1 = before_sp.get(key), after_sp.get(key)
+            speed = "" if s0 is None and s1 is None else f"{perf.fmt_speedup(s0) or '-'} -> {perf.fmt_speedup(s1) or '-'}"
+            spread = " / ".join(perf.fmt_spread(perf.Cell(r, None, None).spread) or "-" for r in (o, n)) if o and n else ""
+            verdict = ("[bold red]REGRESSION[/]" if t["regression"] else
+                       "[yellow]slower, within both runs' spread (not gated)[/]" if t["within_spread"] else
+                       "[green]faster[/]" if t["change"] < -ns.timing_threshold else "")
+            table.add_row(t["backend"], t["shape"], t["direction"], f"{t['before_s'] * 1e3:.3f}", f"{t['after_s'] * 1e3:.3f}",
+                          f"{t['change']:+.0%}", spread, f"{n['tflops']:.3g}" if n.get("tflops") is not None else "",
+                          speed, verdict)
+        console.print(table)
     if diff["only_in_old"] or diff["only_in_new"]:
         console.print(f"\nchecks only in {ns.old}: {len(diff['only_in_old'])}; only in {ns.new}: {len(diff['only_in_new'])}")
     return 1 if diff["new_failures"] or diff["timing_regressions"] else 0

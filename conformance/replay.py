@@ -1,4 +1,5 @@
-"""Replayable failures: a small artifact per failed check, and ``jfa-conformance replay`` to rerun it.
+"""Replayable failures: per failed check an artifact, a standalone reproducer script, and
+``jfa-conformance replay`` to rerun it.
 
 An artifact (``<report dir>/failures/<id>.pt``, written with ``torch.save``) holds what the check ran:
 the problem as a dict (its seed regenerates the inputs bit for bit, see ``make_inputs``), the check's
@@ -6,6 +7,14 @@ name and parameters (edge case, relation, ...), the backend spec string, the dev
 node id. ``jfa-conformance replay <artifact> --backend X`` reruns exactly that check through the same
 harness functions the spec uses, prints the verdicts and exits 1 if the check still fails (0 if it
 passes now, 2 if it cannot be replayed here).
+
+Beside it, ``failures/<id>.py`` is the same failure as one Python file that needs nothing from the report
+directory (what one attaches to an upstream bug report): its docstring says what failed, on which problem
+and machine, and running it rebuilds the problem's inputs, prints them, calls the backend and judges the
+result against the float64 oracle (exit 1: reproduced, 0: passes now, 2: cannot run here). A check whose
+process died (crash, timeout) is reproduced by calling the backend on the problem it was running; any
+other by rerunning the check. Every path a report stores is relative to the report directory, so a
+moved or downloaded report keeps working.
 """
 from __future__ import annotations
 
@@ -13,9 +22,11 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import pprint
 import re
 import shlex
 import sys
+import textwrap
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -232,6 +243,254 @@ def replay(artifact: dict, backend_spec: str | None = None, device: str | None =
         return Outcome(False, [f"{type(exc).__name__}: {exc}"])
     except Exception:  # a crash of the backend is a failure of the check, as it was in the run
         return Outcome(False, traceback.format_exc().rstrip().splitlines())
+
+
+# -- reproducers in the report ---------------------------------------------------------------------------
+REPRODUCED_OUTCOMES = ("fail", "crash", "timeout")
+DEVICE_FAULT_PHASE = re.compile(r"DeviceFault: \S+ (forward|backward):")
+
+
+def artifact_record(record: dict, backend_spec: str) -> dict:
+    """A report record as :func:`write_artifact` takes it: the backend as the user named it, the check,
+    and all its parameters (the dtype included)."""
+    params = dict(record.get("params") or {})
+    if record.get("dtype"):
+        params["dtype"] = record["dtype"]
+    return {**record, "backend": backend_spec, "check": record.get("test") or check_name({"nodeid": record.get("id")}),
+            "nodeid": record.get("id"), "params": params}
+
+
+def _existing_artifact(report_dir: Path, replay_info: dict) -> Path | None:
+    """The artifact a record names, found in the report directory (paths may be relative to it, to the
+    directory a run was started from, or absolute on another machine: the file name decides)."""
+    given = replay_info.get("artifact")
+    if not given:
+        return None
+    for candidate in (report_dir / given, report_dir / FAILURES_DIR / Path(given).name):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def pytest_command(record: dict, backend_spec: str, run: dict | None = None) -> str | None:
+    """The pytest command that runs the failed check's node (from a jfa-conformance checkout)."""
+    nodeid = record.get("id")
+    if not nodeid or "::" not in str(nodeid):
+        return None
+    run = run or {}
+    parts = ["python", "-m", "pytest", str(nodeid), "-p", "conformance.plugin", "--backend", backend_spec]
+    if record.get("device"):
+        parts += ["--device", str(record["device"])]
+    if run.get("profile"):
+        parts += ["--hypothesis-profile", str(run["profile"]).split(",")[0]]
+    if isinstance(run.get("seed"), int):
+        parts += [f"--hypothesis-seed={run['seed']}"]
+    return shlex.join(parts)
+
+
+def reproducer_mode(record: dict) -> tuple[str, bool]:
+    """``(mode, gradients)``: ``call`` the backend on the problem a dead process was running (the check
+    around that call cannot be rebuilt), or rerun the ``check``; whether the call includes the backward."""
+    check = record.get("test") or check_name({"nodeid": record.get("id")})
+    if record.get("problem_source") != "running":
+        return "check", False
+    phase = DEVICE_FAULT_PHASE.search(record.get("message") or "")
+    gradients = check in ("test_gradients", "test_edge_case") or bool(phase and phase.group(1) == "backward")
+    return "call", gradients
+
+
+SOURCES = {
+    "shrunk": "hypothesis's minimal counterexample",
+    "running": "the call in flight when the check's process died: the shapes and options are the ones that failed, "
+               "the input values come from the problem's seed and may differ from the run's",
+    "failing example": "the failing example",
+    "last example": "the last example",
+}
+TEST_TOOLS = ("hypothesis", "pytest", "pytest-xdist", "pytest-benchmark", "pytest-timeout")
+
+
+def _docstring(record: dict, spec: dict, run: dict, summary_line: str) -> str:
+    env = run.get("environment") or {}
+    problem = problem_from_dict(spec["problem"])
+    what = (f"{record.get('backend')} · {record.get('feature') or spec['check']}"
+            + (f" · {record['dtype']}" if record.get("dtype") else "") + f" ({record.get('outcome')})")
+    source = SOURCES.get(record.get("problem_source"), "the check's problem")
+    lines = [f"Reproducer: {what}", "", *textwrap.wrap(summary_line, 100), "",
+             f"Check:    {record.get('id')}", f"Problem:  {problem!r}",
+             *textwrap.wrap(f"({source})", 100, initial_indent=" " * 10, subsequent_indent=" " * 10)]
+    if env:
+        device = env.get("device_name") or env.get("device")
+        cc = f" (compute capability {env['compute_capability']})" if env.get("compute_capability") else ""
+        versions = ", ".join(f"{k} {v}" for k, v in (env.get("packages") or {}).items() if k not in TEST_TOOLS)
+        lines += [f"Recorded: {device}{cc}; python {env.get('python')}; {versions or 'torch ' + str(env.get('torch'))}"]
+        if env.get("git_commit"):
+            lines += [" " * 10 + f"jfa-conformance commit {env['git_commit'][:12]}"
+                      + (" with uncommitted changes" if env.get("git_dirty") else "")]
+    name = spec["script"]
+    lines += ["", "Needs jfa-conformance and the backend's own package installed, nothing from the report directory:",
+              f"    python {name}                      exit 1: reproduced, 0: passes now, 2: cannot run here",
+              f"    python {name} --backend reference  the same problem on another backend",
+              f"    python {name} --device cuda:1      on another device", ""]
+    if spec["mode"] == "call":
+        lines += textwrap.wrap(
+            "It calls the backend once on the problem" + (", forward and backward," if spec["gradients"] else "")
+            + " and judges the result against the float64 oracle; CUDA_LAUNCH_BLOCKING=1 makes a device fault "
+            "surface at the kernel launch that caused it.", 100)
+    else:
+        lines += textwrap.wrap(f"It reruns the check ({spec['check']}) on the problem as the run did and judges the "
+                               "result against the float64 oracle.", 100)
+    text = "\n".join(line.rstrip() for line in lines)
+    return text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+
+
+def script_text(record: dict, spec: dict, run: dict | None, summary_line: str) -> str:
+    """The source of a standalone reproducer (see the module docstring)."""
+    data = pprint.pformat({k: v for k, v in spec.items() if k != "script"}, width=110, sort_dicts=False, compact=True)
+    return "\n".join([
+        "#!/usr/bin/env python3",
+        f'"""{_docstring(record, spec, run or {}, summary_line)}',
+        '"""',
+        "import os",
+        "import sys",
+        "",
+        f"REPRODUCER = {data}",
+        "",
+        'if __name__ == "__main__":',
+        "    # a device fault is then raised by the kernel launch that caused it (set before CUDA starts)",
+        '    os.environ.setdefault("CUDA_LAUNCH_BLOCKING", "1")',
+        "    from conformance.replay import reproducer_main",
+        "",
+        "    sys.exit(reproducer_main(REPRODUCER, sys.argv[1:]))",
+        "",
+    ])
+
+
+def write_reproducer(report_dir, record: dict, backend_spec: str | None = None, run: dict | None = None,
+                     summary_line: str | None = None) -> dict | None:
+    """The record's replay artifact and standalone script under ``<report_dir>/failures/`` (the artifact
+    kept when it is already there), and the ``replay`` entry for the record, its paths relative to
+    ``report_dir``; None when the failure cannot be rebuilt (no problem, or a check replay does not know)."""
+    report_dir = Path(report_dir)
+    previous = record.get("replay") or {}
+    spec_name = backend_spec or previous.get("backend") or record.get("backend") or ""
+    artifact = _existing_artifact(report_dir, previous)
+    if artifact is None:
+        artifact = write_artifact(report_dir, artifact_record(record, spec_name))
+    if artifact is None:
+        return None
+    data = load_artifact(artifact)
+    mode, gradients = reproducer_mode(record)
+    relative = f"{FAILURES_DIR}/{artifact.name}"
+    script = f"{FAILURES_DIR}/{artifact.stem}.py"
+    spec = {"backend": spec_name, "device": data.get("device") or "cpu", "check": data["check"],
+            "params": data.get("params") or {}, "problem": _json_safe(dataclasses.asdict(problem_from_dict(data["problem"]))),
+            "mode": mode, "gradients": gradients,
+            "nodeid": data.get("nodeid") or record.get("id"), "outcome": record.get("outcome"),
+            "script": Path(script).name}
+    if summary_line is None:
+        from .reporting.triage import summary
+        summary_line = summary(record)
+    text = script_text(record, spec, run, summary_line)
+    path = report_dir / script
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
+        path.chmod(0o755)
+    return {"artifact": relative, "script": script, "backend": spec_name,
+            "command": replay_command(relative, spec_name), "pytest": pytest_command(record, spec_name, run)}
+
+
+def write_reproducers(report_dir, report: dict) -> int:
+    """Give every failed, crashed or timed-out record of ``report`` its artifact and script in
+    ``<report_dir>/failures/`` (``failures/`` exists afterwards even when nothing failed) and a ``replay``
+    entry relative to the report directory; returns how many records have one. A reproducer that cannot be
+    written is noted in the record's ``replay.error``, never raised: the report matters more."""
+    (Path(report_dir) / FAILURES_DIR).mkdir(parents=True, exist_ok=True)
+    written = 0
+    for record in report.get("records", []):
+        if record.get("outcome") not in REPRODUCED_OUTCOMES:
+            continue
+        try:
+            entry = write_reproducer(report_dir, record, run=report.get("run"))
+        except Exception as exc:  # noqa: BLE001 - a reproducer bug must not lose the report
+            entry = {"artifact": None, "command": None, "error": f"{type(exc).__name__}: {exc}"}
+        if entry is not None:
+            record["replay"] = entry
+            written += bool(entry.get("artifact"))
+        else:
+            record.pop("replay", None)
+    return written
+
+
+def describe_inputs(args) -> list[str]:
+    """The packed call's tensors and options, as one would write them into a bug report."""
+    def tensor(name, t):
+        dtype = str(t.dtype).removeprefix("torch.")
+        return f"{name}: shape {tuple(t.shape)}, {dtype}, stride {tuple(t.stride())}"
+
+    def listed(t):
+        values = t.tolist()
+        return str(values) if len(values) <= 24 else f"{values[:12]} ... {values[-4:]} ({len(values)} entries)"
+
+    return [tensor("q", args.q), tensor("k", args.k), tensor("v", args.v),
+            f"cu_seqlens_q: {listed(args.cu_seqlens_q)}", f"cu_seqlens_k: {listed(args.cu_seqlens_k)}",
+            f"max_seqlen_q={args.max_seqlen_q}, max_seqlen_k={args.max_seqlen_k}, causal={args.causal!r}, "
+            f"softmax_scale={args.softmax_scale!r}, broadcast_q={args.broadcast_q}"]
+
+
+def reproduce(spec: dict, backend_spec: str | None = None, device: str | None = None) -> Outcome:
+    """Run a reproducer: the backend called once on the problem (``mode == "call"``) or the check rerun;
+    a backend exception, device fault included, is a failed outcome with its text."""
+    if spec.get("mode") != "call":
+        return replay(spec, backend_spec, device)
+    from backends import registry
+
+    from .harness import judge_forward, judge_gradients, run_backend
+
+    backend = registry.resolve(backend_spec or spec["backend"])
+    device = device or spec.get("device") or "cpu"
+    reason = backend.unavailable_reason(device)
+    if reason:
+        raise Unsupported(f"{backend.name} cannot run on {device} here: {reason}")
+    problem = problem_from_dict(spec["problem"])
+    gradients = bool(spec.get("gradients")) and backend.capabilities.backward
+    try:
+        run = run_backend(backend, problem, device, gradients=gradients)
+    except (Unsupported, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # noqa: BLE001 - DeviceFault is a BaseException; any error is the reproduction
+        return Outcome(False, traceback.format_exc().rstrip().splitlines())
+    verdicts = judge_forward(problem, run) + (judge_gradients(problem, run) if gradients else [])
+    return Outcome.from_verdicts(verdicts)
+
+
+def reproducer_main(spec: dict, argv: list[str] | None = None) -> int:
+    """The command line of a ``failures/<id>.py`` script."""
+    parser = argparse.ArgumentParser(description=f"Reproduce {spec['check']} of {spec['backend']} "
+                                                 f"({spec.get('outcome')}); exit 1 when it fails again.")
+    parser.add_argument("--backend", default=None, help=f"backend to run (default: {spec['backend']})")
+    parser.add_argument("--device", default=None, help=f"device (default: {spec.get('device')})")
+    args = parser.parse_args(argv)
+    from .problem import make_inputs
+
+    problem = problem_from_dict(spec["problem"])
+    device = args.device or spec.get("device") or "cpu"
+    backend = args.backend or spec["backend"]
+    how = "one call" if spec.get("mode") == "call" else "the check"
+    print(f"{spec['check']} of {backend} on {device} ({how}{', forward and backward' if spec.get('gradients') else ''})")
+    print(f"  problem: {problem!r}")
+    gpu = f", {torch.cuda.get_device_name(device)}" if device.startswith("cuda") and torch.cuda.is_available() else ""
+    print(f"  torch {torch.__version__}{gpu}")
+    try:
+        for line in describe_inputs(make_inputs(problem, "cpu")):
+            print(f"  {line}")
+        outcome = reproduce(spec, args.backend, args.device)
+    except (Unsupported, ValueError, ImportError) as exc:
+        print(f"cannot run here: {exc}", file=sys.stderr)
+        return 2
+    for line in outcome.lines:
+        print(f"  {line}")
+    print("PASS: it does not fail here" if outcome.ok else "REPRODUCED: it fails again")
+    return 0 if outcome.ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:

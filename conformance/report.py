@@ -130,7 +130,7 @@ def timings_from_benchmark(bench: dict) -> list[dict]:
         rows.append({
             "backend": info["backend"], "shape": info["shape"], "direction": info["direction"],
             "median_s": median, "min_s": stats.get("min"), "q1_s": stats.get("q1"), "q3_s": stats.get("q3"),
-            "rounds": stats.get("rounds"),
+            "rounds": stats.get("rounds"), "first_call_s": info.get("first_call_s"),
             "useful_flops": info["useful_flops"], "tflops": info["useful_flops"] / median / 1e12,
             "padding_waste": info["padding_waste"], "length_skew": info["length_skew"], "problem": info["problem"],
         })
@@ -149,11 +149,17 @@ def outcome_counts(records) -> dict[str, Counter]:
     return counts
 
 
+VERDICTS = ("failing", "incomplete", "supports nothing", "conformant")
+
+
 def backend_verdict(counts: Counter) -> str:
-    """``failing`` (any failure, crash, timeout or not-run check), ``supports nothing`` (every check was
-    unsupported) or ``conformant``."""
-    if any(counts[o] for o in FAILING):
+    """``failing`` (any failure, crash or timeout), ``incomplete`` (no failure, but checks that never ran:
+    they say nothing about the backend), ``supports nothing`` (every check was unsupported) or
+    ``conformant``."""
+    if any(counts[o] for o in ("fail", "crash", "timeout")):
         return "failing"
+    if counts["not-run"]:
+        return "incomplete"
     if counts["unsupported"] == sum(counts.values()):
         return "supports nothing"
     return "conformant"

@@ -263,7 +263,7 @@ def test_unrun_checks_are_listed_apart_from_the_failures():
     assert "- **a**: lse [float32]" in unrun_part and "- **b**: gradients" in unrun_part
     assert "--time-limit" in unrun_part
     page = render_html(report)
-    assert "Failures (1)" in page and "Not run (2)" in page
+    assert "Failures by cause (1 cause, 1 check)" in page and "Not run (2)" in page
 
 
 def test_the_summary_says_when_the_code_that_ran_was_not_its_commit():

@@ -104,7 +104,11 @@ def test_crashes_hangs_device_errors_and_nan_each_leave_a_complete_report(tmp_pa
     assert nan["counterexample"].startswith("Problem(") and nan["budget_used"] == float("inf")
     # Each failure leaves a replay artifact and the one line that reruns exactly that check.
     assert nan["replay"]["command"].startswith("jfa-conformance replay ")
-    assert (tmp_path / "isolation" / "failures").is_dir() and Path(nan["replay"]["artifact"]).exists()
+    # Paths are relative to the report directory, so the report can be moved; the script stands alone.
+    run_dir = tmp_path / "isolation"
+    assert (run_dir / "failures").is_dir() and (run_dir / nan["replay"]["artifact"]).exists()
+    assert nan["replay"]["artifact"].startswith("failures/") and (run_dir / nan["replay"]["script"]).exists()
+    assert nan["replay"]["command"] == f"jfa-conformance replay {nan['replay']['artifact']} --backend {module}:ReturnsNan"
     junit = (tmp_path / "isolation" / "junit.xml").read_text()
     assert junit.count("<testcase") >= 12
     out = capsys.readouterr().out

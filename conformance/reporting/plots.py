@@ -24,18 +24,20 @@ def _dtype(record) -> str | None:
     return record.get("dtype") or (record.get("problem") or {}).get("dtype")
 
 
-def budget_by_backend_and_dtype(records) -> bytes | None:
-    """Grouped bars: the largest error budget used per backend and dtype (1.0 = edge of the tolerance)."""
+def budget_by_backend_and_dtype(records, order=()) -> bytes | None:
+    """Grouped bars: the largest error budget used per backend and dtype (1.0 = edge of the tolerance).
+    Crashes and timeouts are left out: their verdicts are of examples that ran before the process died."""
     worst: dict[tuple[str, str], float] = defaultdict(float)
     for r in records:
-        if r.get("budget_used") is not None and _dtype(r):
+        if r.get("budget_used") is not None and _dtype(r) and r.get("outcome") not in ("crash", "timeout"):
             key = (r["backend"], _dtype(r))
             worst[key] = max(worst[key], r["budget_used"])
     if not worst:
         return None
-    backends = sorted({b for b, _ in worst})
+    present = {b for b, _ in worst}
+    backends = [b for b in order if b in present] + sorted(present - set(order))
     dtypes = [d for d in ("float32", "float16", "bfloat16") if any(k[1] == d for k in worst)]
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(backends) + 2), 3.6))
+    fig, ax = plt.subplots(figsize=(min(14.0, max(6.0, 0.75 * len(backends) + 2)), 3.8), layout="constrained")
     width = 0.8 / len(dtypes)
     for i, dtype in enumerate(dtypes):
         xs, heights, labels = [], [], []
@@ -45,50 +47,49 @@ def budget_by_backend_and_dtype(records) -> bytes | None:
             value = worst[backend, dtype]
             xs.append(j + (i - (len(dtypes) - 1) / 2) * width)
             heights.append(min(value, BUDGET_CLIP) if math.isfinite(value) else BUDGET_CLIP)
-            labels.append(f"{value:.0%}" if math.isfinite(value) else "inf")
+            # only bars past the tolerance are labelled: with many backends the labels would overlap
+            labels.append((f"{value:.0%}" if math.isfinite(value) else "inf") if value >= 1 else "")
         bars = ax.bar(xs, heights, width, label=dtype)
-        ax.bar_label(bars, labels=labels, fontsize=7, padding=1)
+        ax.bar_label(bars, labels=labels, fontsize=7, padding=1, rotation=90)
     ax.axhline(1.0, color="#b00020", linestyle="--", linewidth=1)
     ax.text(len(backends) - 0.5, 1.02, "tolerance", color="#b00020", ha="right", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(backends)), backends)
+    ax.set_xticks(range(len(backends)), backends, rotation=35, ha="right", fontsize=8)
     top = max(min(value, BUDGET_CLIP) if math.isfinite(value) else BUDGET_CLIP for value in worst.values())
-    ax.set_ylim(0, max(1.2, top) * 1.12)
+    ax.set_ylim(0, max(1.2, top) * 1.25)
     ax.set_ylabel("largest error budget used\n(observed / allowed)")
-    ax.set_title("Error budget by backend and dtype (worst check)")
-    ax.legend(title="dtype", fontsize=8, loc="upper left")
+    ax.set_title("Error budget by backend and dtype (worst check; bars past the tolerance are labelled)", fontsize=10)
+    ax.legend(title="dtype", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return _png(fig)
 
 
-def tflops_vs_skew(timings) -> bytes | None:
-    """TFLOP/s on useful FLOPs against length skew (longest / mean sequence), one line per backend; each
-    shape is labelled at its skew."""
-    if not timings:
+def throughput_by_shape(table, backends: list[str], baseline: str | None) -> bytes | None:
+    """Grouped bars per shape, one panel per direction: TFLOP/s on useful FLOPs of every backend, the
+    baseline's bar outlined. ``table``: :func:`conformance.reporting.perf.rows`."""
+    if not table:
         return None
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.0), layout="constrained")
-    for ax, direction in zip(axes, ("forward", "backward")):
-        rows = [t for t in timings if t["direction"] == direction]
-        for backend in sorted({t["backend"] for t in rows}):
-            points = sorted((t["length_skew"], t["tflops"]) for t in rows if t["backend"] == backend)
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", linewidth=1, label=backend)
-        for shape in sorted({t["shape"] for t in rows}):
-            at = [t for t in rows if t["shape"] == shape]
-            ax.annotate(shape, (at[0]["length_skew"], max(t["tflops"] for t in at)), textcoords="offset points",
-                        xytext=(0, 6), ha="center", fontsize=7, color="#555")
-        ax.set_xscale("log")
-        skews = [t["length_skew"] for t in rows] or [1.0]
-        ax.set_xticks([x for x in (1, 2, 3, 5, 10, 20, 50, 100, 200, 500) if min(skews) / 1.5 <= x <= max(skews) * 1.5])
-        ax.xaxis.set_major_formatter(ScalarFormatter())
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel("length skew: longest / mean key length (log scale)")
-        ax.set_ylabel("TFLOP/s on useful FLOPs")
-        ax.set_title(f"{direction.capitalize()}: throughput vs length skew")
-        ax.grid(True, alpha=0.3)
-        ax.margins(x=0.08, y=0.15)
-        ax.set_ylim(bottom=0)
-        if rows:
-            ax.legend(fontsize=8)
-        else:
-            ax.text(0.5, 0.5, "no timings", transform=ax.transAxes, ha="center")
+    directions = [d for d in ("forward", "backward") if any(r.direction == d for r in table)]
+    fig, axes = plt.subplots(len(directions), 1, figsize=(min(15.0, 4 + 0.25 * len(backends) * len(table) / max(1, len(directions))),
+                                                          3.2 * len(directions)), layout="constrained", squeeze=False)
+    colours = plt.get_cmap("tab20").colors
+    for ax, direction in zip(axes[:, 0], directions):
+        shown = [r for r in table if r.direction == direction]
+        width = 0.84 / max(1, len(backends))
+        for j, name in enumerate(backends):
+            xs, ys = [], []
+            for i, row in enumerate(shown):
+                cell = row.cells.get(name)
+                if cell is not None:
+                    xs.append(i + (j - (len(backends) - 1) / 2) * width)
+                    ys.append(cell.row["tflops"])
+            if xs:
+                ax.bar(xs, ys, width, label=name, color=colours[j % len(colours)],
+                       edgecolor="#111" if name == baseline else "none", linewidth=1.2 if name == baseline else 0)
+        ax.set_xticks(range(len(shown)), [f"{r.shape}\nskew {r.length_skew:.1f}" if r.length_skew else r.shape
+                                          for r in shown], fontsize=8)
+        ax.set_ylabel("TFLOP/s (useful FLOPs)", fontsize=9)
+        ax.set_title(f"{direction.capitalize()}" + (f" (outlined: {baseline}, the speedup baseline)" if baseline else ""),
+                     fontsize=10)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+    axes[0, 0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return _png(fig)

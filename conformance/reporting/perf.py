@@ -1,0 +1,168 @@
+"""The performance view of a report: shapes x backends with median time, TFLOP/s on useful FLOPs, speedup
+against a baseline backend, share of the device's peak, rounds, spread and first-call time.
+
+Reads the report's ``timings`` rows (see reports/README.md) and, where present, each backend's ``time``
+entry (compile and check seconds of the run).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Backends that are not vendor kernels: the oracle's implementations and the project's own kernel. The
+# default baseline is the first other built-in adapter of the report (FA4 where it ran).
+NOT_VENDOR = ("reference", "reference-online", "triton-jfa")
+BUILTIN_PREFIX = "backends."
+
+# Nominal dense (no sparsity) tensor-core peaks in TFLOP/s for 16-bit inputs, from NVIDIA's datasheets,
+# matched on the device name torch reports. A device not listed has no "share of peak" column.
+PEAK_TFLOPS_16BIT = (
+    ("H100 PCIe", 756.0),
+    ("H200 NVL", None),
+    ("H200", 989.4),
+    ("H100", 989.4),
+    ("A100", 312.0),
+)
+
+
+def peak_tflops(environment: dict | None, dtype: str | None) -> float | None:
+    """The nominal dense 16-bit tensor-core peak of the report's device, or None when unknown (also for
+    float32 problems, whose rate depends on TF32 settings)."""
+    name = (environment or {}).get("device_name") or ""
+    if dtype not in ("float16", "bfloat16") or not (environment or {}).get("device", "").startswith("cuda"):
+        return None
+    for key, peak in PEAK_TFLOPS_16BIT:
+        if key in name:
+            return peak
+    return None
+
+
+def timed_backends(report: dict) -> list[str]:
+    """Backends with timings, in report order."""
+    names = {t["backend"] for t in report.get("timings") or []}
+    ordered = [b for b in report.get("backends", {}) if b in names]
+    return ordered + sorted(names - set(ordered))
+
+
+def is_vendor(report: dict, name: str) -> bool:
+    source = str((report.get("backends", {}).get(name) or {}).get("source") or "")
+    return name not in NOT_VENDOR and source.startswith(BUILTIN_PREFIX)
+
+
+def baseline_backend(report: dict, chosen: str | None = None) -> str | None:
+    """The backend speedups are measured against: ``chosen`` (or the run's ``--baseline-backend``) when it
+    has timings, else the first vendor kernel with timings, else the first backend with timings."""
+    names = timed_backends(report)
+    chosen = chosen or report.get("run", {}).get("baseline_backend")
+    if chosen in names:
+        return chosen
+    return next((n for n in names if is_vendor(report, n)), names[0] if names else None)
+
+
+@dataclass
+class Cell:
+    """One backend on one shape and direction."""
+
+    row: dict
+    speedup: float | None
+    peak_share: float | None
+
+    @property
+    def median_ms(self) -> float:
+        return self.row["median_s"] * 1e3
+
+    @property
+    def spread(self) -> float | None:
+        """Interquartile range of the rounds relative to the median (0.04 = the middle half of the rounds
+        lies within 4% of the median's size)."""
+        q1, q3 = self.row.get("q1_s"), self.row.get("q3_s")
+        if q1 is None or q3 is None or not self.row.get("median_s"):
+            return None
+        return (q3 - q1) / self.row["median_s"]
+
+
+@dataclass
+class Row:
+    """One shape in one direction, across backends."""
+
+    shape: str
+    direction: str
+    problem: dict
+    length_skew: float | None
+    padding_waste: float | None
+    cells: dict[str, Cell]
+
+
+def rows(report: dict, baseline: str | None) -> list[Row]:
+    """Shapes x directions (forward first), each with every timed backend's cell."""
+    env = (report.get("run") or {}).get("environment")
+    by_key: dict[tuple[str, str], dict[str, dict]] = {}
+    for t in report.get("timings") or []:
+        by_key.setdefault((t["shape"], t["direction"]), {})[t["backend"]] = t
+    shape_order = list(dict.fromkeys(t["shape"] for t in report.get("timings") or []))
+    out = []
+    for direction in ("forward", "backward"):
+        for shape in shape_order:
+            timings = by_key.get((shape, direction))
+            if not timings:
+                continue
+            base = timings.get(baseline) if baseline else None
+            cells = {}
+            for name, t in timings.items():
+                speedup = base["median_s"] / t["median_s"] if base and t.get("median_s") else None
+                peak = peak_tflops(env, (t.get("problem") or {}).get("dtype"))
+                cells[name] = Cell(t, speedup, t["tflops"] / peak if peak and t.get("tflops") is not None else None)
+            any_row = next(iter(timings.values()))
+            out.append(Row(shape, direction, any_row.get("problem") or {}, any_row.get("length_skew"),
+                           any_row.get("padding_waste"), cells))
+    return out
+
+
+def geomean_speedups(table: list[Row]) -> dict[tuple[str, str], tuple[float, int]]:
+    """``(backend, direction) -> (geometric mean speedup over the shapes both ran, shapes)``."""
+    logs: dict[tuple[str, str], list[float]] = {}
+    for row in table:
+        for name, cell in row.cells.items():
+            if cell.speedup and cell.speedup > 0 and math.isfinite(cell.speedup):
+                logs.setdefault((name, row.direction), []).append(math.log(cell.speedup))
+    return {k: (math.exp(sum(v) / len(v)), len(v)) for k, v in logs.items()}
+
+
+def backend_times(report: dict) -> dict[str, dict]:
+    """Each backend's ``time`` entry (compile and check seconds, warm-up calls) where the run recorded one."""
+    return {name: info["time"] for name, info in (report.get("backends") or {}).items()
+            if isinstance(info, dict) and isinstance(info.get("time"), dict)}
+
+
+def shape_text(row: Row) -> str:
+    """A shape's defining numbers: batch, heads, head dim, dtype, causal, skew."""
+    p = row.problem
+    bits = []
+    if p.get("batch") is not None:
+        bits.append(f"B={p['batch']}")
+    if p.get("heads_q") is not None:
+        heads = p["heads_q"] if p.get("heads_kv") in (None, p["heads_q"]) else f"{p['heads_q']}/{p['heads_kv']}"
+        bits.append(f"H={heads}")
+    if p.get("head_dim") is not None:
+        bits.append(f"D={p['head_dim']}")
+    if p.get("dtype"):
+        bits.append(str(p["dtype"]).replace("bfloat16", "bf16").replace("float16", "fp16").replace("float32", "fp32"))
+    if p.get("causal") not in (None, "none"):
+        bits.append("causal")
+    if row.length_skew is not None:
+        bits.append(f"skew {row.length_skew:.1f}")
+    return ", ".join(bits)
+
+
+def fmt_speedup(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}x"
+
+
+def fmt_spread(value: float | None) -> str:
+    return "" if value is None else f"±{value / 2:.0%}"
+
+
+def fmt_seconds(value) -> str:
+    if value is None:
+        return ""
+    return f"{value * 1e3:.0f} ms" if value < 1 else f"{value:.1f} s"
