@@ -32,6 +32,10 @@ BUILTIN: dict[str, str] = {
     "sdpa-efficient": "backends.sdpa_kernels:SdpaEfficient",
     "sdpa-cudnn": "backends.sdpa_kernels:SdpaCudnn",
     "sdpa-math": "backends.sdpa_kernels:SdpaMath",
+    "flashinfer": "backends.flashinfer:FlashInfer",
+    "flashinfer-fa2": "backends.flashinfer:FlashInferFA2",
+    "flashinfer-fa3": "backends.flashinfer:FlashInferFA3",
+    "flashinfer-cudnn": "backends.flashinfer:FlashInferCudnn",
 }
 
 

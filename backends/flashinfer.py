@@ -1,0 +1,185 @@
+"""`flashinfer`, `flashinfer-fa2`, `flashinfer-fa3`, `flashinfer-cudnn`: FlashInfer's ragged prefill,
+``flashinfer.BatchPrefillWithRaggedKVCacheWrapper`` (PyPI ``flashinfer-python``, written against 0.7.2.post1),
+one name per implementation it offers on sm_90 (its ``backend=`` argument): ``auto`` (``fa3`` on Hopper for
+the head dims FA3 is built for, ``fa2`` otherwise), ``fa2`` (sm_80+), ``fa3`` (sm_90 only) and ``cudnn``.
+
+Conventions, from its sources (``flashinfer/prefill.py``, ``include/flashinfer/attention/``):
+
+- Layout: q ``[total_q, Hq, D]`` and k/v ``[total_k, Hkv, D]`` (``kv_layout="NHD"``) with token offsets
+  ``qo_indptr`` / ``kv_indptr``: the spec's packed layout as it is. ``plan()`` reads the offsets on the host,
+  so they are handed over as contiguous int32 CPU tensors (a strided indptr gives wrong results,
+  flashinfer-ai/flashinfer#5260; int32 also keeps one compiled module per configuration, the index type
+  being part of it).
+- Causal is bottom-right (the mask drops ``kv_idx + qo_len > kv_len + q_idx``), but FlashInfer does not
+  support causal rows with more queries than keys: its single-request prefill raises "kv_len must be greater
+  than or equal to qo_len" and its batch tests skip the case. Refused here; so is an empty batch
+  (``plan()`` takes the maximum of the per-request lengths).
+- LSE: ``run(..., return_lse=True)`` returns base 2, ``[total_q, Hq]`` (``max * scale * log2(e) +
+  log2(sum)``; 0.7.2 names this default ``lse_base="log2"``, ``lse_layout="NH"``), converted here.
+- float16 / bfloat16 only, head dims 64, 128, 256 with Dv == D: the set FlashInfer's tests cover and the
+  only one FA3's prefill kernels are built for besides (192, 128). FA2 would compile other dims, each
+  (dtype, D, Dv) a build of minutes, so the suite keeps to the common set.
+- Forward only (inference kernels: no backward); broadcast-Q is emulated (q's rows must equal
+  ``qo_indptr[-1]``; there is no dense-q form).
+
+Kernels of ``auto``/``fa2``/``fa3`` are compiled by FlashInfer's JIT (nvcc and ninja) at the first call of
+each (implementation, dtype, head dims); later calls in any process load them from its cache
+(``FLASHINFER_WORKSPACE_BASE``). ``tools/flashinfer-bundle.sh`` packs it all for an offline runner.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import math
+import os
+import shutil
+from collections import OrderedDict
+
+import torch
+
+from conformance.backend import Backend, Capabilities
+from conformance.problem import AttentionArgs, Output, Problem
+
+HEAD_DIMS = (64, 128, 256)
+WORKSPACE_BYTES = 256 * 1024 * 1024  # FlashInfer's split-KV scratch; it recommends 128 MB, serving stacks use more
+PLAN_CACHE_SIZE = 8  # planned wrappers kept per backend (a check replays one layout several times)
+
+
+def natural_log_lse(lse_log2: torch.Tensor) -> torch.Tensor:
+    """FlashInfer's LSE (base 2, ``[rows, Hq]``) as the spec's: natural log, float32, ``[Hq, rows]``."""
+    return (lse_log2.float() * math.log(2.0)).transpose(0, 1).contiguous()
+
+
+def _nvcc() -> str:
+    """The nvcc FlashInfer's JIT runs: $CUDA_HOME or $CUDA_PATH, else the one on PATH, else /usr/local/cuda."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home:
+        return os.path.join(home, "bin", "nvcc")
+    return shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+
+
+def jit_tools_missing() -> str | None:
+    """Why FlashInfer's JIT could not build a kernel here, or None."""
+    found = {"nvcc": os.path.isfile(_nvcc()), "ninja": shutil.which("ninja") is not None}
+    missing = [tool for tool, there in found.items() if not there]
+    if not missing:
+        return None
+    return (f"FlashInfer compiles its kernels at first use and cannot find {' or '.join(missing)} "
+            "(nvcc from CUDA_HOME, CUDA_PATH or PATH; ninja on PATH)")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("flashinfer-python")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+class FlashInfer(Backend):
+    """``BatchPrefillWithRaggedKVCacheWrapper(backend="auto")``; the subclasses pin one implementation."""
+
+    name = "flashinfer"
+    implementation = "auto"  # FlashInfer's backend= argument
+    requires: tuple[str, ...] = ("flashinfer",)
+    compiled_at_first_use = True  # by FlashInfer's JIT
+    minimum_capability = (8, 0)
+
+    def __init__(self, *, plan_cache_size: int = PLAN_CACHE_SIZE, workspace_bytes: int = WORKSPACE_BYTES):
+        if plan_cache_size < 1 or workspace_bytes < 1:
+            raise ValueError("plan_cache_size and workspace_bytes must be positive, "
+                             f"got {plan_cache_size} and {workspace_bytes}")
+        self.plan_cache_size, self.workspace_bytes = plan_cache_size, workspace_bytes
+        self._workspaces: dict[torch.device, torch.Tensor] = {}  # one scratch buffer per device, shared by plans
+        self._plans: OrderedDict[tuple, object] = OrderedDict()  # layout and options -> planned wrapper, LRU
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            devices=("cuda",),
+            dtypes=("float16", "bfloat16"),
+            head_dims=HEAD_DIMS,
+            value_dim_differs=False,
+            causal_modes=("none", "bottom_right"),
+            broadcast_q="emulated",
+            backward=False,
+            min_compute_capability=self.minimum_capability,
+            notes=f"flashinfer-python {_version()}: BatchPrefillWithRaggedKVCacheWrapper, "
+            f"backend='{self.implementation}'; base-2 LSE [rows, Hq] converted; causal needs Lk >= Lq per "
+            "sequence; no empty batch; forward only",
+        )
+
+    def unavailable_reason(self, device: str) -> str | None:
+        reason = super().unavailable_reason(device)
+        if reason is None and self.compiled_at_first_use:
+            reason = jit_tools_missing()
+        return reason
+
+    def not_supported_reasons(self, problem: Problem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        if problem.batch == 0:
+            reasons.append("an empty batch is refused by FlashInfer's plan() (it takes the maximum request length)")
+        if problem.causal == "bottom_right" and any(lq > lk for lq, lk in zip(problem.seqlens_q, problem.seqlens_k)):
+            reasons.append("FlashInfer does not support causal attention with more queries than keys in a sequence "
+                           "(its single prefill raises on qo_len > kv_len; its batch tests skip the case)")
+        return reasons
+
+    def _workspace(self, device: torch.device) -> torch.Tensor:
+        if device not in self._workspaces:
+            self._workspaces[device] = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=device)
+        return self._workspaces[device]
+
+    def _planned(self, args: AttentionArgs):
+        """A wrapper planned for this call's layout and options: from the cache, else made and planned."""
+        from flashinfer import BatchPrefillWithRaggedKVCacheWrapper
+
+        cu_q = args.cu_seqlens_q.to("cpu", torch.int32).contiguous()
+        cu_k = args.cu_seqlens_k.to("cpu", torch.int32).contiguous()
+        heads_q, head_dim = args.q.shape[1:]
+        heads_kv, head_dim_v = args.k.shape[1], args.v.shape[2]
+        causal = args.causal == "bottom_right"
+        key = (args.q.device, tuple(cu_q.tolist()), tuple(cu_k.tolist()), heads_q, heads_kv, head_dim, head_dim_v,
+               args.q.dtype, args.k.dtype, causal, args.softmax_scale)
+        wrapper = self._plans.pop(key, None)
+        if wrapper is None:
+            wrapper = BatchPrefillWithRaggedKVCacheWrapper(self._workspace(args.q.device), "NHD",
+                                                           backend=self.implementation)
+            wrapper.plan(cu_q, cu_k, heads_q, heads_kv, head_dim, head_dim_vo=head_dim_v, causal=causal,
+                         pos_encoding_mode="NONE", logits_soft_cap=0.0, sm_scale=args.softmax_scale,
+                         q_data_type=args.q.dtype, kv_data_type=args.k.dtype)
+        self._plans[key] = wrapper  # most recently used last
+        while len(self._plans) > self.plan_cache_size:
+            self._plans.popitem(last=False)
+        return wrapper
+
+    def forward(self, args: AttentionArgs) -> Output:
+        if args.causal not in ("none", "bottom_right"):
+            raise NotImplementedError(f"FlashInfer's causal mask is bottom-right; '{args.causal}' is not expressible")
+        out, lse = self._planned(args).run(args.q, args.k, args.v, return_lse=True)
+        return Output(out, natural_log_lse(lse))
+
+
+class FlashInferFA2(FlashInfer):
+    name = "flashinfer-fa2"
+    implementation = "fa2"
+
+
+class FlashInferFA3(FlashInfer):
+    name = "flashinfer-fa3"
+    implementation = "fa3"
+    minimum_capability = (9, 0)
+
+    def unavailable_reason(self, device: str) -> str | None:
+        reason = super().unavailable_reason(device)
+        if reason is None:
+            major, minor = torch.cuda.get_device_capability(device)
+            if major != 9:
+                reason = f"FlashInfer's fa3 prefill runs on sm_90 (Hopper) only; this GPU is sm_{major}{minor}"
+        return reason
+
+
+class FlashInferCudnn(FlashInfer):
+    """cuDNN's SDPA through FlashInfer's wrapper: no JIT, but the cuDNN frontend (``cudnn`` module)."""
+
+    name = "flashinfer-cudnn"
+    implementation = "cudnn"
+    requires = ("flashinfer", "cudnn")
+    compiled_at_first_use = False
