@@ -16,9 +16,9 @@ Conventions, from its sources (``flashinfer/prefill.py``, ``include/flashinfer/a
   (``plan()`` takes the maximum of the per-request lengths).
 - LSE: ``run(..., return_lse=True)`` returns base 2, ``[total_q, Hq]`` (``max * scale * log2(e) +
   log2(sum)``; 0.7.2 names this default ``lse_base="log2"``, ``lse_layout="NH"``), converted here.
-- float16 / bfloat16 only, head dims 64, 128, 256 with Dv == D: the set FlashInfer's tests cover and the
-  only one FA3's prefill kernels are built for besides (192, 128). FA2 would compile other dims, each
-  (dtype, D, Dv) a build of minutes, so the suite keeps to the common set.
+- float16 / bfloat16 only, head dims 64, 128, 256 with Dv == D: the dims FlashInfer's tests cover and,
+  with (192, 128), the only ones FA3's prefill kernels are built for. FA2 would compile others, each
+  (dtype, D, Dv) a build of minutes, so all four names keep to the common set.
 - Forward only (inference kernels: no backward); broadcast-Q is emulated (q's rows must equal
   ``qo_indptr[-1]``; there is no dense-q form).
 
