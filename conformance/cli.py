@@ -126,6 +126,16 @@ def _threshold(text: str) -> float:
     return value
 
 
+def _triage_file(text: str) -> str:
+    """``--triage-file``: checked when the command line is read, so a bad file stops the run before it starts."""
+    from .reporting.triage import TriageFileError, load_triage_file
+    try:
+        load_triage_file(text)
+    except TriageFileError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -768,6 +778,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", help="an earlier report.json: exit 1 on new failures and timing regressions")
     p.add_argument("--timing-threshold", type=_threshold, default=0.10,
                    help="slowdown counted as a timing regression (default 10%%; '0.1' or '10%%')")
+    p.add_argument("--baseline-backend", metavar="NAME",
+                   help="backend the report's speedups are measured against (default: the first vendor kernel timed)")
+    p.add_argument("--triage-file", type=_triage_file, metavar="PATH",
+                   help="JSON (or TOML) file mapping failure signatures to a label and an upstream link, shown in "
+                   "the report (format: conformance/reporting/triage.py)")
     p.add_argument("-n", "--workers", type=_positive_int,
                    help="xdist worker processes (default: cores, at most 4, on CPU; 1 on a GPU)")
     p.add_argument("--gpus", help="one worker per GPU with the device pinned: 'all' or indices like 0,1")
@@ -790,6 +805,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("old", help="report.json or its run directory")
         p.add_argument("new", help="report.json or its run directory")
         p.add_argument("--timing-threshold", type=_threshold, default=0.10, help="slowdown counted as a regression")
+        p.add_argument("--baseline-backend", metavar="NAME",
+                       help="backend the speedups are measured against (default: the first vendor kernel timed)")
+        p.add_argument("--triage-file", type=_triage_file, metavar="PATH",
+                       help="label new failures by cause (default: the labels the new report holds)")
         p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("merge", help="one report from shards run on several GPUs or machines")

@@ -25,6 +25,7 @@ import json
 import pprint
 import re
 import shlex
+import shutil
 import sys
 import textwrap
 import traceback
@@ -261,14 +262,18 @@ def artifact_record(record: dict, backend_spec: str) -> dict:
 
 
 def _existing_artifact(report_dir: Path, replay_info: dict) -> Path | None:
-    """The artifact a record names, found in the report directory (paths may be relative to it, to the
-    directory a run was started from, or absolute on another machine: the file name decides)."""
+    """The artifact a record names, in the report's ``failures/`` (copied there when the record names a file
+    elsewhere: relative to the directory a run was started from, or absolute), or None."""
     given = replay_info.get("artifact")
     if not given:
         return None
-    for candidate in (report_dir / given, report_dir / FAILURES_DIR / Path(given).name):
+    home = report_dir / FAILURES_DIR / Path(given).name
+    for candidate in (home, report_dir / given):
         if candidate.is_file():
-            return candidate
+            if candidate.resolve() != home.resolve():  # it lives elsewhere: the report gets its own copy
+                home.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(candidate, home)
+            return home
     return None
 
 

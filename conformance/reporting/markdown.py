@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from urllib.parse import quote
 
 from .. import report as rp
 from . import perf, triage
@@ -56,6 +57,11 @@ def _md(text) -> str:
     return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def _url(url: str) -> str:
+    """A link target that cannot end the Markdown link or open HTML."""
+    return quote(url, safe=":/?#[]@!$&'*+,;=%~-._")
+
+
 def _code(text) -> str:
     """``text`` as inline code, whatever backticks it holds."""
     text = " ".join(str(text).split())
@@ -93,8 +99,8 @@ def _causes(groups) -> list[str]:
              "A cause is a set of failures with one signature (backend, outcome, message without its numbers). "
              "Reproducers are relative to this report's directory: `python failures/<id>.py` is standalone.", ""]
     for g in groups:
-        label = f" — **{_md(g.label)}**" + (f" ([upstream]({g.link}))" if g.link else "") if g.label else ""
-        lines.append(f"### {SYMBOL.get(g.outcome, g.outcome)} {g.backend}: {len(g.records)} check"
+        label = f" — **{_md(g.label)}**" + (f" ([upstream]({_url(g.link)}))" if g.link else "") if g.label else ""
+        lines.append(f"### {SYMBOL.get(g.outcome, g.outcome)} {_md(g.backend)}: {len(g.records)} check"
                      f"{'s' if len(g.records) != 1 else ''}{label}")
         lines += ["", f"{_code(g.summary)} (signature `{g.id}`)", ""]
         if g.note:
@@ -107,7 +113,7 @@ def _causes(groups) -> list[str]:
             lines.append(f"- smallest problem ({rp.problem_label(first)}): {_code(first['counterexample'])}")
         replay = first.get("replay") or {}
         if replay.get("script"):
-            lines.append(f"- reproduce: `python {replay['script']}`")
+            lines.append(f"- reproduce: {_code('python ' + replay['script'])}")
         if replay.get("command"):
             lines.append(f"- replay the check: {_code(replay['command'])}")
         if replay.get("pytest"):
@@ -127,13 +133,13 @@ def _perf(report) -> list[str]:
     table = perf.rows(report, base)
     geo = perf.geomean_speedups(table)
     lines = ["", "## Performance", "",
-             f"Speedup against `{base}` (its median over the backend's; above 1 is faster), median ms, TFLOP/s on "
+             f"Speedup against {_code(base)} (its median over the backend's; above 1 is faster), median ms, TFLOP/s on "
              "useful FLOPs. Every number, with spread, rounds and first-call time, is in the table below.", ""]
     for direction in ("forward", "backward"):
         shown = [r for r in table if r.direction == direction]
         if not shown:
             continue
-        lines += [f"**{direction.capitalize()}**", "", "| shape | " + " | ".join(backends) + " |",
+        lines += [f"**{direction.capitalize()}**", "", "| shape | " + " | ".join(map(_md, backends)) + " |",
                   "|---|" + "---:|" * len(backends)]
         for row in shown:
             cells = []
@@ -141,7 +147,7 @@ def _perf(report) -> list[str]:
                 cell = row.cells.get(name)
                 cells.append("" if cell is None else
                              f"{perf.fmt_speedup(cell.speedup)} · {cell.median_ms:.3f} ms · {cell.row['tflops']:.3g} TF/s")
-            lines.append(f"| {row.shape} ({perf.shape_text(row)}) | " + " | ".join(cells) + " |")
+            lines.append(f"| {_md(row.shape)} ({perf.shape_text(row)}) | " + " | ".join(cells) + " |")
         lines.append("| geometric mean | " + " | ".join(
             f"{perf.fmt_speedup(geo[name, direction][0])}" if (name, direction) in geo else "" for name in backends) + " |")
         lines.append("")
@@ -156,7 +162,7 @@ def _perf(report) -> list[str]:
                 continue
             t = cell.row
             lines.append(
-                f"| {name} | {row.shape} | {row.direction} | {cell.median_ms:.3f} | {fmt_spread(t)} | "
+                f"| {_md(name)} | {_md(row.shape)} | {row.direction} | {cell.median_ms:.3f} | {fmt_spread(t)} | "
                 f"{t.get('rounds') or ''} | {t['tflops']:.3g} | "
                 f"{'' if cell.peak_share is None else format(cell.peak_share, '.0%')} | {perf.fmt_speedup(cell.speedup)} | "
                 f"{perf.fmt_seconds(t.get('first_call_s'))} | "
@@ -172,7 +178,7 @@ def _coverage(report) -> list[str]:
         return []
     backends = list(coverage)
     lines = ["", "<details><summary>Coverage: problems per axis value</summary>", "",
-             "| axis = value | " + " | ".join(backends) + " |", "|---|" + "---:|" * len(backends)]
+             "| axis = value | " + " | ".join(map(_md, backends)) + " |", "|---|" + "---:|" * len(backends)]
     axes: dict[str, dict[str, None]] = {}
     for per_backend in coverage.values():
         for axis, values in (per_backend or {}).items():
@@ -196,9 +202,9 @@ def render_markdown(report: dict, regressions: list[dict] | None = None) -> str:
     run, summary = report["run"], rp.summarize_backends(report)
     code = rp.exit_code(report, regressions)
     groups = triage.groups(report["records"], (report.get("triage") or {}).get("entries"))
-    lines = [f"# Conformance run `{run.get('name')}`: {'PASSED' if code == 0 else 'FAILED'}", "", run_line(run), ""]
+    lines = [f"# Conformance run {_code(run.get('name'))}: {'PASSED' if code == 0 else 'FAILED'}", "", _md(run_line(run)), ""]
     if run.get("shards"):
-        lines += ["Merged from " + ", ".join(f"`{sh.get('name')}` ({sh.get('checks')} checks, profile "
+        lines += ["Merged from " + ", ".join(f"{_code(sh.get('name'))} ({sh.get('checks')} checks, profile "
                                           f"{sh.get('profile')}, seed {sh.get('seed')})" for sh in run["shards"]) + ".", ""]
     if not run.get("complete", True):
         lines += ["**The run did not finish: checks that never ran are marked not run.**", ""]
@@ -208,7 +214,7 @@ def render_markdown(report: dict, regressions: list[dict] | None = None) -> str:
               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if times else "")]
     for name, s in summary.items():
         c = s["counts"]
-        row = (f"| {name} | {s['verdict']} | {c['pass']} | {c['fail']} | {c['crash']} | {c['timeout']} | "
+        row = (f"| {_md(name)} | {s['verdict']} | {c['pass']} | {c['fail']} | {c['crash']} | {c['timeout']} | "
                f"{c['not-run']} | {c['expected-fail']} | {c['unsupported']} | {fmt_budget(s['worst_budget'])} |")
         if times:
             t = times.get(name) or {}
@@ -222,11 +228,11 @@ def render_markdown(report: dict, regressions: list[dict] | None = None) -> str:
     lines += _causes(groups)
     backends, features, cells = rp.matrix(report["records"], report.get("backends", {}))
     if backends:
-        lines += ["", "## Conformance matrix", "", "| feature | " + " | ".join(backends) + " |",
+        lines += ["", "## Conformance matrix", "", "| feature | " + " | ".join(map(_md, backends)) + " |",
                   "|---|" + "---|" * len(backends)]
         for feature in features:
             row = [cell_text(cells[b, feature]) if (b, feature) in cells else "" for b in backends]
-            lines.append(f"| {feature} | " + " | ".join(row) + " |")
+            lines.append(f"| {_md(feature)} | " + " | ".join(row) + " |")
     bad = rp.failures(report, unrun=False)
     if bad:
         lines += ["", f"## Failures ({len(bad)})", ""]
@@ -235,14 +241,14 @@ def render_markdown(report: dict, regressions: list[dict] | None = None) -> str:
             if r.get("counterexample"):
                 lines.append(f"  - {rp.problem_label(r)}: {_code(r['counterexample'])}")
             if (r.get("replay") or {}).get("script"):
-                lines.append(f"  - reproduce: `python {r['replay']['script']}`")
+                lines.append(f"  - reproduce: {_code('python ' + r['replay']['script'])}")
             if (r.get("replay") or {}).get("command"):
                 lines.append(f"  - replay: {_code(r['replay']['command'])}")
     unrun, reasons = rp.unrun_checks(report)
     if unrun:
         lines += ["", f"## Not run ({sum(map(len, unrun.values()))})", "",
                   "No verdict: these say nothing about the backend. Reason: " + _md("; ".join(reasons)), ""]
-        lines += [f"- **{backend}**: " + ", ".join(labels) for backend, labels in unrun.items()]
+        lines += [f"- **{_md(backend)}**: " + _md(", ".join(labels)) for backend, labels in unrun.items()]
     lines += _perf(report)
     xfails = [r for r in report["records"] if r["outcome"] == "expected-fail"]
     if xfails:
@@ -253,7 +259,7 @@ def render_markdown(report: dict, regressions: list[dict] | None = None) -> str:
         total = sum(n for _, _, n, _ in unsupported)
         lines += ["", f"<details><summary>Unsupported checks and why ({total} checks, one line per backend and reason)"
                       "</summary>", ""]
-        lines += [f"- {b}: {_md(why)} — {n} check{'s' if n != 1 else ''} ({_md(features)})"
+        lines += [f"- {_md(b)}: {_md(why)} — {n} check{'s' if n != 1 else ''} ({_md(features)})"
                   for b, why, n, features in unsupported]
         lines += ["", "</details>"]
     lines += _coverage(report)

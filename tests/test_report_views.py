@@ -1,0 +1,272 @@
+"""The report's views for comparing kernels: the performance section (speedups against a baseline backend,
+spread, first call, compile times), coverage, the collapsed unsupported list, escaping of everything a
+backend or run supplies, the reproducers a report directory holds, `compare`, and the page's layout with
+15 backends at 1400 px (headless Chromium, where installed)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance import cli, replay
+from conformance import report as rp
+from conformance.problem import Problem
+from conformance.reporting import perf, render_html, render_markdown
+from conformance.reporting.__main__ import find_browser, scroll_width
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES = {"dense": 1.0, "uniform": 1.9, "pareto": 7.8}
+
+
+def rec(backend, feature, outcome="pass", dtype="float16", **extra):
+    problem = Problem((3, 5), (4, 5), heads_q=2, head_dim=64, dtype=dtype or "float32")
+    return {"id": f"conformance/spec/test_x.py::test_{feature}[{backend}-{dtype}]", "backend": backend,
+            "test": f"test_{feature}", "feature": feature, "dtype": dtype, "outcome": outcome,
+            "reason": extra.pop("reason", None), "message": extra.pop("message", None), "verdicts": [],
+            "quantity": "out", "observed_error": 1e-4, "allowed_error": 1e-3, "budget_used": 0.1,
+            "problem": problem.summary(), "problem_source": "last example", "counterexample": None,
+            "device": "cpu", **extra}
+
+
+def timing(backend, shape, direction, median, q=0.04):
+    return {"backend": backend, "shape": shape, "direction": direction, "median_s": median, "min_s": median * 0.95,
+            "q1_s": median * (1 - q), "q3_s": median * (1 + q), "rounds": 5, "first_call_s": 2.5,
+            "useful_flops": 1e12, "tflops": 1.0 / median, "padding_waste": 0.4, "length_skew": SHAPES[shape],
+            "problem": {"batch": 64, "heads_q": 8, "heads_kv": 8, "head_dim": 128, "dtype": "bfloat16", "causal": "none"}}
+
+
+def many_backends(n=15) -> dict:
+    """A run with ``n`` backends with long names: timings, coverage, compile times and a few failures."""
+    names = ["reference", "triton-jfa"] + [f"vendor-kernel-{i:02d}-long-name" for i in range(n - 2)]
+    records, timings = [], []
+    features = ["forward", "lse", "gradients", "metamorphic:empty_sequences_inserted",
+                "broadcast_q_native_matches_replicated", "edge_case:causal_more_queries_than_keys"]
+    for i, name in enumerate(names):
+        for feature in features:
+            for dtype in ("float32", "float16", "bfloat16"):
+                outcome = "unsupported" if dtype == "float32" and i > 2 else "pass"
+                if i == 4 and feature == "gradients":
+                    outcome = "crash"
+                if i == 5 and feature == "lse":
+                    outcome = "timeout"
+                if i == 6 and feature == "forward":
+                    outcome = "not-run"
+                records.append(rec(name, feature, outcome, dtype, reason="dtype float32 is not supported"
+                                   if outcome == "unsupported" else None,
+                                   message="conformance.harness.DeviceFault: x backward: CUDA error: an illegal memory"
+                                   " access was encountered" if outcome == "crash" else None))
+        for shape in SHAPES:
+            for direction in ("forward", "backward"):
+                timings.append(timing(name, shape, direction, 1e-3 * (1 + 0.1 * i)))
+    backends = {name: {"source": f"backends.x:{name}" if name != "reference" else "backends.reference:Reference",
+                       "available": True, "reason": None, "capabilities": {},
+                       "time": {"compile_s": 10.0 + i, "check_s": 100.0 + i,
+                                "warmup": [{"key": "bf16-d128", "seconds": 3.0, "outcome": "ok", "message": None}]}}
+                for i, name in enumerate(names)}
+    coverage = {name: {"head_dim": {"16": 3, "64": 10, "128": 7}, "dtype": {"float16": 9, "bfloat16": 11}}
+                for name in names}
+    return {"schema": rp.SCHEMA, "schema_version": rp.SCHEMA_VERSION,
+            "run": {"name": "wide", "profile": "dev", "seed": 1, "complete": False,
+                    "environment": {"device": "cuda", "device_name": "NVIDIA H200", "torch": "x"}},
+            "backends": backends, "records": records, "timings": timings, "coverage": coverage}
+
+
+# -- performance ----------------------------------------------------------------------------------------
+def test_speedups_are_against_the_first_vendor_kernel_unless_another_is_chosen():
+    report = many_backends(5)
+    # reference and triton-jfa are not vendor kernels: the first vendor adapter is the baseline
+    assert perf.baseline_backend(report) == "vendor-kernel-00-long-name"
+    assert perf.baseline_backend(report, "triton-jfa") == "triton-jfa"
+    assert perf.baseline_backend(report, "not-timed") == "vendor-kernel-00-long-name"
+    table = perf.rows(report, "vendor-kernel-00-long-name")
+    assert [(r.shape, r.direction) for r in table][:3] == [("dense", "forward"), ("uniform", "forward"),
+                                                            ("pareto", "forward")]
+    cell = table[0].cells["reference"]  # 1.0 ms against the baseline's 1.2 ms
+    assert cell.speedup == pytest.approx(1.2) and cell.spread == pytest.approx(0.08)
+    assert cell.peak_share == pytest.approx((1 / 1e-3) / 989.4)  # bf16 on an H200
+    geo = perf.geomean_speedups(table)
+    assert geo["reference", "forward"] == (pytest.approx(1.2), 3)
+    report["run"]["baseline_backend"] = "reference"
+    assert perf.baseline_backend(report) == "reference"
+
+
+def test_peak_is_only_claimed_for_known_devices_and_16_bit_inputs():
+    assert perf.peak_tflops({"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3"}, "float16") == 989.4
+    assert perf.peak_tflops({"device": "cuda", "device_name": "NVIDIA H200"}, "float32") is None
+    assert perf.peak_tflops({"device": "cpu", "device_name": "x86_64"}, "bfloat16") is None
+    assert perf.peak_tflops({"device": "cuda", "device_name": "Some Future GPU"}, "bfloat16") is None
+
+
+def test_the_performance_section_compile_times_and_coverage_render():
+    report = many_backends(4)
+    page, md = render_html(report), render_markdown(report)
+    assert "Performance" in page and "speedup against <b>vendor-kernel-00-long-name</b>" in page
+    assert "1.20x" in page and "geometric mean" in page and "first call 2.5 s" in page
+    assert "compile s" in page and ">12.0<" in page and ">102.0<" in page  # vendor-kernel-00: index 2
+    assert "head_dim = 128" in page and "Coverage" in page
+    assert "| reference | dense | forward | 1.000 | 0.960–1.040 | 5 | 1e+03 | 101% | 1.20x | 2.5 s |" in md
+    assert "compile s | check s |" in md and "| 12.0 | 102.0 |" in md
+    assert "| head_dim = 16 | 3 | 3 | 3 | 3 |" in md
+
+
+def test_unsupported_checks_collapse_to_one_line_per_backend_and_reason():
+    records = [rec("a", f, "unsupported", d, reason="dtype float32 is not supported; causal mode 'top_left' is not "
+                   "supported") for f in ("forward", "lse") for d in ("float32",)]
+    records += [rec("a", "determinism", "unsupported", reason="not declared deterministic: largest difference "
+                    "4.8e-07 (on Problem(seqlens_q=[1], seqlens_k=[2]))")]
+    report = {**many_backends(3), "records": records, "timings": []}
+    md = render_markdown(report)
+    assert "- a: dtype float32 is not supported — 2 checks (forward [float32], lse [float32])" in md
+    assert "- a: causal mode 'top_left' is not supported — 2 checks" in md
+    assert "on Problem" not in md.split("Unsupported checks")[1]
+
+
+# -- escaping -------------------------------------------------------------------------------------------
+HOSTILE = "<script>alert(1)</script>"
+
+
+def test_every_text_a_backend_or_run_supplies_is_escaped():
+    report = many_backends(3)
+    name = "x" + HOSTILE
+    report["backends"][name] = {"source": HOSTILE, "available": True, "reason": HOSTILE, "capabilities": {},
+                                "time": {"compile_s": 1.0, "check_s": 1.0, "warmup": [
+                                    {"key": HOSTILE, "seconds": 1.0, "outcome": "error", "message": HOSTILE}]}}
+    bad = rec(name, "forward" + HOSTILE, "fail", dtype="float16", reason=HOSTILE,
+              message=f"RuntimeError: {HOSTILE}\n\x1b[91mmore {HOSTILE}\x1b[0m", counterexample=HOSTILE,
+              replay={"script": f"failures/{HOSTILE}.py", "command": HOSTILE, "pytest": HOSTILE})
+    report["records"] += [bad, rec(name, "lse", "unsupported", reason=HOSTILE),
+                          rec(name, "gradients", "expected-fail", reason=HOSTILE)]
+    report["timings"].append(timing(name, "dense", "forward", 1e-3))
+    report["timings"][-1]["shape"] = HOSTILE
+    report["coverage"][name] = {HOSTILE: {HOSTILE: 1}}
+    report["triage"] = {"file": HOSTILE, "entries": [{"match": "RuntimeError", "label": HOSTILE,
+                                                      "link": "https://example.org/\"><script>x</script>"}]}
+    report["run"]["name"] = HOSTILE
+    report["run"]["environment"]["device_name"] = HOSTILE
+    page = render_html(report, [{"kind": HOSTILE, "what": HOSTILE, "detail": HOSTILE}])
+    assert "<script>" not in page and "\x1b" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert 'href="https://example.org/&quot;&gt;&lt;script&gt;x&lt;/script&gt;"' in page
+    md = render_markdown(report)
+    outside_code = re.sub(r"(`+).*?\1", "", md)  # inside a code span the text is shown, never run
+    assert "\x1b" not in md and "<script>" not in outside_code and "&lt;script&gt;" in outside_code
+
+
+# -- reproducers in the report directory ----------------------------------------------------------------
+def _failing_report(tmp_path) -> tuple[Path, dict]:
+    problem = Problem((3, 4), (5, 2), heads_q=2, head_dim=16)
+    record = rec("conformance.mutants:LseBase2", "lse", "fail", dtype=None,
+                 message="AssertionError: disagrees with the float64 oracle\n  lse: FAIL, observed error 1.0e+00, "
+                         "allowed 1.0e-02 (budget used 100x)")
+    record.update(id="conformance/spec/test_oracle_checks.py::test_lse[lse-base-2]", problem=problem.summary(),
+                  problem_source="shrunk", counterexample=repr(problem), params={})
+    # an artifact written where the run started, as older runs stored it
+    elsewhere = tmp_path / "elsewhere"
+    path = replay.write_artifact(elsewhere, replay.artifact_record(record, "conformance.mutants:LseBase2"))
+    record["replay"] = {"artifact": str(path), "command": f"jfa-conformance replay {path}"}
+    report = {**many_backends(3), "records": [record], "timings": []}
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    return run_dir, report
+
+
+def test_reproducers_live_in_the_report_with_relative_paths_and_survive_a_move(tmp_path):
+    run_dir, report = _failing_report(tmp_path)
+    cli.write_run_dir(run_dir, report)
+    (record,) = report["records"]
+    entry = record["replay"]
+    assert entry["artifact"].startswith("failures/") and entry["script"].startswith("failures/")
+    assert entry["command"] == f"jfa-conformance replay {entry['artifact']} --backend conformance.mutants:LseBase2"
+    assert entry["pytest"].startswith("python -m pytest 'conformance/spec/test_oracle_checks.py::test_lse[lse-base-2]'")
+    assert "--hypothesis-seed=1" in entry["pytest"]
+    saved = json.loads((run_dir / "report.json").read_text())
+    assert saved["records"][0]["replay"] == entry and saved["causes"][0]["checks"] == [record["id"]]
+    assert str(tmp_path) not in (run_dir / "report.json").read_text()
+    # the report moved elsewhere: its replay command still runs, from the report directory
+    moved = tmp_path / "moved"
+    run_dir.rename(moved)
+    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "replay", entry["artifact"]], cwd=moved,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 1 and "still fails" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_reproducer_script_stands_alone(tmp_path):
+    run_dir, report = _failing_report(tmp_path)
+    cli.write_run_dir(run_dir, report)
+    script = run_dir / report["records"][0]["replay"]["script"]
+    text = script.read_text()
+    assert "Reproducer: conformance.mutants:LseBase2 · lse (fail)" in text and "Problem(seqlens_q=[3, 4]" in text
+    lone = tmp_path / "attached.py"  # copied out of the report, as one attaches it to a bug report
+    lone.write_text(text)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(lone)], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 1 and "REPRODUCED" in proc.stdout and "lse: FAIL" in proc.stdout, proc.stdout + proc.stderr
+    assert "cu_seqlens_q: [0, 3, 7]" in proc.stdout
+    proc = subprocess.run([sys.executable, str(lone), "--backend", "reference"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0 and "PASS" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_crash_reproducer_calls_the_backend_on_the_problem_it_was_running(tmp_path):
+    record = rec("conformance.mutants:LseBase2", "metamorphic:key_shift", "crash", dtype=None,
+                 message="conformance.harness.DeviceFault: lse-base-2 forward: AcceleratorError: CUDA error: "
+                         "an illegal memory access was encountered")
+    record.update(problem=Problem((2,), (3,), head_dim=16).summary(), problem_source="running",
+                  test="test_metamorphic", params={"relation": "key_shift"})
+    mode, gradients = replay.reproducer_mode(record)
+    assert (mode, gradients) == ("call", False)
+    entry = replay.write_reproducer(tmp_path, record)
+    spec = {"backend": "reference", "device": "cpu", "problem": record["problem"], "mode": "call",
+            "gradients": True, "check": "test_metamorphic", "params": {}}
+    assert replay.reproduce(spec).ok  # the reference gets that problem right
+    assert not replay.reproduce({**spec, "backend": "conformance.mutants:LseBase2"}).ok
+    assert "mode': 'call'" in (tmp_path / entry["script"]).read_text()
+
+
+def test_render_command_rewrites_a_moved_report(tmp_path, capsys):
+    from conformance.reporting.__main__ import main
+    run_dir, report = _failing_report(tmp_path)
+    rp.write_json(run_dir / "report.json", report)
+    assert main(["render", str(run_dir), "--baseline-backend", "reference"]) == 0
+    saved = rp.load(run_dir)
+    assert saved["run"]["baseline_backend"] == "reference" and saved["records"][0]["replay"]["artifact"].startswith("failures/")
+    assert (run_dir / "index.html").exists() and (run_dir / "summary.md").exists()
+    bad = tmp_path / "t.json"
+    bad.write_text('{"entries": [{"match": "x"}]}')
+    assert main(["render", str(run_dir), "--triage-file", str(bad)]) == 2
+    assert "'label'" in capsys.readouterr().err
+
+
+# -- compare ----------------------------------------------------------------------------------------------
+def test_compare_shows_speed_changes_with_speedups_against_the_baseline(tmp_path, capsys):
+    old = many_backends(3)
+    new = json.loads(json.dumps(old))
+    for t in new["timings"]:
+        if t["backend"] == "triton-jfa":
+            t.update(median_s=t["median_s"] * 0.5, q1_s=t["q1_s"] * 0.5, q3_s=t["q3_s"] * 0.5, tflops=t["tflops"] * 2)
+    rp.write_json(tmp_path / "old.json", old)
+    rp.write_json(tmp_path / "new.json", new)
+    assert cli.main(["compare", str(tmp_path / "old.json"), str(tmp_path / "new.json"),
+                     "--baseline-backend", "vendor-kernel-00-long-name"]) == 0
+    out = capsys.readouterr().out
+    assert "speedups against vendor-kernel-00-long-name" in out
+    row = next(line for line in out.splitlines() if "triton-jfa" in line and "dense" in line and "forward" in line)
+    assert "-50%" in row and "1.09x -> 2.18x" in row and "faster" in row
+
+
+# -- layout -----------------------------------------------------------------------------------------------
+@pytest.mark.skipif(find_browser() is None, reason="needs Chromium (Debian: apt-get install chromium)")
+def test_fifteen_backends_fit_a_1400_px_page(tmp_path):
+    page = tmp_path / "index.html"
+    page.write_text(render_html(many_backends(15)), encoding="utf-8")
+    assert scroll_width(page, 1400) <= 1400
+    # the same page with the layout's compact cells taken out overflows: the measurement can fail
+    loose = re.sub(r"\.grid[^{]*\{[^}]*\}", "", page.read_text(encoding="utf-8"))
+    wide = tmp_path / "loose.html"
+    wide.write_text(loose.replace(".scroll{overflow-x:auto;max-width:100%}", ""), encoding="utf-8")
+    assert scroll_width(wide, 1400) > 1400
