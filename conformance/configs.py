@@ -192,9 +192,22 @@ def kernel_configs(caps: Capabilities, seed: int, *, seeds=(), extra: int = 0, s
         for choice in gaps:
             pools = {axis: [rng.choice(vals)] for axis, vals in values.items()}
             pools["head_dim_v"] = [choice]
+            dims = values["head_dim"]
+            eligible = dims[1:] if choice == "smaller" else dims[:-1]  # a head dim with a smaller / larger one
+            pools["head_dim"] = [rng.choice(eligible or dims)]
             made = deal(pools)[0]
             if made.head_dim_v is not None and made not in chosen and accept(made):
                 chosen.append(made)
+    # A value whose dealt pairings were all refused: try it on its own with other random values.
+    for axis, vals in missing().items():
+        for value in vals:
+            for _ in range(24):
+                pools = {a: [rng.choice(v)] for a, v in values.items()}
+                pools[axis] = [value]
+                if axis != "head_dim_v":
+                    pools["head_dim_v"] = ["same"]
+                if add(deal(pools)[0]) and value in covered(chosen, caps)[axis]:
+                    break
     for _ in range(extra):
         pools = {axis: [rng.choice(vals)] for axis, vals in values.items()}
         add(deal(pools)[0])
@@ -234,3 +247,14 @@ def problem_axes(problem: Problem) -> dict[str, str]:
         "zero_length": str(0 in lens).lower(),
         "cross_attention": str(not problem.broadcast_q and problem.seqlens_q != problem.seqlens_k).lower(),
     }
+
+
+def coverage_of(records) -> dict[str, dict[str, dict[str, int]]]:
+    """Per backend, per axis, per value: examples the run exercised (from the records' ``axes``)."""
+    coverage: dict[str, dict[str, dict[str, int]]] = {}
+    for record in records:
+        for axis, counts in (record.get("axes") or {}).items():
+            tally = coverage.setdefault(record["backend"], {}).setdefault(axis, {})
+            for value, n in counts.items():
+                tally[value] = tally.get(value, 0) + n
+    return coverage

@@ -3,13 +3,17 @@
 The run keeps a small state file per run (``backends.json`` in the flight directory) that the pytest
 controller and the warm-up write and every worker reads before each check:
 
-* ``suspect`` — the backend timed out (in a check, or compiling in the warm-up). Before its next check,
-  each worker runs a *probe*: one tiny forward call under a short watchdog. If it answers, the check runs
-  as usual (a slow check is not a hang). If it does not, the watchdog ends the worker process; the
-  controller records that check as ``not-run`` and marks the backend
-* ``dead`` — its remaining checks are reported ``not-run: <backend> hung in <check>`` at once.
+* ``suspect`` — the backend timed out (in a check, or compiling in the warm-up), or crashed in
+  :data:`CRASH_STREAK` checks in a row. Before its next check, each worker runs a *probe*: one tiny
+  call (forward, and backward where declared) under a short watchdog. If it answers, the check runs as
+  usual (a slow check is not a hang; a backend that crashes on some problems still gets every check). If
+  it hangs, crashes its process or raises a device error, the check is recorded ``not-run`` and the
+  backend is marked
+* ``dead`` — its remaining checks are reported ``not-run: <backend> hung in <check>`` (or ``crashed in
+  each of its last checks``) at once.
 
-So a hanging backend costs about one check timeout plus one probe, however many checks it has.
+So a hanging backend costs about one check timeout plus one probe, and a backend that crashes on every
+call a few worker restarts, however many checks it has.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import threading
 from pathlib import Path
 
 STATE_FILE = "backends.json"
+CRASH_STREAK = 4  # crashes in a row (no pass or fail between) that make a backend suspect
 PROBE_EXIT_STATUS = 75  # a worker ended by the probe's watchdog
 NOT_RUN_PREFIX = "not run: "  # a skip whose reason starts so is recorded as not-run, not unsupported
 

@@ -201,16 +201,25 @@ def pytest_runtest_setup(item):
     recorder.note_probe(state["why"], seconds)
     configs = backend_configs(backend, item.config) or ()
     device = item.config.getoption("device") or default_device()
-    with containment.Watchdog(seconds):
-        for kernel_config in configs[:3]:
-            try:
-                run_backend(backend, kernel_config.problem((4,), (4,)), device)
-                break
-            except Unsupported:
-                continue
-            except Exception:  # noqa: BLE001 - an answer, even an error, is not a hang
-                break
-    recorder.note_probe(None, None)
+    from .harness import DeviceFault
+    try:
+        with containment.Watchdog(seconds):
+            for kernel_config in configs[:3]:
+                try:
+                    run_backend(backend, kernel_config.problem((4,), (4,)), device,
+                                gradients=backend.capabilities.backward)
+                    break
+                except Unsupported:
+                    continue
+                except Exception:  # noqa: BLE001 - an answer, even an error, is neither a hang nor a crash
+                    break
+    except DeviceFault as exc:  # the probe broke the device context too: this process goes after the check
+        item.config._jfa_poisoned = True
+        why = f"{state['why']}; a probe before this check raised a device error too ({exc})"
+        containment.mark(flight_dir, backend.name, "dead", state["why"])
+        pytest.skip(containment.NOT_RUN_PREFIX + why)
+    finally:
+        recorder.note_probe(None, None)
     _PROBED.add(backend.name)
 
 

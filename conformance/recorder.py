@@ -431,10 +431,20 @@ def _controller_receive(config, report) -> None:
     flight_dir = config.getoption("jfa_flight_dir", default=None)
     where = f"{record['backend']} hung in {record.get('feature') or record['id']}" + \
         (f" [{record['dtype']}]" if record.get("dtype") else "")
+    streaks = config.__dict__.setdefault("_jfa_crash_streaks", {})
+    streak = streaks.setdefault(record["backend"], [])
+    if record["outcome"] == "crash":
+        streak.append(record.get("feature") or record["id"])
+    elif record["outcome"] in ("pass", "fail", "expected-fail"):
+        streak.clear()
     if record["outcome"] == "timeout":
         containment.mark(flight_dir, record["backend"], "suspect", where)
     elif record["outcome"] == "not-run" and "probe" in (record.get("reason") or ""):
         containment.mark(flight_dir, record["backend"], "dead", record["reason"].partition(";")[0])
+    elif len(streak) >= containment.CRASH_STREAK:
+        containment.mark(flight_dir, record["backend"], "suspect",
+                         f"{record['backend']} crashed in each of its last {len(streak)} checks "
+                         f"({', '.join(streak[-containment.CRASH_STREAK:])})")
 
 
 def crash_record(config, report, backend_names) -> dict:
@@ -455,8 +465,9 @@ def crash_record(config, report, backend_names) -> dict:
         if time.time() - probe["started"] >= probe["seconds"] - 1:
             reason = f"{probe['why']}; a {probe['seconds']:g} s probe before this check got no answer either"
         else:
-            reason = f"{probe['why']}; the probe before this check ended its process"
-    problem = Problem(**flight["problem"]) if flight and flight.get("problem") else None
+            reason = f"{probe['why']}; a probe before this check crashed its process too"
+    # a probe's problem is not this check's: name none
+    problem = Problem(**flight["problem"]) if flight and flight.get("problem") and not flight.get("probe") else None
     return {
         "id": report.nodeid, **identity, "outcome": outcome, "reason": reason, "message": str(report.longrepr),
         "duration_s": None, "examples": None, "unsupported_examples": {}, "verdicts": [], "quantity": None,

@@ -6,6 +6,8 @@ among tiny ones, and lengths straddling tile sizes (16, 64, 128).
 """
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import strategies as st
 
 from .backend import Capabilities
@@ -103,7 +105,10 @@ def problems(
     configuration; without, each kernel axis is drawn on its own. Lengths, batch and seed are always
     drawn freely.
     """
-    candidates = pinned(configs or (), broadcast_q=broadcast_q, causal=causal, dtype=dtype)
+    pins = {k: v for k, v in dict(broadcast_q=broadcast_q, causal=causal, dtype=dtype).items() if v is not None}
+    candidates = pinned(configs or (), **pins)
+    if configs and not candidates:  # no configuration has every pinned value: pin it on them
+        candidates = tuple(dict.fromkeys(dataclasses.replace(c, **pins) for c in configs))
     if candidates:
         config = draw(st.sampled_from(candidates), label="kernel config")
     else:

@@ -328,10 +328,3 @@ def test_sigterm_stops_the_run_and_leaves_a_report(tmp_path):
     report = rp.load(tmp_path / "terminated")
     assert report["run"]["complete"] is False and "SIGTERM" in report["run"]["stopped"]
     assert any(r["outcome"] == "not-run" for r in report["records"])
-
-
-def test_workers_share_fa4_compiles_unless_told_otherwise(monkeypatch):
-    monkeypatch.delenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", raising=False)
-    assert cli._child_env("cuda", 4)["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] == "1"
-    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "0")
-    assert cli._child_env("cuda", 4)["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] == "0"

@@ -1,0 +1,285 @@
+"""Warm-up: compile every kernel a run will use before its checks start, in parallel, under its own budget.
+
+The first call of a JIT backend on a kernel configuration compiles (seconds to minutes); later calls, in
+any process, load the result from the persistent caches that ``jfa-conformance run`` points every process
+at (see cache.py). So the run first calls each backend once per configuration of its run set
+(configs.py) on a few tiny problems — forward, and backward where declared — in a pool of worker
+processes, timing each (backend, configuration) job, and only then starts the checks, whose timeout
+then measures checking rather than compiling.
+
+A job that outlives ``budget_s`` is stopped with its process (a fresh one takes its place) and reported
+as ``timeout``; the backend's remaining jobs are skipped, and the checks phase starts that backend as
+*suspect* (see containment.py): a short probe decides whether its checks run at all. A process that dies
+(segfault, abort) reports ``crash``; a device fault reports ``crash`` and the process is replaced.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .configs import KernelConfig
+
+MARKER = "@@jfa-warmup@@ "  # prefixes the one result line per job on a worker's stdout
+# (query lengths, key lengths): a short ragged batch and one with a tile-aligned sequence, so that the
+# kernels' specialisations on aligned sizes are compiled too
+WARM_LENGTHS = (((3, 17), (3, 17)), ((64, 1, 129), (64, 1, 129)))
+BROADCAST_LQ = (4, 17)
+
+
+@dataclass(frozen=True)
+class Job:
+    backend: str  # the name the run resolves (registry name, entry point, module:attr)
+    name: str  # the backend's display name
+    config: KernelConfig
+
+    def as_json(self) -> str:
+        return json.dumps({"backend": self.backend, "name": self.name, "config": self.config.as_dict()})
+
+
+@dataclass
+class Result:
+    backend: str
+    key: str
+    outcome: str  # ok, unsupported, error, crash, timeout, skipped
+    seconds: float
+    message: str | None = None
+    worker: int | None = None
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def warm_problems(config: KernelConfig):
+    """The problems one job runs for ``config``."""
+    if config.broadcast_q:
+        return [config.problem((lq,) * len(k), k, seed=i) for i, (lq, (_, k)) in enumerate(zip(BROADCAST_LQ, WARM_LENGTHS))]
+    return [config.problem(q, k, seed=i) for i, (q, k) in enumerate(WARM_LENGTHS)]
+
+
+def warm(backend, config: KernelConfig, device: str) -> None:
+    """Call ``backend`` the way the checks will on ``config``: forward, backward where declared, and the
+    replicated form of a native broadcast-Q call (the native-vs-replicated check runs both)."""
+    from .harness import Unsupported, run_backend
+
+    problems = warm_problems(config)
+    if config.broadcast_q and backend.capabilities.broadcast_q == "native":
+        problems += warm_problems(dataclasses.replace(config, broadcast_q=False))
+    ran = False
+    for problem in problems:
+        gradients = backend.capabilities.backward
+        try:
+            run_backend(backend, problem, device, gradients=gradients)
+            ran = True
+        except Unsupported:
+            if not gradients:
+                continue
+            try:  # a backend may refuse only the backward of a configuration: still compile its forward
+                run_backend(backend, problem, device)
+                ran = True
+            except Unsupported:
+                continue
+    if not ran:
+        raise Unsupported(f"{backend.name} supports none of the warm-up problems of {config.key}")
+
+
+# -- the worker process ---------------------------------------------------------------------------------
+def serve(device: str) -> int:
+    """Worker loop: one job per stdin line, one ``MARKER`` result line per job on stdout."""
+    from backends import registry
+
+    from .harness import DeviceFault, Unsupported
+
+    backends = {}
+    out = sys.stdout
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        job = json.loads(line)
+        config = KernelConfig(**job["config"])
+        start = time.perf_counter()
+        outcome, message, fatal = "ok", None, False
+        try:
+            if job["backend"] not in backends:
+                backends[job["backend"]] = registry.resolve(job["backend"])
+            warm(backends[job["backend"]], config, device)
+        except Unsupported as exc:
+            outcome, message = "unsupported", str(exc)
+        except DeviceFault as exc:
+            outcome, message, fatal = "crash", str(exc), True
+        except Exception as exc:  # noqa: BLE001 - a compile error is a finding, reported with the job
+            outcome, message = "error", f"{type(exc).__name__}: {exc}"
+        result = {"outcome": outcome, "seconds": round(time.perf_counter() - start, 3), "message": message}
+        out.write("\n" + MARKER + json.dumps(result) + "\n")  # after whatever the backend printed
+        out.flush()
+        if fatal:
+            return 70  # the device context is unusable: the pool starts a fresh process
+    return 0
+
+
+# -- the pool -------------------------------------------------------------------------------------------
+@dataclass
+class _Worker:
+    index: int
+    env: dict
+    proc: subprocess.Popen
+    lines: queue.Queue = field(default_factory=queue.Queue)
+    job: Job | None = None
+    started: float = 0.0
+
+    def send(self, job: Job) -> None:
+        self.job, self.started = job, time.monotonic()
+        self.proc.stdin.write(job.as_json() + "\n")
+        self.proc.stdin.flush()
+
+
+def _spawn(index: int, device: str, env: dict, log) -> _Worker:
+    proc = subprocess.Popen([sys.executable, "-m", "conformance.warmup", "--serve", "--device", device],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env, text=True,
+                            bufsize=1, start_new_session=True)
+    worker = _Worker(index, env, proc)
+
+    def pump():
+        for line in proc.stdout:
+            worker.lines.put(line)
+        worker.lines.put(None)  # end of output: the process has exited
+
+    threading.Thread(target=pump, daemon=True).start()
+    return worker
+
+
+def _kill(worker: _Worker) -> None:
+    import signal
+    try:
+        os.killpg(worker.proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    worker.proc.wait()
+
+
+def order(jobs: list[Job]) -> list[Job]:
+    """Backends interleaved (one job of each in turn), so every backend's compiles start early."""
+    by_backend: dict[str, list[Job]] = {}
+    for job in jobs:
+        by_backend.setdefault(job.backend, []).append(job)
+    queues = list(by_backend.values())
+    ordered = []
+    while any(queues):
+        for q in queues:
+            if q:
+                ordered.append(q.pop(0))
+    return ordered
+
+
+def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float, log_path: Path,
+             on_result=None, on_start=None, deadline: float | None = None) -> list[Result]:
+    """Run ``jobs`` on ``len(envs)`` worker processes (one environment each, e.g. a pinned GPU).
+
+    ``on_start(worker_index, job)`` and ``on_result(result)`` feed a live view. Past ``deadline``
+    (time.monotonic) the jobs not yet finished are reported ``skipped``.
+    """
+    pending = order(jobs)
+    results: list[Result] = []
+    stopped_backends: dict[str, str] = {}  # backend -> why its remaining jobs are skipped
+    with open(log_path, "a", encoding="utf-8") as log:
+        workers = [_spawn(i, device, env, log) for i, env in enumerate(envs[: max(1, min(len(envs), len(pending)))])]
+
+        def finish(worker: _Worker, outcome: str, seconds: float, message: str | None):
+            job = worker.job
+            result = Result(job.name, job.config.key, outcome, round(seconds, 3), message, worker.index)
+            results.append(result)
+            worker.job = None
+            if outcome == "timeout":
+                stopped_backends[job.backend] = f"{job.name} timed out compiling {job.config.key}"
+            if on_result:
+                on_result(result)
+
+        try:
+            while pending or any(w.job for w in workers):
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+                for i, worker in enumerate(workers):
+                    if worker.job is not None:
+                        try:
+                            line = worker.lines.get_nowait()
+                        except queue.Empty:
+                            if time.monotonic() - worker.started > budget_s:
+                                _kill(worker)
+                                finish(worker, "timeout", time.monotonic() - worker.started,
+                                       f"no answer after {budget_s:g} s (compile budget); the process was stopped")
+                                workers[i] = worker = _spawn(worker.index, device, worker.env, log)
+                            continue
+                        if line is None:  # the process died mid-job
+                            code = worker.proc.wait()
+                            finish(worker, "crash", time.monotonic() - worker.started,
+                                   f"the warm-up process died (exit status {code})")
+                            workers[i] = worker = _spawn(worker.index, device, worker.env, log)
+                        elif line.startswith(MARKER):
+                            data = json.loads(line[len(MARKER):])
+                            finish(worker, data["outcome"], data["seconds"], data["message"])
+                            if data["outcome"] == "crash":  # the process exits: replace it
+                                worker.proc.wait()
+                                workers[i] = worker = _spawn(worker.index, device, worker.env, log)
+                        else:
+                            if line.strip():
+                                log.write(line)
+                            continue
+                    while worker.job is None and pending:
+                        job = pending.pop(0)
+                        if job.backend in stopped_backends:
+                            results.append(Result(job.name, job.config.key, "skipped", 0.0, stopped_backends[job.backend]))
+                            if on_result:
+                                on_result(results[-1])
+                            continue
+                        if worker.proc.poll() is not None:
+                            workers[i] = worker = _spawn(worker.index, device, worker.env, log)
+                        worker.send(job)
+                        if on_start:
+                            on_start(worker.index, job)
+                time.sleep(0.05)
+        finally:
+            for worker in workers:
+                if worker.job is not None:
+                    results.append(Result(worker.job.name, worker.job.config.key, "skipped",
+                                          round(time.monotonic() - worker.started, 3), "the run's time limit ended it"))
+                if worker.proc.poll() is None:
+                    try:
+                        worker.proc.stdin.close()
+                        worker.proc.wait(timeout=5)
+                    except (OSError, subprocess.TimeoutExpired):
+                        _kill(worker)
+    for job in pending:
+        results.append(Result(job.name, job.config.key, "skipped", 0.0, stopped_backends.get(job.backend)
+                              or "the run's time limit came first"))
+    return results
+
+
+def summarize(results: list[Result]) -> dict[str, dict]:
+    """Per backend: ``compile_s`` (sum of its jobs), ``configs`` and the job list for the report."""
+    summary: dict[str, dict] = {}
+    for r in results:
+        entry = summary.setdefault(r.backend, {"compile_s": 0.0, "configs": 0, "warmup": []})
+        entry["compile_s"] = round(entry["compile_s"] + r.seconds, 3)
+        entry["configs"] += 1
+        entry["warmup"].append({"key": r.key, "seconds": r.seconds, "outcome": r.outcome, "message": r.message})
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m conformance.warmup", description="warm-up worker process")
+    parser.add_argument("--serve", action="store_true", required=True)
+    parser.add_argument("--device", required=True)
+    ns = parser.parse_args(argv)
+    return serve(ns.device)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

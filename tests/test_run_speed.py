@@ -1,0 +1,228 @@
+"""What makes a run finish in CI time: kernel configurations drawn from a small covering set, the warm-up
+that compiles them apart from the checks, shared compile caches, worker defaults that use the machine,
+and containment of backends that hang or crash."""
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conformance import cache, cli, configs, warmup
+from conformance.backend import Capabilities
+from conformance.configs import KernelConfig, axis_values, covered, kernel_configs, problem_axes
+from conformance.problem import CAUSAL_MODES, Problem
+from conformance.strategies import problems
+
+capabilities = st.builds(
+    Capabilities,
+    dtypes=st.sampled_from([("float32",), ("float16", "bfloat16"), ("float32", "float16", "bfloat16")]),
+    head_dims=st.one_of(st.none(), st.sampled_from([(64,), (64, 128), (16, 32, 64, 128, 256)])),
+    max_head_dim=st.sampled_from([None, 128]),
+    value_dim_differs=st.booleans(),
+    causal_modes=st.sampled_from([("none",), ("none", "bottom_right"), CAUSAL_MODES]),
+    gqa=st.booleans(),
+    broadcast_q=st.sampled_from(["native", "emulated", "none"]),
+    max_drawn_rows=st.sampled_from([None, 160]),
+)
+
+
+def missing_values(chosen, caps):
+    seen, values = covered(chosen, caps), axis_values(caps)
+    return {axis: [v for v in vals if v not in seen[axis]] for axis, vals in values.items() if set(vals) - seen[axis]}
+
+
+@settings(max_examples=60, deadline=None)
+@given(caps=capabilities, seed=st.integers(0, 2**31))
+def test_the_configurations_cover_every_declared_value(caps, seed):
+    if not any(caps.supports_head_dim(d) for d in (caps.head_dims or configs.HEAD_DIMS)):
+        return
+    chosen = kernel_configs(caps, seed)
+    assert not missing_values(chosen, caps)
+    assert len(chosen) == len(set(chosen))
+    values = axis_values(caps)
+    for c in chosen:  # and nothing outside the declaration
+        assert c.dtype in values["dtype"] and c.causal in values["causal"]
+        assert (c.heads_q, c.heads_kv) in values["heads"] and c.broadcast_q in values["broadcast_q"]
+        assert caps.supports_head_dim(c.head_dim) and caps.supports_head_dim(c.head_dim_v or c.head_dim)
+    # bounded: about one configuration per value of the widest axis, plus the value-dim choices
+    assert len(chosen) <= max(len(v) for v in values.values()) * 2 + 2
+
+
+def test_the_set_keeps_the_edge_cases_first_changes_with_the_seed_and_respects_refusals():
+    caps = Capabilities(dtypes=("float16", "bfloat16"))
+    seeds = [KernelConfig("float16", 64, None, 1, 1, "none", False, None),
+             KernelConfig("float32", 64, None, 1, 1, "none", False, None)]  # undeclared dtype: dropped
+    first = kernel_configs(caps, 1, seeds=seeds)
+    assert first[0] == seeds[0] and seeds[1] not in first
+    assert kernel_configs(caps, 1, seeds=seeds) == first  # the same in every worker
+    assert kernel_configs(caps, 2, seeds=seeds) != first  # pairings change from run to run
+    no_gqa_256 = kernel_configs(caps, 1, supported=lambda c: not (c.head_dim == 256 and c.heads_q != c.heads_kv))
+    assert all(not (c.head_dim == 256 and c.heads_q != c.heads_kv) for c in no_gqa_256)
+    assert not missing_values(no_gqa_256, caps)
+    assert len(kernel_configs(caps, 1, extra=4)) >= len(kernel_configs(caps, 1)) + 3
+
+
+def test_every_head_dim_meets_equal_value_dims():
+    # Some backwards run only with head_dim_v == head_dim: each head dim appears at least once so.
+    caps = Capabilities(gqa=True)
+    chosen = kernel_configs(caps, 7)
+    assert {c.head_dim for c in chosen if c.head_dim_v is None} == set(axis_values(caps)["head_dim"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_drawn_problems_take_their_kernel_axes_from_the_configurations(data):
+    caps = Capabilities(dtypes=("float16", "bfloat16"))
+    chosen = kernel_configs(caps, 3)
+    problem = data.draw(problems(caps, configs=chosen))
+    assert KernelConfig.of(problem) in chosen
+    pinned = data.draw(problems(caps, configs=chosen, broadcast_q=True, causal="none"))
+    assert pinned.broadcast_q and pinned.causal == "none"
+    # a pin no configuration has is set on one of them: still one of a bounded few
+    assert KernelConfig.of(pinned) in chosen or any(
+        c == KernelConfig.of(pinned.replace(broadcast_q=c.broadcast_q, causal=c.causal)) for c in chosen)
+
+
+def test_problem_axes_name_every_coverage_value():
+    p = Problem((3, 0), (5, 0), heads_q=8, heads_kv=2, head_dim=64, head_dim_v=32, dtype="float16",
+                causal="bottom_right", scale=0.3, length_law="many_zeros")
+    assert problem_axes(p) == {
+        "dtype": "float16", "head_dim": "64", "head_dim_v": "smaller", "heads": "8:2", "causal": "bottom_right",
+        "broadcast_q": "false", "scale": "0.3", "length_law": "many_zeros", "batch": "2-4", "max_length": "2-16",
+        "zero_length": "true", "cross_attention": "true"}
+
+
+# -- caches and workers ---------------------------------------------------------------------------------
+def test_every_compile_cache_points_into_one_directory_and_user_settings_stay(tmp_path):
+    env = cache.cache_env(tmp_path, {"TRITON_CACHE_DIR": "/elsewhere", "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "0"})
+    assert env["TRITON_CACHE_DIR"] == "/elsewhere" and env["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] == "0"
+    for variable in ("TORCHINDUCTOR_CACHE_DIR", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", "CUDA_CACHE_PATH"):
+        assert env[variable].startswith(str(tmp_path)) and (tmp_path / cache.CACHE_VARIABLES[variable]).is_dir()
+    assert env["TORCHINDUCTOR_FX_GRAPH_CACHE"] == "1"
+    assert cache.default_dir({"JFA_CACHE_DIR": str(tmp_path / "x")}) == tmp_path / "x"
+    assert cache.default_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "jfa-conformance"
+
+
+def test_workers_use_the_machine(monkeypatch):
+    monkeypatch.setattr(cli, "_cores", lambda: 16)
+    monkeypatch.setattr(cli, "_host_memory", lambda: 128 * cli.GIB)
+    assert cli._default_workers("cpu") == 4
+    assert cli._default_workers("cuda") == 15  # no GPU visible here: cores and host memory bound it
+    monkeypatch.setattr(cli, "_host_memory", lambda: 12 * cli.GIB)
+    assert cli._default_workers("cuda") == 4
+    ns = cli.build_parser().parse_args(["run", "--gpus", "0,1", "-n", "5"])
+    assert cli._worker_sets(ns, "cuda") == [("0", 3), ("1", 2)]
+
+
+# -- the warm-up pool -----------------------------------------------------------------------------------
+PLAIN = textwrap.dedent('''
+    import os, time
+    from backends.reference import Reference
+
+    class Fine(Reference):
+        name = "fine"
+
+    class Hangs(Reference):
+        name = "hangs"
+        def forward(self, args):
+            time.sleep(3600)
+
+    class Segfaults(Reference):
+        name = "segfaults"
+        def forward(self, args):
+            import ctypes
+            ctypes.string_at(0)
+
+    class Raises(Reference):
+        name = "raises"
+        def forward(self, args):
+            raise ValueError("no kernel for this configuration")
+
+    class CudaError(Reference):
+        name = "cuda-error"
+        def forward(self, args):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    class Aborts(Reference):
+        name = "aborts"
+        def forward(self, args):
+            os.abort()
+''')
+
+
+@pytest.fixture
+def misbehaving(tmp_path):
+    path = tmp_path / "misbehaving.py"
+    path.write_text(PLAIN)
+    return path
+
+
+def test_the_warm_up_times_each_configuration_and_contains_hangs_and_crashes(tmp_path, misbehaving):
+    config = KernelConfig("float32", 16, None, 1, 1, "none", False, None)
+    other = KernelConfig("float32", 32, None, 1, 1, "bottom_right", False, None)
+    jobs = [warmup.Job(f"{misbehaving}:{cls}", name, c) for cls, name in
+            (("Fine", "fine"), ("Hangs", "hangs"), ("Segfaults", "segfaults"), ("Raises", "raises"))
+            for c in (config, other)]
+    started = time.monotonic()
+    results = warmup.run_pool(jobs, device="cpu", envs=[dict(__import__("os").environ)] * 2, budget_s=8,
+                              log_path=tmp_path / "warmup.log")
+    assert time.monotonic() - started < 60
+    outcomes = {(r.backend, r.key): r.outcome for r in results}
+    assert outcomes[("fine", config.key)] == outcomes[("fine", other.key)] == "ok"
+    # one budget (both jobs may have started side by side), then the backend's jobs are skipped
+    assert outcomes[("hangs", config.key)] == "timeout"
+    assert outcomes[("hangs", other.key)] in ("timeout", "skipped")
+    assert outcomes[("segfaults", config.key)] == outcomes[("segfaults", other.key)] == "crash"
+    assert outcomes[("raises", config.key)] == "error"
+    assert "no kernel" in next(r.message for r in results if r.backend == "raises")
+    summary = warmup.summarize(results)
+    assert summary["hangs"]["compile_s"] >= 8 and summary["fine"]["configs"] == 2
+
+
+# -- containment in the checks --------------------------------------------------------------------------
+def _outcomes(report):
+    counts: dict[tuple[str, str], int] = {}
+    for r in report["records"]:
+        counts[r["backend"], r["outcome"]] = counts.get((r["backend"], r["outcome"]), 0) + 1
+    return counts
+
+
+def test_a_hanging_backend_costs_about_one_timeout_and_a_probe(tmp_path, misbehaving):
+    timeout = 8
+    argv = ["run", "--report-dir", str(tmp_path), "--name", "hang", "-q", "-n", "2", "--timeout", str(timeout),
+            "--backend", "reference", "--backend", f"{misbehaving}:Hangs", "--no-bench"]
+    started = time.monotonic()
+    assert cli.main(argv) == 1
+    wall = time.monotonic() - started
+    report = json.loads((tmp_path / "hang" / "report.json").read_text())
+    counts = _outcomes(report)
+    assert counts[("reference", "pass")] == 53  # the correct backend fully judged
+    assert 1 <= counts[("hangs", "timeout")] <= 2  # at most one per worker
+    assert counts[("hangs", "timeout")] + counts[("hangs", "not-run")] == 53
+    reasons = {r["reason"] for r in report["records"] if r["outcome"] == "not-run"}
+    assert all(r.startswith("hangs hung in ") for r in reasons), reasons
+    assert any("probe" in r for r in reasons)
+    # the 51 checks after the hang cost nothing like 51 timeouts
+    assert wall < 4 * timeout + 60, wall
+
+
+def test_a_backend_that_crashes_on_every_call_costs_a_few_restarts(tmp_path, misbehaving):
+    argv = ["run", "--report-dir", str(tmp_path), "--name", "crash", "-q", "-n", "2", "--timeout", "60",
+            "--backend", "reference", "--no-bench", "-k", "not metamorphic and not determinism"]
+    for cls in ("Segfaults", "Aborts", "CudaError"):
+        argv += ["--backend", f"{misbehaving}:{cls}"]
+    assert cli.main(argv) == 1
+    report = json.loads((tmp_path / "crash" / "report.json").read_text())
+    counts = _outcomes(report)
+    checks = sum(n for (b, _), n in counts.items() if b == "reference")
+    assert counts[("reference", "pass")] == checks
+    for name in ("segfaults", "aborts", "cuda-error"):
+        crashed = counts.get((name, "crash"), 0)
+        assert 1 <= crashed <= 6, (name, counts)  # the streak, plus checks already running in parallel
+        assert crashed + counts.get((name, "not-run"), 0) == checks
+        dead = [r["reason"] for r in report["records"] if r["backend"] == name and r["outcome"] == "not-run"]
+        assert all("crashed in each of its last" in r for r in dead), dead
