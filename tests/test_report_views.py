@@ -154,7 +154,7 @@ def test_every_text_a_backend_or_run_supplies_is_escaped():
     assert 'href="https://example.org/&quot;&gt;&lt;script&gt;x&lt;/script&gt;"' in page
     md = render_markdown(report)
     outside_code = re.sub(r"(`+).*?\1", "", md)  # inside a code span the text is shown, never run
-    assert "\x1b" not in md and "<script>" not in outside_code and "&lt;script&gt;" in outside_code
+    assert "\x1b" not in md and "<script>" not in outside_code and "&lt;script>" in outside_code
 
 
 # -- reproducers in the report directory ----------------------------------------------------------------

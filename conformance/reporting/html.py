@@ -30,11 +30,11 @@ table{border-collapse:collapse;margin:6px 0} th,td{border:1px solid #d6d6d6;padd
 th{background:#f3f3f3;font-weight:600} td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 .scroll{overflow-x:auto;max-width:100%}
 .grid{font-size:12px} .grid td{text-align:center;white-space:nowrap;padding:2px 3px;min-width:52px;line-height:1.2}
-.grid th.rot{vertical-align:bottom;padding:4px 2px;height:118px;min-width:52px}
+.grid th.rot{vertical-align:bottom;padding:4px 2px;height:150px;min-width:48px}
 .grid th.rot>div{writing-mode:vertical-rl;transform:rotate(180deg);white-space:nowrap;margin:0 auto;
- max-height:116px;overflow:hidden;text-overflow:ellipsis}
-.grid td.first,.grid th.first{position:sticky;left:0;z-index:1;text-align:left;background:#fff;min-width:220px;
- max-width:300px;white-space:normal}
+ max-height:148px;overflow:hidden;text-overflow:ellipsis}
+.grid td.first,.grid th.first{position:sticky;left:0;z-index:1;text-align:left;background:#fff;min-width:190px;
+ max-width:280px;white-space:normal}
 .grid th.first{background:#f3f3f3}
 .grid small{font-weight:400;font-size:10px;opacity:.85}
 .o-pass{background:#dcfce7;color:#166534} .o-fail{background:#dc2626;color:#fff;font-weight:700}
@@ -288,10 +288,10 @@ def _perf(report) -> list[str]:
     table = perf.rows(report, base)
     out = ["<h2 id='performance'>Performance</h2>",
            f"<p class='note'>Each cell: speedup against <b>{esc(base)}</b> (its median time over this backend's; "
-           "above 1 is faster; <code>--baseline-backend</code> picks another), the median time, TFLOP/s on useful "
-           "FLOPs (valid query-key pairs only, causal counted as visible pairs; backward 2.5× forward) and the "
-           "rounds' interquartile range as ± half its share of the median. Hover for rounds, first call and share "
-           "of the device's peak.</p>"]
+           "above 1 is faster; <code>--baseline-backend</code> picks another), the median time, then TFLOP/s on "
+           "useful FLOPs (valid query-key pairs only, causal counted as visible pairs; backward 2.5× forward) and "
+           "the rounds' interquartile range as ± half its share of the median. Hover for rounds, first call and "
+           "share of the device's peak.</p>"]
     geo = perf.geomean_speedups(table)
     for direction in ("forward", "backward"):
         shown = [r for r in table if r.direction == direction]
@@ -320,7 +320,7 @@ def _perf(report) -> list[str]:
                 if cell.peak_share is not None:
                     title += f", {cell.peak_share:.0%} of the device's dense 16-bit peak"
                 cells.append(f"<td class='{cls.strip()}' title='{esc(title)}'><span class='sp'>{perf.fmt_speedup(sp)}"
-                             f"</span><br>{cell.median_ms:.3f} ms<br><small>{cell.row['tflops']:.3g} TF/s "
+                             f"</span><br>{cell.median_ms:.3f} ms<br><small>{perf.fmt_tflops(cell.row['tflops'])} "
                              f"{perf.fmt_spread(cell.spread)}</small></td>")
             out.append("<tr>" + "".join(cells) + "</tr>")
         geo_cells = []

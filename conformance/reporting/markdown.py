@@ -54,7 +54,8 @@ def _md(text) -> str:
     """Backend-supplied text inside a Markdown table cell or list item: one line, no table breaks, no
     inline HTML (GitHub renders some tags in Markdown)."""
     text = triage.strip_ansi("" if text is None else str(text))
-    return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    # "<" opens a tag only before a letter, "/", "!" or "?": "head_dim < head_dim_v" stays readable
+    return re.sub(r"<(?=[A-Za-z/!?])", "&lt;", " ".join(text.split()).replace("|", "\\|"))
 
 
 def _url(url: str) -> str:

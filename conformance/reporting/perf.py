@@ -154,6 +154,12 @@ def shape_text(row: Row) -> str:
     return ", ".join(bits)
 
 
+def fmt_tflops(value: float | None) -> str:
+    if value is None:
+        return ""
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def fmt_speedup(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}x"
 
