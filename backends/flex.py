@@ -8,6 +8,11 @@ pair, so every causal alignment is expressible. GQA is ``enable_gqa``. The LSE c
 The BlockMask is built from the offsets alone (:func:`document_block_mask`), at block granularity:
 ``create_block_mask`` evaluates the mask densely, which over ~500k packed tokens asks for hundreds of GiB.
 
+Compiling is bounded: the packed rows are padded to a multiple of :data:`ROW_BUCKET` (rows of a sentinel
+document that sees nothing), so every problem up to that size has the same shapes, and flex is compiled
+with ``dynamic=False``. One kernel configuration (dtype, head dims, heads, scale, ...) then compiles once
+per bucket, instead of once per drawn length, or once into a slow dynamic-shape kernel.
+
 On GPU flex_attention is compiled (the fused kernel, forward and backward). On CPU its compiled path
 returns no LSE and has no backward, so there the adapter runs flex's eager implementation, which
 evaluates ``mask_mod`` over the full score matrix (the BlockMask's sparsity is not used) and has no
@@ -26,6 +31,7 @@ from conformance.backend import Backend, Capabilities
 from conformance.problem import CAUSAL_MODES, AttentionArgs, Output, key_visible
 
 BLOCK_SIZE = 128
+ROW_BUCKET = 4096  # padded rows cost nothing: their blocks are empty
 CPU_OPT_IN = "JFA_FLEX_CPU"  # the CPU path costs minutes per spec run and checks no flex kernel
 
 
@@ -103,18 +109,28 @@ def document_mask_mod(cu_q: torch.Tensor, cu_k: torch.Tensor, causal: str, pad_t
     return mask_mod
 
 
-def document_block_mask(cu_q: torch.Tensor, cu_k: torch.Tensor, causal: str, block_size: int = BLOCK_SIZE):
-    """The flex BlockMask of a packed batch, from its offsets (no dense evaluation)."""
+def bucket(rows: int) -> int:
+    """The padded row count of ``rows``: the next multiple of :data:`ROW_BUCKET` (at least one bucket)."""
+    return max(ROW_BUCKET, -(-rows // ROW_BUCKET) * ROW_BUCKET)
+
+
+def document_block_mask(cu_q: torch.Tensor, cu_k: torch.Tensor, causal: str, block_size: int = BLOCK_SIZE,
+                        rows: tuple[int, int] | None = None):
+    """The flex BlockMask of a packed batch, from its offsets (no dense evaluation). ``rows``: the
+    (query, key) row counts the tensors are padded to; the padded rows see nothing and are seen by none."""
     from torch.nn.attention.flex_attention import BlockMask
 
     partial, full = document_blocks(cu_q, cu_k, causal, block_size)
-    total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
-    pad = (partial.shape[0] * block_size + block_size, partial.shape[1] * block_size + block_size)
+    rows = rows or (int(cu_q[-1]), int(cu_k[-1]))
+    n_qb, n_kb = -(-rows[0] // block_size), -(-rows[1] // block_size)
+    partial = torch.nn.functional.pad(partial, (0, n_kb - partial.shape[1], 0, n_qb - partial.shape[0]))
+    full = torch.nn.functional.pad(full, (0, n_kb - full.shape[1], 0, n_qb - full.shape[0]))
+    pad = (n_qb * block_size + block_size, n_kb * block_size + block_size)
     kv_num, kv_idx = _ordered(partial)
     full_num, full_idx = _ordered(full)
     return BlockMask.from_kv_blocks(
         kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block_size,
-        mask_mod=document_mask_mod(cu_q, cu_k, causal, pad), seq_lengths=(total_q, total_k),
+        mask_mod=document_mask_mod(cu_q, cu_k, causal, pad), seq_lengths=rows,
     )
 
 
@@ -129,8 +145,10 @@ def allow_recompiles(n: int) -> None:
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
 
-    allow_recompiles(256)  # every drawn problem has new lengths: let dynamo go dynamic instead of stopping
-    return torch.compile(flex_attention)
+    # Static shapes (rows padded to buckets): one compile per kernel configuration and bucket. The limit
+    # only has to exceed their number; past it dynamo would fall back to flex's unfused eager path.
+    allow_recompiles(256)
+    return torch.compile(flex_attention, dynamic=False)
 
 
 class Flex(Backend):
@@ -169,8 +187,11 @@ class Flex(Backend):
         if total_q == 0 or total_k == 0:  # nothing to attend to: no kernel call
             lse = torch.full((hq, total_q), float("-inf"), device=args.q.device)
             return Output(args.q.new_zeros(total_q, hq, dv), lse)
-        block_mask = document_block_mask(args.cu_seqlens_q, args.cu_seqlens_k, args.causal)
-        q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (args.q, args.k, args.v))  # (1, H, total, D)
+        rows = (total_q, total_k) if on_cpu else (bucket(total_q), bucket(total_k))
+        block_mask = document_block_mask(args.cu_seqlens_q, args.cu_seqlens_k, args.causal, rows=rows)
+        padded = [torch.nn.functional.pad(t, (0, 0, 0, 0, 0, n - t.shape[0]))
+                  for t, n in ((args.q, rows[0]), (args.k, rows[1]), (args.v, rows[1]))]
+        q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in padded)  # (1, H, rows, D)
         flex = flex_module.flex_attention if on_cpu else _compiled_flex()
         options = dict(block_mask=block_mask, scale=args.softmax_scale, enable_gqa=hq != hkv)
         if "return_aux" in inspect.signature(flex_module.flex_attention).parameters:
@@ -178,4 +199,4 @@ class Flex(Backend):
             lse = aux.lse
         else:
             out, lse = flex(q, k, v, return_lse=True, **options)
-        return Output(out[0].transpose(0, 1), lse[0].float())
+        return Output(out[0, :, :total_q].transpose(0, 1), lse[0, :, :total_q].float())

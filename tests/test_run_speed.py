@@ -8,6 +8,7 @@ import textwrap
 import time
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -226,3 +227,30 @@ def test_a_backend_that_crashes_on_every_call_costs_a_few_restarts(tmp_path, mis
         assert crashed + counts.get((name, "not-run"), 0) == checks
         dead = [r["reason"] for r in report["records"] if r["backend"] == name and r["outcome"] == "not-run"]
         assert all("crashed in each of its last" in r for r in dead), dead
+
+
+# -- flex: padded to a bucket, the same answer ------------------------------------------------------------
+@pytest.mark.parametrize("causal", ["none", "bottom_right", "top_left"])
+def test_flex_rows_padded_to_a_bucket_give_the_same_attention(causal):
+    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
+
+    from backends.flex import bucket, document_block_mask
+    from conformance.problem import make_inputs
+    problem = Problem((5, 0, 130, 7), (9, 3, 129, 1), heads_q=2, heads_kv=2, head_dim=16, causal=causal)
+    args = make_inputs(problem)
+    total_q, total_k = args.q.shape[0], args.k.shape[0]
+    assert bucket(1) == bucket(4096) == 4096 and bucket(4097) == 8192
+
+    def run(rows):
+        mask = document_block_mask(args.cu_seqlens_q, args.cu_seqlens_k, causal, rows=rows)
+        padded = [torch.nn.functional.pad(t, (0, 0, 0, 0, 0, n - t.shape[0]))
+                  for t, n in ((args.q, rows[0]), (args.k, rows[1]), (args.v, rows[1]))]
+        q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in padded)
+        out, aux = flex_attention(q, k, v, block_mask=mask, scale=args.softmax_scale, return_aux=AuxRequest(lse=True))
+        return out[0, :, :total_q], aux.lse[0, :, :total_q]
+
+    out, lse = run((total_q, total_k))
+    padded_out, padded_lse = run((384, 512))
+    # padded key columns are masked out: the same sums up to the order of a longer reduction
+    torch.testing.assert_close(padded_out, out, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(padded_lse, lse, rtol=1e-6, atol=1e-6)
