@@ -270,3 +270,18 @@ def test_fifteen_backends_fit_a_1400_px_page(tmp_path):
     wide = tmp_path / "loose.html"
     wide.write_text(loose.replace(".scroll{overflow-x:auto;max-width:100%}", ""), encoding="utf-8")
     assert scroll_width(wide, 1400) > 1400
+
+
+def test_the_committed_example_carries_its_reproducers():
+    example = ROOT / "reports" / "examples" / "h200"
+    report = rp.load(example)
+    failing = [r for r in report["records"] if r["outcome"] in ("fail", "crash", "timeout")]
+    assert failing and all(r.get("replay") for r in failing)
+    for r in failing:
+        entry = r["replay"]
+        assert entry["artifact"].startswith("failures/") and (example / entry["artifact"]).is_file()
+        assert (example / entry["script"]).is_file() and entry["command"].startswith("jfa-conformance replay failures/")
+    causes = {c["id"]: c for c in report["causes"]}
+    crash = next(c for c in causes.values() if c["backend"] == "fa4" and c["outcome"] == "crash")
+    assert crash["count"] == 9 and crash["shared"][0]["property"] == "head_dim < head_dim_v"
+    assert crash["shared"][0]["passing_with"] == 0

@@ -63,6 +63,8 @@ def test_escape_codes_are_stripped_including_ones_that_lost_their_escape_byte():
     (ILLEGAL_ADDRESS, "forward: CUDA error: an illegal memory access was encountered"),
     ("Traceback (most recent call last):\n  File \"x.py\", line 3, in f\nRuntimeError: batch size must be positive",
      "RuntimeError: batch size must be positive"),
+    ("cutlass.base_dsl.common.DSLRuntimeError: \n\x1b[91minternal error[DSL001]\x1b[0m: failed to build IR for "
+     "the tile\n  --> interface.py:88\n   |", "DSLRuntimeError: failed to build IR for the tile"),
     ("torch._inductor.exc.InductorError: LoweringException: NoValidChoicesError: No choices to select.",
      "InductorError: NoValidChoicesError: No choices to select."),
 ])

@@ -48,12 +48,12 @@ NOISE = re.compile(
     r"^(Traceback \(most recent call last\):|File \".*\", line \d+|Search for `cuda|CUDA kernel errors might be"
     r"|For debugging consider passing CUDA_LAUNCH_BLOCKING|Compile with `TORCH_USE_CUDA_DSA`|Failing test case:"
     r"|Falsifying example|You can reproduce this test case|Draw \d+ \(|Explanation:|The above exception was"
-    r"|During handling of the above exception|[+|]?[-=+ ]*$|\^+$|~+\^*~*$)"
+    r"|During handling of the above exception|-->\s|\|\s|[+|]?[-=+ ]*$|\^+$|~+\^*~*$)"
 )
 # A leading exception name, module path included: ``cutlass._mlir.ir.MLIRError:``.
 EXC_HEAD = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Z]\w*(?:Error|Exception|Fault|Failure|Warning|Group|Interrupt))\s*:\s*")
 # What MLIR-style and DSL diagnostics put before the text.
-DIAG_PREFIX = re.compile(r"^(?:error|fatal error|Error)(?:: unknown)?\s*:\s*")
+DIAG_PREFIX = re.compile(r"^(?:internal |fatal )?(?:compiler )?(?:error|Error|ERROR)(?:\[[^\]]*\])?(?:: unknown)?\s*:\s*")
 DEVICE_FAULT_PHASE = re.compile(r"^(?:(?P<backend>\S+) )?(?P<phase>forward|backward|call)\s*:\s*")
 DISAGREES = re.compile(r"disagrees with the float64 oracle")
 VERDICT_LINE = re.compile(r"^\s*(\w+): FAIL, observed error (\S+), allowed (\S+)")
