@@ -146,7 +146,7 @@ def _default_workers(device: str, gpus: int = 1) -> int:
 
 def _worker_count(ns, device: str) -> int:
     gpus = len(_gpu_list(ns.gpus)) if ns.gpus else 1
-    return ns.workers or _default_workers(device, gpus)
+    return max(gpus, ns.workers or _default_workers(device, gpus))  # with --gpus, one per GPU at least
 
 
 def _worker_sets(ns, device: str) -> list[tuple[str | None, int]]:
