@@ -9,7 +9,7 @@ import torch
 from conformance.backend import Backend, Capabilities
 from conformance.problem import AttentionArgs, Output, Problem
 from kernels import DQ_DETERMINISTIC, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, jagged_flash_attention
-from kernels import jfa
+from kernels.config import default as kernel_config
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -33,14 +33,10 @@ class TritonJfa(Backend):
     )
 
     def __init__(self):
-        # which kernels answer is part of what a report describes (JFA_FWD_KERNEL, JFA_BWD_KV_KERNEL and
-        # JFA_BWD_Q_KERNEL pick them); the opt-in fused dQ (jfa.BWD_DQ_MODE "atomic") adds with atomics, so
-        # the gradients are then not bitwise reproducible and the declaration says so
+        # which kernels answer is part of what a report describes: the kernels' Config (JFA_* environment
+        # variables, kernels/README.md) picks them
         self.capabilities = dataclasses.replace(
-            self.capabilities, deterministic=DQ_DETERMINISTIC and jfa.BWD_DQ_MODE != "atomic",
-            notes=f"{self.capabilities.notes}; kernel switches: forward {jfa.FWD_KERNEL}, "
-                  f"dK/dV {jfa.BWD_KV_KERNEL}, dQ {jfa.BWD_Q_KERNEL}, dQ mode {jfa.BWD_DQ_MODE}, "
-                  f"delta in the Gluon dQ kernel {jfa.GLUON_DQ_DELTA}")
+            self.capabilities, notes=f"{self.capabilities.notes}; kernels.Config {kernel_config()}")
         if _interpreting():  # the interpreter runs every program in Python: keep drawn problems small
             self.capabilities = dataclasses.replace(self.capabilities, max_drawn_rows=160)
 

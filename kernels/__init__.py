@@ -1,11 +1,11 @@
-"""Triton jagged flash attention (packed variable-length sequences)."""
-from .jfa import (  # noqa: F401
-    DQ_DETERMINISTIC,
-    SUPPORTED_DTYPES,
-    SUPPORTED_HEAD_DIMS,
-    JaggedPlan,
-    jagged_flash_attention,
-)
+"""Jagged (packed, variable-length) flash attention in Triton (kernels/README.md: which file does what)."""
+from .api import JaggedPlan, jagged_flash_attention
+from .config import Config
+from .plan import Paths
+from .validation import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
 from . import torch_ops  # noqa: F401,E402  (registers the custom operators torch.compile calls)
 
-__all__ = ["jagged_flash_attention", "JaggedPlan", "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES", "DQ_DETERMINISTIC"]
+DQ_DETERMINISTIC = True  # every gradient has one writer per element: bitwise reproducible
+
+__all__ = ["jagged_flash_attention", "JaggedPlan", "Config", "Paths", "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES",
+           "DQ_DETERMINISTIC"]

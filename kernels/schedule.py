@@ -1,55 +1,22 @@
-"""Host-side tile scheduling for jagged flash attention.
+"""Host-side tile scheduling for jagged flash attention (numpy; plan.py uploads what it builds).
 
-A *tile* is one (sequence, block) pair: a block of BLOCK_M query rows of one
-sequence (forward, dQ) or a block of BLOCK_N key rows (dK/dV).  Padded tiles
-(block index beyond the sequence's own length) never exist in these lists:
-only real tiles are generated ("empty tiles pruned").
+A *tile* is one (sequence, block) pair: a block of BLOCK_M query rows of one sequence (forward, dQ) or a
+block of BLOCK_N key rows (dK/dV).  Only real tiles exist in these lists: a block index beyond its
+sequence's length is never generated.
 
-Two static policies are provided, as in the seed document:
+The kernels run one program per (tile, head) item, in the launch order ``sequence_major_items`` gives:
+sequences heaviest first, then head, then the sequence's tiles heaviest first, so the programs in flight
+read the same few (sequence, head) pairs' K/V (or Q/dO) and L2 serves the repeats; the hardware block
+scheduler balances the items dynamically as SMs free up.  Broadcast-Q's dQ splits the batch into chunks of
+about equal work (``split_batches_by_work``).
 
-* forward: tiles sorted by KV workload (descending) and dealt to ``n_sms``
-  persistent programs in zigzag (boustrophedon) order;
-* backward: block-innermost round-robin (tiles of one sequence adjacent, so a
-  sequence's K/V or Q stays hot in L2 while consecutive programs read it).
-
-The launch order of the sorted grids' (tile, head) items is a third choice
-(``sequence_major_items``): heaviest tile first across the whole batch puts
-the same q block of every (sequence, head) pair side by side, so the programs
-in flight each stream a different pair's K/V and nothing is reused from L2;
-grouping the items by (sequence, head) makes the programs in flight share a
-few pairs' K/V.
-
-``imbalance(loads) = max / mean`` measures the result.
-
-The GPU launcher (``kernels/jfa.py``) launches a plain grid by default, in
-sequence-major order (heavy sequences first, each one's tiles heaviest first;
-the hardware block scheduler balances dynamically).  The persistent
-lists built here drive its ``FWD_GRID`` / ``BWD_KV_GRID = "persistent"``
-switches; on the H200 they were slower on every benchmark shape
-(``kernels/PERF.md``, v5).
+``zigzag_assign`` / ``round_robin_assign`` deal tiles to a fixed number of bins, and ``imbalance`` (max /
+mean load) measures such a deal: a static alternative to the hardware's dynamic balance, kept with the
+seed document's numbers as a test.
 """
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
-
-__all__ = [
-    "zigzag_assign",
-    "round_robin_assign",
-    "imbalance",
-    "forward_tiles",
-    "kv_tiles",
-    "sort_by_work",
-    "persistent_zigzag",
-    "block_innermost_round_robin",
-    "split_batches_by_work",
-    "sequence_major_items",
-    "sectioned_items",
-    "distinct_sequences_in_flight",
-    "list_schedule_makespan",
-]
-
 
 def zigzag_assign(workloads, n_sms: int):
     """Sort tiles by workload (descending) and deal them to ``n_sms`` bins in
@@ -134,27 +101,6 @@ def sort_by_work(*arrays, work):
     return tuple(np.asarray(a)[order] for a in arrays) + (np.asarray(work)[order],)
 
 
-def persistent_zigzag(work, n_programs: int):
-    """Persistent-grid schedule: CSR lists ``(ptr, tile_ids)`` where program
-    ``p`` processes ``tile_ids[ptr[p]:ptr[p+1]]`` (heaviest first)."""
-    w = np.asarray(work, dtype=np.int64)
-    assign, loads = zigzag_assign(w, n_programs)
-    order = np.lexsort((-w, assign))  # by program, then heaviest first
-    counts = np.bincount(assign, minlength=n_programs)
-    ptr = np.zeros(n_programs + 1, dtype=np.int64)
-    ptr[1:] = np.cumsum(counts)
-    return ptr, order.astype(np.int64), loads
-
-
-def block_innermost_round_robin(seq, blk, work, n_programs: int):
-    """Backward policy: tiles ordered (sequence, block) with the block index
-    innermost, dealt round-robin.  Returns ``(order, assign, loads)``."""
-    order = np.lexsort((np.asarray(blk), np.asarray(seq)))
-    w = np.asarray(work, dtype=np.int64)[order]
-    assign, loads = round_robin_assign(w, n_programs)
-    return order, assign, loads
-
-
 def split_batches_by_work(work_per_batch, n_chunks: int):
     """Split batches 0..B-1 into at most ``n_chunks`` contiguous chunks of
     roughly equal total work.  Returns chunk boundaries ``[0, ..., B]``."""
@@ -192,66 +138,3 @@ def sequence_major_items(seq, work, n_heads: int):
     # np.lexsort: the last key is the primary one; the sequence id keeps equal-work sequences apart
     order = np.lexsort((-work[tile], head, seq[tile], -seq_work[tile]))
     return (tile * n_heads + head)[order]
-
-
-def sectioned_items(seq, work, n_heads: int, rows_per_seq, section_rows: int):
-    """Launch order that keeps ``sequence_major_items``' L2 reuse without its tail: the (sequence,
-    head) pairs, in sequence-major order, are cut into *sections* of consecutive pairs whose rows read
-    (``rows_per_seq[s]`` per pair: keys for the forward and dQ, queries for dK/dV) add up to at most
-    ``section_rows`` (at least one pair each); sections run one after another and, inside a section,
-    items go heaviest tile first across its pairs.  Sequence-major order starts the last pair's
-    heaviest tile late (a long tail on a few long causal sequences); here only the last section's
-    tiles are left at the end, and they are already sorted heaviest first.
-
-    Returns an int64 permutation of ``range(len(seq) * n_heads)`` (items ``tile * n_heads + head``)."""
-    seq = np.asarray(seq, dtype=np.int64)
-    work = np.asarray(work, dtype=np.int64)
-    rows = np.asarray(rows_per_seq, dtype=np.int64)
-    if section_rows < 1:
-        raise ValueError(f"section_rows must be >= 1, got {section_rows}")
-    n = seq.shape[0]
-    if n == 0 or n_heads == 0:
-        return np.zeros(0, dtype=np.int64)
-    seq_work = np.bincount(seq, weights=work, minlength=rows.shape[0])
-    # pairs in sequence-major order: sequences heaviest first (ties by id), heads inside
-    seq_rank = np.empty(seq_work.shape[0], dtype=np.int64)
-    seq_rank[np.lexsort((np.arange(seq_work.shape[0]), -seq_work))] = np.arange(seq_work.shape[0])
-    pair_rows = np.repeat(rows[np.argsort(seq_rank)], n_heads)
-    section_of_pair = np.empty(pair_rows.shape[0], dtype=np.int64)
-    section, filled = 0, 0
-    for i, r in enumerate(pair_rows.tolist()):  # greedy cut in Python: 160k pairs ~0.03 s, and cached
-        if filled > 0 and filled + r > section_rows:
-            section, filled = section + 1, 0
-        section_of_pair[i] = section
-        filled += r
-    tile = np.repeat(np.arange(n, dtype=np.int64), n_heads)
-    head = np.tile(np.arange(n_heads, dtype=np.int64), n)
-    pair = seq_rank[seq[tile]] * n_heads + head
-    order = np.lexsort((pair, -work[tile], section_of_pair[pair]))
-    return (tile * n_heads + head)[order]
-
-
-def distinct_sequences_in_flight(items, seq, n_heads: int, window: int):
-    """Mean number of distinct (sequence, head) pairs among each ``window`` consecutive items: the
-    working set a grid of ``window`` resident programs reads, in pairs (lower = more L2 reuse)."""
-    items = np.asarray(items, dtype=np.int64)
-    seq = np.asarray(seq, dtype=np.int64)
-    pair = seq[items // n_heads] * n_heads + items % n_heads
-    counts = [np.unique(pair[i:i + window]).shape[0] for i in range(0, max(1, pair.shape[0]), window)]
-    return float(np.mean(counts))
-
-
-def list_schedule_makespan(work_in_launch_order, n_slots: int) -> float:
-    """Finish time of greedy list scheduling: each item, in launch order, starts on the slot that frees
-    first (what a hardware block scheduler does with a one-program-per-item grid, ``n_slots`` resident
-    programs, durations proportional to ``work``).  Divide by ``max(sum / n_slots, max)`` for the
-    tail cost of an order."""
-    w = np.asarray(work_in_launch_order, dtype=np.float64)
-    if w.size == 0:
-        return 0.0
-    if n_slots < 1:
-        raise ValueError(f"n_slots must be >= 1, got {n_slots}")
-    free = [0.0] * min(n_slots, w.size)
-    for x in w:
-        heapq.heappush(free, heapq.heappop(free) + x)
-    return max(free)

@@ -1,10 +1,10 @@
-"""Compile the Gluon forward for sm_90 in this process and print what the tests check, as JSON.
+"""Compile the Gluon kernels for sm_90 in this process and print what the tests check, as JSON.
 
 Run as a subprocess by tests/test_gluon_compile.py: the test session sets TRITON_INTERPRET=1, under which
 Gluon functions cannot be compiled, so the compile happens here with the variable removed.
     python tests/gluon_sm90_probe.py '<json list of compile_sm90 keyword dicts>'
-("kernel": "bwd" in a dict compiles the dK/dV kernel of kernels/gluon_bwd.py instead of the forward, "dq" the
-dQ kernel of kernels/gluon_dq.py.)
+("kernel": "bwd" in a dict compiles the dK/dV kernel of kernels/gluon/dkdv.py instead of the forward of
+kernels/gluon/fwd.py, "dq" the dQ kernel of kernels/gluon/dq.py.)
 """
 import json
 import os
@@ -16,7 +16,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import triton  # noqa: E402
 
-from kernels import gluon_bwd, gluon_dq, gluon_fwd  # noqa: E402
+from kernels.gluon import dkdv, dq, fwd  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
@@ -37,7 +37,7 @@ def exps_between_waits(sass):
 
 def probe(cfg):
     cfg = dict(cfg)
-    module = {"fwd": gluon_fwd, "bwd": gluon_bwd, "dq": gluon_dq}[cfg.pop("kernel", "fwd")]
+    module = {"fwd": fwd, "bwd": dkdv, "dq": dq}[cfg.pop("kernel", "fwd")]
     try:
         kernel = module.compile_sm90(**cfg)
     except Exception as exc:
@@ -53,7 +53,8 @@ def probe(cfg):
         fh.flush()
         ptxas = subprocess.run([os.path.join(BIN, "ptxas"), "-arch=sm_90a", fh.name, "-o", os.devnull],
                                capture_output=True, text=True)
-    return {"wgmma_serialized": "serialized" in ptxas.stdout + ptxas.stderr,"shared": kernel.metadata.shared, "setmaxnreg": "setmaxnreg" in ptx,
+    return {"wgmma_serialized": "serialized" in ptxas.stdout + ptxas.stderr, "shared": kernel.metadata.shared,
+            "setmaxnreg": "setmaxnreg" in ptx,
             "wgmma": "wgmma.mma_async" in ptx, "hgmma": "HGMMA" in sass,
             "exps_between_waits": exps_between_waits(sass), "atomics": len(re.findall(r"\bATOMG?\.", sass)),
             "spill_stores": len(re.findall(r"\bSTL\b", sass)), "tma_reduces": len(re.findall(r"\bUTMAREDG\b", sass)),

@@ -1,6 +1,6 @@
 """The benchmark's own parts do what they claim (CPU): padded SDPA against one SDPA call per sequence
-(forward and gradients), the useful-FLOP count against a brute-force count, the interleaved rounds,
-and the sweep's correctness column for backward configs."""
+(forward and gradients), the useful-FLOP count against a brute-force count, the interleaved rounds, the
+paths each triton row records, and the GPU script's stages naming only known implementations and shapes."""
 import json
 import os
 import re
@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.bench import impl_sdpa, visible_pairs
+from kernels.tools import bench
+from kernels.tools.bench import impl_sdpa, visible_pairs
 
 
 def _per_sequence_sdpa(shape, q, k, v):
@@ -55,7 +56,6 @@ def test_visible_pairs_counts_bottom_right_causal_pairs(causal):
 
 def test_rounds_are_interleaved_and_reported_as_median_and_spread(monkeypatch, tmp_path):
     # the timing loop without a GPU: fake timings per call, in the order the loop makes them
-    from kernels import bench
     calls = []
 
     def fake_time(make, shape, tensors, warmup=25, rep=100, backward=True):
@@ -65,13 +65,9 @@ def test_rounds_are_interleaved_and_reported_as_median_and_spread(monkeypatch, t
         calls.append(name)
         t = {"triton": [1.0, 3.0, 2.0], "sdpa": [4.0, 4.0, 4.0]}[name][sum(c == name for c in calls) - 1]
         return t, 2 * t if backward else float("nan"), tensors[0][:4].float()
-    real_build = bench.build
-    monkeypatch.setattr(bench, "build", lambda shape, D=128: real_build(shape, D=8, dtype=torch.float32, device="cpu"))
+    _tiny(monkeypatch)
     monkeypatch.setattr(bench, "time_impl", fake_time)
-    monkeypatch.setattr(bench, "warm_clocks", lambda seconds=0.5: None)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "test")
-    monkeypatch.setattr(bench, "make_shapes", lambda: {"T": dict(desc="t", lq=np.array([3, 5]), lk=np.array([3, 5]),
-                                                                  H=2, causal=False, bq=False)})
+    monkeypatch.setattr(bench, "triton_paths", lambda name, shape, tensors: "paths")
     rows = bench.main(["--out", str(tmp_path), "--impls", "fa4,triton,sdpa", "--shapes", "T", "--rounds", "3"])
     assert calls == ["triton", "sdpa"] * 3  # interleaved; the failing impl is not retried
     by = {r["impl"]: r for r in rows}
@@ -95,136 +91,69 @@ def test_rounds_are_interleaved_and_reported_as_median_and_spread(monkeypatch, t
 
 
 def test_unknown_impl_or_shape_is_refused_before_any_timing(tmp_path, capsys):
-    from kernels import bench
-    for argv, bad in ((["--impls", "triton-plan,triton-plan-gluon-fused-dims"], "triton-plan-gluon-fused-dims"),
-                      (["--shapes", "S1,S5"], "S5"), (["--impls", "triton", "--once", "flexx"], "flexx")):
+    for argv, bad in ((["--impls", "triton-plan,triton-plan-gluon-fused"], "triton-plan-gluon-fused"),
+                      (["--shapes", "S1,S5"], "S5"), (["--impls", "triton", "--once", "flexx"], "flexx"),
+                      (["--shapes", "S3s7"], "S3s7")):
         with pytest.raises(SystemExit):
             bench.main(["--out", str(tmp_path)] + argv)
         err = capsys.readouterr().err
         assert f"unknown impls or shapes: {bad} (" in err
 
 
-def test_rows_name_the_backward_that_ran(monkeypatch, tmp_path):
-    # the real timing loop on a tiny problem under the interpreter (one call per timing): each triton row
-    # names the dK/dV and dQ paths its backward took, so a variant that fell back cannot pass as itself
-    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        pytest.skip("runs the kernels under the Triton interpreter only")
-    import triton.testing
-    from kernels import bench
-    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), 1.0)[1])
+def test_other_pareto_draws_of_s3_are_shapes_of_their_own():
+    shapes = bench.make_shapes([1, 2])
+    assert {"S3", "S3s1", "S3s2"} <= set(shapes)
+    s3, a, b = (shapes[n]["lk"] for n in ("S3", "S3s1", "S3s2"))
+    assert len(a) == len(b) == 512 and not np.array_equal(a, b) and not np.array_equal(a, s3)
+    assert np.array_equal(bench.make_shapes([1])["S3s1"]["lk"], a)  # a seed is a fixed draw
+
+
+def _tiny(monkeypatch):
     real_build = bench.build
     monkeypatch.setattr(bench, "build", lambda shape, D=128: real_build(shape, D=16, dtype=torch.float32, device="cpu"))
     monkeypatch.setattr(bench, "warm_clocks", lambda seconds=0.5: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "test")
-    monkeypatch.setattr(bench, "make_shapes", lambda: {"T": dict(desc="t", lq=np.array([3, 5]), lk=np.array([4, 5]),
-                                                                  H=2, causal=True, bq=False)})
-    rows = bench.main(["--out", str(tmp_path), "--impls", "triton-plan,triton-plan-atomic,triton-plan-tl-dq",
-                       "--shapes", "T"])
-    by = {r["impl"]: r for r in rows}
-    assert all("error" not in r for r in rows), rows
-    assert by["triton-plan"]["bwd_path"] == "dK/dV triton; dQ separate; delta preprocess"
-    assert by["triton-plan-atomic"]["bwd_path"] == "dK/dV triton; dQ atomic-element; delta preprocess"
-    assert by["triton-plan-tl-dq"]["bwd_path"] == "dK/dV triton; dQ separate; delta preprocess"
+    monkeypatch.setattr(bench, "make_shapes", lambda s3_seeds=(): {"T": dict(desc="t", lq=np.array([3, 5]),
+                                                                            lk=np.array([4, 5]), H=2, causal=True,
+                                                                            bq=False)})
 
 
-def test_backward_sweep_rows_carry_their_difference_from_the_shipped_gradients(monkeypatch, tmp_path):
-    # the sweep under the interpreter on a tiny float32 problem: every backward row is timed (a fake
-    # clock) and compared with the shipped configuration's dQ / dK / dV
-    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        pytest.skip("runs the kernels under the Triton interpreter only")
-    from kernels import bench, jfa, sweep
-    monkeypatch.setattr(jfa, "BWD_KV_KERNEL", "auto")
-    monkeypatch.setattr(jfa, "BWD_Q_KERNEL", "auto")
-    real_build = bench.build
-    monkeypatch.setattr(sweep, "build", lambda shape: real_build(shape, D=16, dtype=torch.float32, device="cpu"))
-    monkeypatch.setattr(sweep, "do_bench", lambda fn, **kw: (fn(), 1.0)[1])
-    monkeypatch.setattr(sweep, "make_shapes", lambda: {"T": dict(desc="t", lq=np.array([20, 3]), lk=np.array([20, 3]),
-                                                                   H=2, causal=True, bq=False)})
-    monkeypatch.setattr(sweep, "KV", [(16, 32, 4, 1), (32, 16, 4, 1)])
-    monkeypatch.setattr(sweep, "Q", [(16, 16, 4, 1)])
-    sweep.main(["--out", str(tmp_path), "--shapes", "T", "--kinds", "kv,q"])
-    rows = json.loads((tmp_path / "sweep.json").read_text())
-    assert [r["kind"] for r in rows] == ["kv", "kv", "q"] and not any("error" in r for r in rows)
-    assert all(0.0 <= r["maxdiff"] < 1e-4 for r in rows), rows  # float32: only summation order differs
-    # each row ran the tl kernel it swept (on sm_90 "auto" would pick a Gluon one), and the switches are back
-    assert [r["bwd_path"] for r in rows] == ["dK/dV triton; dQ separate; delta preprocess"] * 3, rows
-    assert (jfa.BWD_KV_KERNEL, jfa.BWD_Q_KERNEL) == ("auto", "auto")
-
-
-def test_profile_driver_runs_a_bench_shape_and_names_bad_arguments(monkeypatch, capsys):
-    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        pytest.skip("runs the kernels under the Triton interpreter only")
-    from kernels import bench, profile
-    real_build = bench.build
-    monkeypatch.setattr(bench, "build", lambda shape, D=128: real_build(shape, D=16, dtype=torch.float32, device="cpu"))
-    monkeypatch.setattr(bench, "make_shapes", lambda: {"T": dict(desc="tiny", lq=np.array([20, 3]),
-                                                                  lk=np.array([20, 3]), H=2, causal=True, bq=False)})
-    profile.main(["--shape", "T", "--impl", "triton", "--backward"])
-    assert ("profiled 2 x fwd+bwd of T (tiny) with triton; forward path ptr; backward dK/dV triton; dQ separate; "
-            "delta preprocess" in capsys.readouterr().out)
-    with pytest.raises(SystemExit, match="--shape must be one of"):
-        profile.main(["--shape", "S9"])
-    with pytest.raises(SystemExit, match="--impl must be one of"):
-        profile.main(["--shape", "T", "--impl", "cuda"])
-
-
-def test_profile_rounds_and_host_times_print_what_they_measured(monkeypatch, capsys):
-    # --rounds: a line per round with its do_bench times; --host: host time per call and the backward's
-    # cProfile table
+def test_rows_name_the_kernels_that_ran(monkeypatch, tmp_path):
+    # the real timing loop on a tiny problem under the interpreter (one call per timing): each triton row
+    # names the kernels its calls ran, so a variant that fell back cannot pass as itself
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         pytest.skip("runs the kernels under the Triton interpreter only")
     import triton.testing
-    from kernels import bench, profile
-    clock = iter([1.5, 2.5, 1.25, 2.25])
-    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), next(clock))[1])
-    real_build = bench.build
-    monkeypatch.setattr(bench, "build", lambda shape, D=128: real_build(shape, D=16, dtype=torch.float32, device="cpu"))
-    monkeypatch.setattr(bench, "make_shapes", lambda: {"T": dict(desc="tiny", lq=np.array([20, 3]),
-                                                                  lk=np.array([20, 3]), H=2, causal=True, bq=False)})
-    profile.main(["--shape", "T", "--impl", "triton", "--backward", "--rounds", "2", "--iters", "1"])
-    out = capsys.readouterr().out
-    assert "2 rounds of T (tiny) with triton" in out
-    assert [line.split()[:3] for line in out.splitlines() if line.startswith("    ")] == [
-        ["0", "1.500", "2.500"], ["1", "1.250", "2.250"]]
-    profile.main(["--shape", "T", "--impl", "triton", "--host", "--calls", "2"])
-    out = capsys.readouterr().out
-    assert "T (tiny) with triton, 2 calls each:" in out
-    assert re.search(r"^forward: host \d+\.\d{3} ms per call, host \+ GPU \d+\.\d{3} ms per call$", out, re.M)
-    assert re.search(r"^backward: host \d+\.\d{3} ms per call", out, re.M)
-    assert re.search(r"^ +\d+ function calls .* in \d+\.\d+ seconds$", out, re.M)  # the cProfile table
-    for argv, name in ((["--rounds", "-1"], "--rounds"), (["--calls", "0"], "--calls"), (["--iters", "0"], "--iters")):
-        with pytest.raises(SystemExit, match=f"{name} must be at least"):
-            profile.main(["--shape", "T"] + argv)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), 1.0)[1])
+    _tiny(monkeypatch)
+    rows = bench.main(["--out", str(tmp_path), "--impls", "triton-plan,triton,triton-tl-plan", "--shapes", "T"])
+    by = {r["impl"]: r for r in rows}
+    assert all("error" not in r for r in rows), rows
+    tl = "forward tl; dK/dV tl; dQ tl; delta preprocess"
+    assert by["triton-plan"]["paths"] == by["triton"]["paths"] == \
+        f"{tl} (no Gluon: the Triton interpreter does not run Gluon)"
+    assert by["triton-tl-plan"]["paths"] == f"{tl} (no Gluon: Config.gluon is off)"
 
 
 def test_plan_impls_launch_what_the_full_call_launches():
     # the plan rows time the launches alone; their answers must be the full call's
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         pytest.skip("runs the kernels under the Triton interpreter only")
-    from kernels import bench
     shape = dict(desc="t", lq=np.array([20, 3]), lk=np.array([20, 3]), H=2, causal=True, bq=False)
     tensors = bench.build(shape, D=16, dtype=torch.float32, device="cpu")
     full = bench.IMPLS["triton"](shape, *tensors)()
-    for name in ("triton-plan", "triton-tl-plan", "triton-gluon-plan", "triton-split1024-plan"):
+    for name in ("triton-plan", "triton-tl-plan"):
         assert torch.equal(bench.IMPLS[name](shape, *tensors)(), full), name
 
 
-def test_gpu_run_stages_name_only_known_impls_and_shapes():
-    # kernels/gpu_run.sh spends GPU calls: a misspelt implementation or shape should fail here, on the CPU
-    import re
-    from kernels import bench
-    script = open(os.path.join(os.path.dirname(bench.__file__), "gpu_run.sh")).read().replace("\\\n", "")
-    variables = {}
-    for name, value in re.findall(r"^\s*(\w+)=(\S+)$", script, re.M):
-        for known, expanded in sorted(variables.items(), key=lambda kv: -len(kv[0])):
-            value = value.replace("$" + known, expanded)
-        variables[name] = value
-    named = {"impls": [], "shapes": []}
-    for option, value in re.findall(r"--(impls|fwd-only|once|shapes) (\S+)", script):
-        for known, expanded in sorted(variables.items(), key=lambda kv: -len(kv[0])):
-            value = value.replace("$" + known, expanded)
-        named["shapes" if option == "shapes" else "impls"] += value.split(",")
-    assert len(named["impls"]) > 30 and named["shapes"]  # the parse found the stages
+def test_gpu_check_names_only_known_impls_and_shapes():
+    # kernels/tools/gpu_check.sh spends GPU time: a misspelt implementation or shape should fail here
+    script = open(os.path.join(os.path.dirname(bench.__file__), "gpu_check.sh")).read().replace("\\\n", "")
+    named = {"impls": [], "shapes": [], "seeds": []}
+    for option, value in re.findall(r"--(impls|once|shapes|s3-seeds) (\S+)", script):
+        named["shapes" if option == "shapes" else "seeds" if option == "s3-seeds" else "impls"] += value.split(",")
+    assert named["impls"] and named["shapes"]  # the parse found the stage
     assert [n for n in named["impls"] if n not in bench.IMPLS] == []
-    shapes = bench.make_shapes()
-    assert [n for n in named["shapes"] if n not in shapes and not n.startswith("$")] == []
+    shapes = bench.make_shapes([int(x) for x in named["seeds"]])
+    assert [n for n in named["shapes"] if n not in shapes] == []
+    assert sum(n.startswith("S3") for n in named["shapes"]) >= 3  # S3 on three Pareto draws

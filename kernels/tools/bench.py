@@ -1,8 +1,12 @@
-"""Benchmark: triton-jfa vs FA4 (flash_attn.cute), flex_attention (document
-BlockMask) and padded SDPA on one GPU.
+"""Benchmark: triton-jfa against FA4 (flash_attn.cute) and padded SDPA on one GPU, in one process.
 
-    python -m kernels.bench [--out DIR] [--impls triton,fa4,flex,sdpa]
-                            [--shapes S1,S1c,S2,S3,S4a,S4b] [--rounds N]
+    python -m kernels.tools.bench [--out DIR] [--impls fa4,triton-plan,triton,triton-tl-plan,sdpa]
+                                  [--shapes S4b,S1,S1c,S2,S4a,S3] [--s3-seeds 1234,1,2] [--rounds N]
+
+Implementations: ``triton`` (a plain ``jagged_flash_attention`` call: it reads the offsets on the host every
+call), ``triton-plan`` (calls of a ``JaggedPlan`` made once), ``triton-tl-plan`` (the same with
+``Config(gluon=False)``: the tl kernels alone), ``fa4``, ``sdpa`` (padded).  Every triton row records the
+kernels that ran (``JaggedPlan.paths``).
 
 TFLOP/s count useful FLOPs only: 4 * D * H * (visible (query, key) pairs)
 forward, 2.5x that backward.  Times are triton.testing.do_bench medians
@@ -36,13 +40,14 @@ def _pareto_lens(rng, B, alpha=1.2, lo=16, hi=4096):
     return np.clip(x, lo, hi).astype(np.int64)
 
 
-def make_shapes():
+def make_shapes(s3_seeds=()):
+    """The bench shapes; S3 is one Pareto draw of the fixed seed, and ``S3s<seed>`` another draw of its
+    lengths for each of ``s3_seeds``."""
     rng = np.random.default_rng(SEED)
     s1 = _uniform_lens(rng, 1024, 1, 1024)
     s2k = _uniform_lens(rng, 1024, 1, 1024)
     s3 = _pareto_lens(rng, 512)
-    longest = int(np.argmax(s3))
-    return {
+    shapes = {
         "S1": dict(desc="jagged self-attn B=1024 U[1,1024) H=4", lq=s1, lk=s1, H=4, causal=False, bq=False),
         "S1c": dict(desc="jagged self-attn B=1024 U[1,1024) H=4 causal", lq=s1, lk=s1, H=4, causal=True, bq=False),
         "S2": dict(desc="broadcast-Q Lq=256 x B=1024 KV U[1,1024) H=4", lq=np.array([256]), lk=s2k, H=4,
@@ -52,12 +57,12 @@ def make_shapes():
                     causal=False, bq=False),
         "S4b": dict(desc="dense B=8 L=4096 H=16 causal", lq=np.full(8, 4096), lk=np.full(8, 4096), H=16,
                     causal=True, bq=False),
-        # diagnostics, not targets: S3 split into its longest sequence (over half its FLOPs) and the rest
-        "S3L": dict(desc="S3's longest sequence alone, H=8", lq=s3[[longest]], lk=s3[[longest]], H=8,
-                    causal=False, bq=False),
-        "S3R": dict(desc="S3 without its longest sequence, H=8", lq=np.delete(s3, longest),
-                    lk=np.delete(s3, longest), H=8, causal=False, bq=False),
     }
+    for seed in s3_seeds:
+        lens = _pareto_lens(np.random.default_rng(seed), 512)
+        shapes[f"S3s{seed}"] = dict(desc=f"Pareto(1.2,16..4096) B=512 H=8, seed {seed}", lq=lens, lk=lens, H=8,
+                                    causal=False, bq=False)
+    return shapes
 
 
 def visible_pairs(lq, lk, causal, bq):
@@ -93,61 +98,42 @@ def build(shape, D=128, dtype=torch.bfloat16, device="cuda"):
 # ---------------------------------------------------------------------------
 # implementations: each returns (fwd_fn, make_bwd_fn) or raises
 # ---------------------------------------------------------------------------
-def impl_triton(shape, q, k, v, cu_q, cu_k):
+def _triton_args(shape, q, k, v, cu_q, cu_k):
+    return (q, k, v, cu_q, cu_k, int(shape["lq"].max()), int(shape["lk"].max())), dict(causal=shape["causal"],
+                                                                                     broadcast_q=shape["bq"])
+
+
+def impl_triton(shape, q, k, v, cu_q, cu_k, config=None):
+    """A plain call: validation, offsets read on the host (one sync), the cached schedule, the launches."""
     from kernels import jagged_flash_attention
-    mq, mk = int(shape["lq"].max()), int(shape["lk"].max())
+    args, kw = _triton_args(shape, q, k, v, cu_q, cu_k)
 
     def fwd():
-        return jagged_flash_attention(q, k, v, cu_q, cu_k, mq, mk, causal=shape["causal"],
-                                      broadcast_q=shape["bq"])[0]
+        return jagged_flash_attention(*args, config=config, **kw)[0]
     return fwd
 
 
-def impl_triton_plan(shape, q, k, v, cu_q, cu_k):
-    """The shipped kernel through a JaggedPlan made once: validation, configs and schedule happen at
-    planning, so a call only launches (impl_triton reads the offsets on the host at every call, which
-    waits for the GPU)."""
+def impl_triton_plan(shape, q, k, v, cu_q, cu_k, config=None):
+    """Calls of a JaggedPlan made once: a call only launches."""
     from kernels import JaggedPlan
-    mq, mk = int(shape["lq"].max()), int(shape["lk"].max())
-    plan = JaggedPlan(q, k, v, cu_q, cu_k, mq, mk, causal=shape["causal"], broadcast_q=shape["bq"])
+    args, kw = _triton_args(shape, q, k, v, cu_q, cu_k)
+    plan = JaggedPlan(*args, config=config, **kw)
 
     def fwd():
         return plan(q, k, v)[0]
     return fwd
 
 
-def _triton_with(base=None, **switches):
-    """``base`` (impl_triton) with module switches of kernels.jfa set (and restored) around its set-up and
-    around each forward call; the backward acts on the switches its forward read (jfa.BackwardSwitches)."""
-    base = base or impl_triton
-
-    def make(shape, q, k, v, cu_q, cu_k):
-        from kernels import jfa
-
-        def switched(fn, *args):
-            old = {name: getattr(jfa, name) for name in switches}
-            for name, value in switches.items():
-                setattr(jfa, name, value)
-            try:
-                return fn(*args)
-            finally:
-                for name, value in old.items():
-                    setattr(jfa, name, value)
-        inner = switched(base, shape, q, k, v, cu_q, cu_k)
-        return lambda: switched(inner)
-    return make
+def impl_triton_tl_plan(shape, q, k, v, cu_q, cu_k):
+    from kernels import Config
+    return impl_triton_plan(shape, q, k, v, cu_q, cu_k, config=Config(gluon=False))
 
 
-impl_triton_atomic = _triton_with(BWD_DQ_MODE="atomic")
-impl_triton_persistent = _triton_with(FWD_GRID="persistent", BWD_KV_GRID="persistent")
-impl_triton_gluon = _triton_with(FWD_KERNEL="gluon")
-impl_triton_gluon_persistent = _triton_with(FWD_KERNEL="gluon", GLUON_GRID="persistent")
-# the launch order before v7 (jfa.ITEM_ORDER); the backward keeps the order its forward chose
-impl_triton_work = _triton_with(ITEM_ORDER="work")
-impl_triton_gluon_work = _triton_with(FWD_KERNEL="gluon", ITEM_ORDER="work")
-impl_triton_section = _triton_with(ITEM_ORDER="section")
-# the tl forward alone (the default before v9; sm_90 now sends sequences with >= 512 keys to Gluon)
-impl_triton_tl = _triton_with(FWD_KERNEL="triton")
+def triton_paths(name, shape, tensors):
+    """The kernels a triton row runs (the plan of its call)."""
+    from kernels import Config, JaggedPlan
+    args, kw = _triton_args(shape, *tensors)
+    return str(JaggedPlan(*args, config=Config(gluon=False) if name == "triton-tl-plan" else None, **kw).paths)
 
 
 def impl_fa4(shape, q, k, v, cu_q, cu_k):
@@ -175,39 +161,11 @@ def impl_fa4(shape, q, k, v, cu_q, cu_k):
     return fwd
 
 
-_FLEX = None
-
-
-def impl_flex(shape, q, k, v, cu_q, cu_k):
-    global _FLEX
-    from torch.nn.attention.flex_attention import flex_attention
-
-    from backends.flex import allow_recompiles, document_block_mask
-    if _FLEX is None:
-        allow_recompiles(64)  # one static compile per shape and pass (v4's flex ran eager on S4a, S4b)
-        _FLEX = torch.compile(flex_attention, dynamic=False)
-    lq = np.full(len(shape["lk"]), int(shape["lq"][0])) if shape["bq"] else shape["lq"]
-    # the flex adapter's builder: block lists from the offsets, never a dense (q, k) evaluation
-    cu_doc_q = torch.tensor(np.concatenate([[0], np.cumsum(lq)]), dtype=torch.int32, device=q.device)
-    cu_doc_k = torch.tensor(np.concatenate([[0], np.cumsum(shape["lk"])]), dtype=torch.int32, device=q.device)
-    bm = document_block_mask(cu_doc_q, cu_doc_k, "bottom_right" if shape["causal"] else "none")
-    B = len(shape["lk"])
-
-    def fwd():
-        qq = q
-        if shape["bq"]:
-            qq = q.unsqueeze(0).expand(B, *q.shape).reshape(B * q.shape[0], q.shape[1], q.shape[2])
-        o = _FLEX(qq.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=bm)
-        return o[0].transpose(0, 1)
-    return fwd
-
-
 def impl_sdpa(shape, q, k, v, cu_q, cu_k):
     """Padded SDPA: scatter the packed rows into zero-padded [B, H, L, D] tensors, attend with a key
     mask (and the causal triangle), gather the real rows back.  The padding is an out-of-place
-    index_put at distinct positions, so its backward is a gather; gathering padded rows from row 0
-    instead made the backward a scatter-add of every padded row's gradient onto row 0 (serialized
-    atomics: 1-6 s per backward before v8)."""
+    index_put at distinct positions, so its backward is a gather (gathering padded rows from row 0
+    would make it a scatter-add of every padded row's gradient onto row 0: serialized atomics)."""
     import torch.nn.functional as F
     lk = shape["lk"]
     B, H, D = len(lk), q.shape[1], q.shape[2]
@@ -249,86 +207,8 @@ def impl_sdpa(shape, q, k, v, cu_q, cu_k):
     return fwd
 
 
-IMPLS = {"triton": impl_triton, "triton-atomic": impl_triton_atomic, "triton-persistent": impl_triton_persistent,
-         "triton-gluon": impl_triton_gluon, "triton-gluon-persistent": impl_triton_gluon_persistent,
-         "triton-work": impl_triton_work, "triton-gluon-work": impl_triton_gluon_work,
-         "triton-section": impl_triton_section, "triton-tl": impl_triton_tl,
-         # through a JaggedPlan: the shipped forward, the tl and Gluon forwards alone, and other split points
-         # (sequences with at least N keys on Gluon, the rest on tl; the default is 512)
-         "triton-plan": impl_triton_plan,
-         "triton-tl-plan": _triton_with(impl_triton_plan, FWD_KERNEL="triton"),
-         "triton-gluon-plan": _triton_with(impl_triton_plan, FWD_KERNEL="gluon"),
-         **{f"triton-split{n}-plan": _triton_with(impl_triton_plan, FWD_KERNEL="split", GLUON_SPLIT_KEYS=n)
-            for n in (256, 1024, 2048)},
-         # the shipped forward with the Gluon part on each grid (jfa.GLUON_GRID; "dynamic" is the default)
-         **{f"triton-plan-gluon-{g}": _triton_with(impl_triton_plan, GLUON_GRID=g)
-            for g in ("sorted", "persistent", "dynamic")},
-         # the shipped kernel with the Gluon dK/dV kernel in its backward (jfa.BWD_KV_KERNEL; since v13 beside
-         # the Gluon dQ kernel)
-         "triton-plan-gluon-bwd": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon"),
-         **{f"triton-plan-gluon-bwd-s{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon", GLUON_BWD_STAGES=n)
-            for n in (1, 2, 3, 4)},
-         # the Gluon kernels writing every output tile by masked stores, K / Q from shared memory (v17's default)
-         "triton-plan-masked-stores": _triton_with(impl_triton_plan, GLUON_TMA_STORE_KERNELS=(),
-                                                   GLUON_BWD_REG_OPERAND=False),
-         # v18's default: dK / dV / dQ by TMA stores, O by masked stores, K / Q from shared memory
-         "triton-plan-v18": _triton_with(impl_triton_plan, GLUON_TMA_STORE_KERNELS=("backward",),
-                                         GLUON_BWD_REG_OPERAND=False),
-         # O by TMA stores too, K / Q from shared memory (v19's first default)
-         "triton-plan-tma-fwd": _triton_with(impl_triton_plan, GLUON_TMA_STORE_KERNELS=("forward", "backward"),
-                                             GLUON_BWD_REG_OPERAND=False),
-         # K (dK/dV) and Q (dQ) as register operands, every output by TMA stores, delta by its own pass: v19's
-         # default (the row names each switch so that it keeps meaning this as defaults move)
-         "triton-plan-reg-operand": _triton_with(impl_triton_plan, GLUON_BWD_REG_OPERAND=True,
-                                                 GLUON_TMA_STORE_KERNELS=("forward", "backward"),
-                                                 GLUON_DQ_DELTA=False),
-         # ... and delta from the Gluon dQ kernel, run first, instead of a separate pass (jfa.GLUON_DQ_DELTA)
-         "triton-plan-dq-delta": _triton_with(impl_triton_plan, GLUON_BWD_REG_OPERAND=True,
-                                              GLUON_TMA_STORE_KERNELS=("forward", "backward"), GLUON_DQ_DELTA=True),
-         # the tl dK/dV kernel (the default before v17, when "auto" began to pick the Gluon one on sm_90)
-         "triton-plan-tl-kv": _triton_with(impl_triton_plan, BWD_KV_KERNEL="triton"),
-         **{f"triton-plan-gluon-bwd-ovl-s{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon",
-                                                          GLUON_BWD_ORDER="overlap", GLUON_BWD_STAGES=n)
-            for n in (2, 3)},
-         # ... with 64-row query blocks (jfa.GLUON_BWD_BLOCK_M)
-         **{f"triton-plan-gluon-bwd-m64{sfx}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon",
-                                                           GLUON_BWD_BLOCK_M=64, **kw)
-            for sfx, kw in (("", {}), ("-s3", {"GLUON_BWD_STAGES": 3}), ("-ovl-s2", {"GLUON_BWD_ORDER": "overlap"}))},
-         # dK/dV split by sequence length (jfa.BWD_KV_KERNEL "split"): sequences with at least n keys to the
-         # Gluon kernel in its overlapped order at three stages (v15's fastest on S4b), the rest to the tl kernel
-         **{f"triton-plan-bwd-split{n}": _triton_with(impl_triton_plan, BWD_KV_KERNEL="split", GLUON_BWD_SPLIT_KEYS=n,
-                                                     GLUON_BWD_ORDER="overlap", GLUON_BWD_STAGES=3)
-            for n in (1024, 2048, 4096)},
-         # the dQ kernel (jfa.BWD_Q_KERNEL): the tl one (the default before v13), the Gluon one (the default
-         # on sm_90 since v13) asked for explicitly, and the tl dQ beside the Gluon dK/dV kernel
-         "triton-plan-tl-dq": _triton_with(impl_triton_plan, BWD_Q_KERNEL="triton"),
-         "triton-plan-gluon-dq": _triton_with(impl_triton_plan, BWD_Q_KERNEL="gluon"),
-         "triton-plan-gluon-bwd-tl-dq": _triton_with(impl_triton_plan, BWD_KV_KERNEL="gluon", BWD_Q_KERNEL="triton"),
-         # dQ fused into the Gluon dK/dV kernel (TMA reduce-adds of dQ^T), the groups splitting the keys or the
-         # head dim (jfa.GLUON_FUSED_DQ_SPLIT), at the default stages (3 since v17, 2 before), 2 and 3; -b2: two
-         # dQ^T staging buffers per group (jfa.GLUON_FUSED_DQ_BUFFERS)
-         **{f"triton-plan-gluon-fused-{split}{sfx}": _triton_with(
-             impl_triton_plan, BWD_KV_KERNEL="gluon", BWD_DQ_MODE="atomic", GLUON_FUSED_DQ_SPLIT=split, **kw)
-            for split in ("keys", "dim") for sfx, kw in (("", {}), ("-s2", {"GLUON_BWD_STAGES": 2}),
-                                                         ("-s3", {"GLUON_BWD_STAGES": 3}),
-                                                         ("-b2", {"GLUON_FUSED_DQ_BUFFERS": 2}))},
-         # dQ fused into the tl dK/dV kernel (jfa.BWD_DQ_MODE "atomic"): blocks added through TMA (the default
-         # reduce on sm_90) or per element; -kvf<BM>x<BN>w<warps>s<stages>: other fused-kernel tiles
-         "triton-plan-atomic": _triton_with(impl_triton_plan, BWD_DQ_MODE="atomic"),
-         "triton-plan-atomic-element": _triton_with(impl_triton_plan, BWD_DQ_MODE="atomic", BWD_DQ_REDUCE="element"),
-         **{f"triton-plan-atomic-kvf{c[0]}x{c[1]}w{c[2]}s{c[3]}": _triton_with(
-             impl_triton_plan, BWD_DQ_MODE="atomic", CONFIG_OVERRIDE={"kvf": c})
-            for c in ((32, 64, 4, 3), (32, 64, 4, 2), (64, 64, 4, 2), (64, 128, 8, 2), (32, 128, 8, 2))},
-         # dQ read back from the dS the tl dK/dV kernel stores (jfa.BWD_DQ_MODE "ds"); -q<BM>x<BN>w<warps>s<stages>:
-         # other tiles of its dQ kernel; -kv...: other tiles of the dK/dV kernel that stores dS
-         "triton-plan-ds": _triton_with(impl_triton_plan, BWD_DQ_MODE="ds"),
-         **{f"triton-plan-ds-q{c[0]}x{c[1]}w{c[2]}s{c[3]}": _triton_with(
-             impl_triton_plan, BWD_DQ_MODE="ds", CONFIG_OVERRIDE={"qds": c})
-            for c in ((64, 64, 4, 3), (128, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 3), (128, 32, 4, 4))},
-         **{f"triton-plan-ds-kv{c[0]}x{c[1]}w{c[2]}s{c[3]}": _triton_with(
-             impl_triton_plan, BWD_DQ_MODE="ds", CONFIG_OVERRIDE={"kv": c})
-            for c in ((32, 64, 4, 2), (64, 128, 8, 2), (32, 128, 8, 3))},
-         "fa4": impl_fa4, "flex": impl_flex, "sdpa": impl_sdpa}
+IMPLS = {"fa4": impl_fa4, "triton-plan": impl_triton_plan, "triton": impl_triton,
+         "triton-tl-plan": impl_triton_tl_plan, "sdpa": impl_sdpa}
 
 
 # ---------------------------------------------------------------------------
@@ -368,8 +248,9 @@ def time_impl(make, shape, tensors, warmup=25, rep=100, backward=True):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
-    ap.add_argument("--impls", default="triton,fa4,flex,sdpa")
-    ap.add_argument("--shapes", default="S1,S1c,S2,S3,S4a,S4b")
+    ap.add_argument("--impls", default="fa4,triton-plan,triton,sdpa")
+    ap.add_argument("--shapes", default="S4b,S1,S1c,S2,S4a,S3")
+    ap.add_argument("--s3-seeds", default="", help="other Pareto draws of S3 (shapes S3s<seed>), e.g. 1,2")
     ap.add_argument("--tag", default="")
     ap.add_argument("--rounds", type=int, default=1,
                     help="time every impl this many times, interleaved; report the median and the rounds")
@@ -377,20 +258,13 @@ def main(argv=None):
                     help="impls whose backward is not timed (e.g. forward variants that share the shipped backward)")
     ap.add_argument("--once", default="",
                     help="impls timed in the first round only (slow baselines whose spread is not in question)")
-    ap.add_argument("--cfg", default="", help="json {kind: [BM,BN,warps,stages]} config override for triton")
-    ap.add_argument("--fwd-tma", action="store_true",
-                    help="triton forward loads K/V through TMA descriptors (jfa.FWD_TMA)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    if args.fwd_tma:
-        from kernels import jfa
-        jfa.FWD_TMA = True
-    if args.cfg and os.path.exists(args.cfg):
-        from kernels import jfa
-        with open(args.cfg) as fh:
-            jfa.CONFIG_OVERRIDE.update({kk: tuple(vv) for kk, vv in json.load(fh).items()})
-        print("config override:", jfa.CONFIG_OVERRIDE, flush=True)
-    shapes = make_shapes()
+    try:
+        seeds = [int(x) for x in args.s3_seeds.split(",") if x]
+    except ValueError:
+        ap.error(f"--s3-seeds takes integers joined by commas, got {args.s3_seeds!r}")
+    shapes = make_shapes(seeds)
     tag = ("_" + args.tag) if args.tag else ""
     impls = args.impls.split(",")
     # a misspelt name would otherwise cost a GPU call an error row
@@ -425,11 +299,8 @@ def main(argv=None):
                     tf, tb = float(np.median(rec["fwd_ms_rounds"])), float(np.median(rec["bwd_ms_rounds"]))
                     rec.update(fwd_ms=tf, bwd_ms=tb, fwd_tflops=flops_f / tf * 1e-9,
                                bwd_tflops=2.5 * flops_f / tb * 1e-9, wall_s=time.time() - t0)
-                    if name.startswith("triton"):  # the paths that ran: a fallback cannot pass as a variant
-                        from kernels import jfa
-                        rec["fwd_path"] = jfa.LAST_FWD_PATH
-                        if name not in args.fwd_only.split(","):
-                            rec["bwd_path"] = jfa.last_backward_paths()
+                    if name.startswith("triton"):  # the kernels that ran: a fallback cannot pass as a variant
+                        rec["paths"] = triton_paths(name, shape, tensors)
                     if ref_out is None:
                         ref_out = out.float()
                     elif rnd == 0:

@@ -1,25 +1,26 @@
-"""Hopper (sm_90) dQ pass written in Gluon, laid out like kernels/gluon_fwd.py (opt-in: jfa.BWD_Q_KERNEL).
+"""The Hopper (sm_90) dQ kernel in Gluon, laid out like the forward (pipeline.py).  It runs first in the
+backward and also computes delta = rowsum(dO * O) and the dK/dV kernel's statistics.
 
 * A work item is one 128-row query tile of one sequence and one query head (the forward's tiles).  The
   two consumer warp groups own 64 rows each: their Q and dO halves stay in shared memory for the whole
-  item (double-buffered across items), their dQ accumulator in registers, their LSE and delta rows too.
-  A one-warp loader streams the item's 64-key K and V blocks through TMA into rings shared by both
-  groups (ready / empty mbarriers; empty needs both groups): ``STAGES`` V buffers and one K buffer more.
+  item (double-buffered across items), Q also in registers as S's A operand (S's MMAs then read only K
+  from shared memory; dO stays there: with both in registers ptxas runs short and serializes the wgmma),
+  their dQ accumulator, LSE and delta rows in registers.  The loader streams the item's 64-key K and V
+  blocks through TMA into rings shared by both groups: ``STAGES`` V buffers and one K buffer more.
 * Per key block j and group (_key_blocks): S = Q K^T and dP = dO V^T of block j issued, then block
   j-1's dQ += dS K; a wait for S and dP alone; P = exp2(S * scale * log2(e) - LSE * log2(e)) and
   dS = P (dP - delta), masked to 0 outside the sequence and the causal triangle, while dQ(j-1) runs; a
   wait for dQ(j-1).  dQ is scaled once and stored by its one owner: no atomics, deterministic, the
   same answer on any grid.
+* delta: each group issues the read of its 64 O rows at the item's start and forms the row sums from its dO
+  half while block 0's S and dP run; it writes delta to DELTA and, with LSE * log2(e), into the statistics
+  columns COLS the dK/dV kernel reads (what tl's preprocess pass writes elsewhere).  An item that sees no
+  key block writes delta 0: all its rows see no key, so their O is 0.
 * Only rows and keys inside the sequence reach dQ: the selects zero dS outside it, and the loader zeroes
   the K rows past a ragged key end before publishing the block (dS is 0 there, but 0 * inf inside an
   MMA is NaN).  Q / dO rows past the sequence end only feed rows that are masked and never stored.
-* Every block is masked (no separate unmasked path): gluon_bwd.py's note on Triton 3.6.
-* ``OWN_DELTA`` (jfa.GLUON_DQ_DELTA): the kernel runs before the dK/dV kernels and computes each row's
-  delta = rowsum(dO * O) itself, from its dO half in shared memory and its O rows read from global memory
-  (issued at the item's start, first needed after block 0's S and dP are issued, so the read overlaps those
-  MMAs).  It writes delta to DELTA, and with ``WRITE_STATS`` the Gluon dK/dV kernel's statistics (LSE *
-  log2(e) and delta at the aligned columns COLS), which saves the separate pass over O and dO.  An item that
-  sees no key block writes delta 0: all its rows see no key, so their O is 0.
+* Every block is masked (no separate unmasked path): dkdv.py's note on Triton 3.6.
+* Whole 64-row dQ tiles leave by TMA stores from the group's own Q half; ragged tiles by masked stores.
 
 Conventions as the rest of kernels/: natural-log LSE [Hq, rows], bottom-right causal.  Not for
 broadcast-Q (its dQ sums over the batch: the tl chunked kernel does that).
@@ -34,12 +35,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.language.core import _aggregate as aggregate
 
-from .gluon_fwd import (_next_pos, _publish_pos, _read_pos, _tile, _zero_rows_from, release_after_stores, store_rows,
-                        tma_load)
+from .pipeline import (compile_sm90 as _compile, desc_type, next_pos, publish_pos, query_tile, read_pos,
+                       release_after_stores, store_rows, tma_load, zero_rows_from)
 
 HALF_M = gl.constexpr(64)  # query rows per consumer warp group: one wgmma M-extent
 BLOCK_N = gl.constexpr(64)  # keys per streamed block
 LOG2E = gl.constexpr(1.4426950408889634)
+STAGES = 2  # K/V blocks in flight: two fill sm_90's shared memory at head dim 128
 
 
 @aggregate
@@ -51,16 +53,10 @@ class DqFlags:
     HEAD_DV: gl.constexpr
     STAGES: gl.constexpr
     K_STAGES: gl.constexpr
-    GROUPED: gl.constexpr
     DYNAMIC: gl.constexpr
-    TMA_STORE: gl.constexpr
-    REG_OPERAND: gl.constexpr
-    OWN_DELTA: gl.constexpr
-    WRITE_STATS: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE, REG_OPERAND, OWN_DELTA,
-                 WRITE_STATS):
+    def __init__(self, WG, CAUSAL, HEAD_D, HEAD_DV, STAGES, DYNAMIC):
         self.WG = gl.constexpr(WG)
         self.CAUSAL = gl.constexpr(CAUSAL)
         self.HEAD_D = gl.constexpr(HEAD_D)
@@ -68,12 +64,7 @@ class DqFlags:
         self.STAGES = gl.constexpr(STAGES)
         # block j-1's K stays for its dQ MMA while block j's K is read and block j+1's is loaded
         self.K_STAGES = gl.constexpr(STAGES + 1)
-        self.GROUPED = gl.constexpr(GROUPED)
         self.DYNAMIC = gl.constexpr(DYNAMIC)
-        self.TMA_STORE = gl.constexpr(TMA_STORE)
-        self.REG_OPERAND = gl.constexpr(REG_OPERAND)
-        self.OWN_DELTA = gl.constexpr(OWN_DELTA)
-        self.WRITE_STATS = gl.constexpr(WRITE_STATS)
 
 
 @gluon.jit
@@ -89,12 +80,12 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, po
     tq = 0  # items so far: Q/dO buffer tq % 2
     pos = gl.program_id(0)
     while pos < n_items:
-        q_start, o_start, lq, k_start, lk, h, hk, m0, diag, n_full, n_blocks = _tile(
-            pos, ITEMS, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K, False, flags.CAUSAL, BLOCK_N, flags.GROUPED)
+        q_start, o_start, lq, k_start, lk, h, hk, m0, diag, n_full, n_blocks = query_tile(
+            pos, ITEMS, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K, False, flags.CAUSAL, BLOCK_N)
         qb = tq % 2
         # a fresh barrier counts as having completed the phase before 0, so first rounds do not wait
         mbarrier.wait(q_empty.index(qb), ((tq // 2) & 1) ^ 1)
-        _publish_pos(pos_smem, qb, pos)
+        publish_pos(pos_smem, qb, pos)
         mbarrier.expect(q_ready.index(qb), 2 * (q_desc.block_type.nbytes + do_desc.block_type.nbytes))
         for half in gl.static_range(2):
             tma_load(q_desc, [q_start + m0 + half * HALF_M, h * HEAD_D], q_ready.index(qb),
@@ -118,17 +109,17 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, po
                 mbarrier.expect(tail_bar, k_desc.block_type.nbytes)
                 tma_load(k_desc, [k_start + start, hk * HEAD_D], tail_bar, k_smem.index(sk))
                 mbarrier.wait(tail_bar, n_tails & 1)
-                _zero_rows_from(k_smem.index(sk), lk - start, BLOCK_N, HEAD_D)
+                zero_rows_from(k_smem.index(sk), lk - start, BLOCK_N, HEAD_D)
                 fence_async_shared()
                 mbarrier.arrive(k_ready.index(sk))
                 n_tails += 1
         r0 += n_blocks
         tq += 1
-        pos = _next_pos(pos, COUNTER, flags.DYNAMIC)
+        pos = next_pos(pos, COUNTER, flags.DYNAMIC)
     # no more items: a Q buffer holding a position past the end stops the consumers
     qb = tq % 2
     mbarrier.wait(q_empty.index(qb), ((tq // 2) & 1) ^ 1)
-    _publish_pos(pos_smem, qb, n_items)
+    publish_pos(pos_smem, qb, n_items)
     mbarrier.arrive(q_ready.index(qb))
 
 
@@ -144,7 +135,7 @@ def _load_o_rows(O, o_start, first, lq, stride_ot, HEAD_DV: gl.constexpr, o_layo
 
 @gluon.jit
 def _row_delta(o, do, row_ok, o_layout: gl.constexpr, s_layout: gl.constexpr):
-    # delta = rowsum(dO * O) in fp32, as jfa's preprocess pass computes it; rows past the end give 0 (their
+    # delta = rowsum(dO * O) in fp32, as tl's preprocess pass computes it; rows past the end give 0 (their
     # dO in shared memory may be a neighbour's inf / NaN)
     delta = gl.sum(o.to(gl.float32) * do.load(o_layout).to(gl.float32), axis=1)
     return gl.where(row_ok, gl.convert_layout(delta, gl.SliceLayout(1, s_layout)), 0.0)
@@ -181,21 +172,20 @@ def _issue_s_dp(r, q, do, k_smem, v_smem, k_ready, v_ready, STAGES: gl.constexpr
 @gluon.jit
 def _key_blocks(q, do, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, r0, n_blocks, rows, row_ok, lse2,
                 delta, cols0, lk, diag, qk_scale, o, CAUSAL: gl.constexpr, STAGES: gl.constexpr, KS: gl.constexpr,
-                HEAD_D: gl.constexpr, OWN_DELTA: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr,
+                HEAD_D: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr,
                 ds_layout: gl.constexpr, o_layout: gl.constexpr):
     # The forward's order (FA3's intra-warpgroup overlap): block j's S and dP are issued, then block
     # j-1's dQ MMA; one wait for S and dP alone (dQ(j-1) stays in flight) and dS(j) is computed while
     # dQ(j-1) runs; a second wait retires dQ(j-1), whose K buffer is freed there (so K has one buffer
     # more than V).  No MMA is in flight across the loop's back edge: ptxas serializes every wgmma of
-    # the kernel when an accumulator is (kernels/PERF.md v12).  OWN_DELTA: delta is computed from ``o`` while
-    # block 0's S and dP run, and returned (0 where no key block is seen: O is 0 there).
+    # the kernel when an accumulator is.  delta is computed from ``o`` while block 0's S and dP run, and
+    # returned (0 where no key block is seen: O is 0 there).
     dq = gl.zeros([HALF_M, HEAD_D], gl.float32, dq_layout)
     delta_rows = gl.zeros([HALF_M], gl.float32, gl.SliceLayout(1, s_layout))
     if n_blocks > 0:
         st, dp = _issue_s_dp(r0, q, do, k_smem, v_smem, k_ready, v_ready, STAGES, KS, s_layout)
-        if OWN_DELTA:
-            delta_rows = _row_delta(o, do, row_ok, o_layout, s_layout)
-            delta = gl.expand_dims(delta_rows, 1)
+        delta_rows = _row_delta(o, do, row_ok, o_layout, s_layout)
+        delta = gl.expand_dims(delta_rows, 1)
         st, dp = warpgroup_mma_wait(0, deps=(st, dp))
         mbarrier.arrive(v_empty.index(r0 % STAGES))
         ds_prev = _ds_block(st, dp, 0, rows, row_ok, lse2, delta, cols0, lk, diag, qk_scale, k_smem.dtype,
@@ -236,10 +226,10 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_rea
     r0 = 0
     tq = 0
     mbarrier.wait(q_ready.index(0), 0)
-    pos = _read_pos(pos_smem, 0)
+    pos = read_pos(pos_smem, 0)
     while pos < n_items:
-        q_start, o_start, lq, k_start, lk, h, hk, m0, diag, n_full, n_blocks = _tile(
-            pos, ITEMS, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K, False, CAUSAL, BLOCK_N, flags.GROUPED)
+        q_start, o_start, lq, k_start, lk, h, hk, m0, diag, n_full, n_blocks = query_tile(
+            pos, ITEMS, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K, False, CAUSAL, BLOCK_N)
         qb = tq % 2
         q = q_smem.index(2 * qb + WG)
         do = do_smem.index(2 * qb + WG)
@@ -247,48 +237,33 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_rea
         rows = first + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))
         row_ok = rows < lq
         lse_ptrs = h.to(gl.int64) * stride_lh + o_start + rows
-        if flags.OWN_DELTA:
-            o = _load_o_rows(O + h * stride_oh, o_start, first, lq, stride_ot, flags.HEAD_DV, o_layout)
-            delta = gl.expand_dims(gl.zeros([HALF_M], gl.float32, gl.SliceLayout(1, s_layout)), 1)
-            if flags.WRITE_STATS:
-                stat_cols = gl.load(COLS + o_start + rows, mask=row_ok, other=0).to(gl.int64)
-        else:
-            o = 0  # (not read)
-            delta = gl.expand_dims(gl.load(DELTA + lse_ptrs, mask=row_ok, other=0.0), 1)
+        o = _load_o_rows(O + h * stride_oh, o_start, first, lq, stride_ot, flags.HEAD_DV, o_layout)
+        delta = gl.expand_dims(gl.zeros([HALF_M], gl.float32, gl.SliceLayout(1, s_layout)), 1)
+        stat_cols = gl.load(COLS + o_start + rows, mask=row_ok, other=0).to(gl.int64)
         lse = gl.load(LSE + lse_ptrs, mask=row_ok, other=float("inf"))
         # rows that see no key carry -inf: their P must be 0
         lse2_rows = gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
         lse2 = gl.expand_dims(lse2_rows, 1)
         cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        if flags.REG_OPERAND:
-            # the item's Q half as S's A operand in registers (loaded once per item): S's MMAs then read only
-            # K from shared memory (dO stays there: both in registers leave ptxas short and it serializes)
-            q_a = q.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
-        else:
-            q_a = q
+        # the item's Q half as S's A operand in registers, loaded once per item
+        q_a = q.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
         dq, delta_rows = _key_blocks(q_a, do, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, r0, n_blocks,
                                      rows, row_ok, lse2, delta, cols0, lk, diag, qk_scale, o, CAUSAL, STAGES,
-                                     flags.K_STAGES, HEAD_D, flags.OWN_DELTA, s_layout, dq_layout, ds_layout,
-                                     o_layout)
-        if flags.OWN_DELTA:
-            # what the preprocess pass would have written: delta, and the dK/dV kernel's statistics
-            gl.store(DELTA + lse_ptrs, delta_rows, mask=row_ok)
-            if flags.WRITE_STATS:
-                gl.store(STATS + h.to(gl.int64) * stride_sh + stat_cols, lse2_rows, mask=row_ok)
-                gl.store(STATS + (H + h).to(gl.int64) * stride_sh + stat_cols, delta_rows, mask=row_ok)
+                                     flags.K_STAGES, HEAD_D, s_layout, dq_layout, ds_layout, o_layout)
+        # what the preprocess pass would have written: delta, and the dK/dV kernel's statistics
+        gl.store(DELTA + lse_ptrs, delta_rows, mask=row_ok)
+        gl.store(STATS + h.to(gl.int64) * stride_sh + stat_cols, lse2_rows, mask=row_ok)
+        gl.store(STATS + (H + h).to(gl.int64) * stride_sh + stat_cols, delta_rows, mask=row_ok)
         # every MMA reading this item's Q / dO is done
         dq = (dq * sm_scale).to(DQ.dtype.element_ty)
-        if not flags.TMA_STORE:
-            mbarrier.arrive(q_empty.index(qb))
-        # TMA_STORE: a whole tile leaves through this group's own Q half, released once the store has read it
+        # a whole tile leaves through this group's own Q half, released once the store has read it
         store_rows(dq, q, dq_desc, DQ + h * stride_dqh, q_start + first, lq - first, h * HEAD_D, stride_dqt,
-                   flags.TMA_STORE, dq_layout)
-        if flags.TMA_STORE:
-            release_after_stores(q_empty.index(qb))
+                   True, dq_layout)
+        release_after_stores(q_empty.index(qb))
         r0 += n_blocks
         tq += 1
         mbarrier.wait(q_ready.index(tq % 2), (tq // 2) & 1)
-        pos = _read_pos(pos_smem, tq % 2)
+        pos = read_pos(pos_smem, tq % 2)
 
 
 @gluon.jit
@@ -296,10 +271,9 @@ def dq_kernel(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, CU_Q, CU_K, TILE_
               stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, H, GROUP, n_items, dq_desc,
               O, STATS, COLS, stride_ot, stride_oh, stride_sh,
               CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
-              GROUPED: gl.constexpr = False, DYNAMIC: gl.constexpr = False, TMA_STORE: gl.constexpr = False,
-              REG_OPERAND: gl.constexpr = False, OWN_DELTA: gl.constexpr = False, WRITE_STATS: gl.constexpr = False):
-    # work items: (128-row query tile, query head) in ITEMS' order under GROUPED (else heaviest first);
-    # program p runs the launch positions p, then p + P, ... (DYNAMIC: those it claims from COUNTER)
+              DYNAMIC: gl.constexpr = False):
+    # work items: (128-row query tile, query head) in ITEMS' order; program p runs the launch positions p,
+    # then p + P, ... (DYNAMIC: those it claims from COUNTER)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [4, HALF_M, HEAD_D], q_desc.layout)  # 2 buffers x 2 halves
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [4, HALF_M, HEAD_DV], do_desc.layout)
     KS: gl.constexpr = STAGES + 1  # as DqFlags.K_STAGES
@@ -329,47 +303,24 @@ def dq_kernel(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, CU_Q, CU_K, TILE_
               stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, dq_desc, O, STATS, COLS, stride_ot, stride_oh,
               stride_sh)
     gl.warp_specialize([
-        (_consumer, shared + (DqFlags(0, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE, REG_OPERAND,
-                                      OWN_DELTA, WRITE_STATS), )),
-        (_consumer, shared + (DqFlags(1, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE, REG_OPERAND,
-                                      OWN_DELTA, WRITE_STATS), )),
+        (_consumer, shared + (DqFlags(0, CAUSAL, HEAD_D, HEAD_DV, STAGES, DYNAMIC), )),
+        (_consumer, shared + (DqFlags(1, CAUSAL, HEAD_D, HEAD_DV, STAGES, DYNAMIC), )),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, pos_smem,
                    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, tail_bar,
                    ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-                   DqFlags(2, CAUSAL, HEAD_D, HEAD_DV, STAGES, GROUPED, DYNAMIC, TMA_STORE, REG_OPERAND,
-                           OWN_DELTA, WRITE_STATS))),
+                   DqFlags(2, CAUSAL, HEAD_D, HEAD_DV, STAGES, DYNAMIC))),
     ], [4, 1], [232, 40])
 
 
-def compile_sm90(head_d=128, head_dv=128, stages=2, causal=False, dtype="bf16", grouped=False, dynamic=False,
-                 tma_store=False, reg_operand=False, own_delta=False, write_stats=False):
-    """Compile ``dq_kernel`` for sm_90 without a GPU (Triton's bundled ptxas), as
-    gluon_fwd.compile_sm90 does for the forward."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
-
-    def desc(rows, cols):
-        return f"tensordesc<{dtype}[{rows}, {cols}],{gl.NVMMASharedLayout.get_default_for([rows, cols], gdt)!r}>"
-
-    signature = {
-        "q_desc": desc(HALF_M.value, head_d), "k_desc": desc(BLOCK_N.value, head_d),
-        "v_desc": desc(BLOCK_N.value, head_dv), "do_desc": desc(HALF_M.value, head_dv), "DQ": "*" + dtype,
-        "LSE": "*fp32", "DELTA": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "TILE_SEQ": "*i32", "TILE_BLK": "*i32",
-        "ITEMS": "*i32", "COUNTER": "*i32", "stride_dqt": "i32", "stride_dqh": "i32", "stride_lh": "i32",
-        "sm_scale": "fp32", "qk_scale": "fp32", "H": "i32", "GROUP": "i32", "n_items": "i32",
-        "dq_desc": desc(HALF_M.value, head_d),
-        "O": "*" + dtype, "STATS": "*fp32", "COLS": "*i32", "stride_ot": "i32", "stride_oh": "i32",
-        "stride_sh": "i32",
-        "CAUSAL": "constexpr", "HEAD_D": "constexpr", "HEAD_DV": "constexpr", "STAGES": "constexpr",
-        "GROUPED": "constexpr", "DYNAMIC": "constexpr", "TMA_STORE": "constexpr", "REG_OPERAND": "constexpr",
-        "OWN_DELTA": "constexpr", "WRITE_STATS": "constexpr",
-    }
-    values = dict(CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages, GROUPED=grouped, DYNAMIC=dynamic,
-                  TMA_STORE=tma_store, REG_OPERAND=reg_operand, OWN_DELTA=own_delta, WRITE_STATS=write_stats)
-    names = list(signature)
-    constexprs = {(names.index(k),): v for k, v in values.items()}
-    return triton.compile(GluonASTSource(dq_kernel, signature, constexprs),
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+def compile_sm90(head_d=128, head_dv=128, stages=STAGES, causal=False, dtype="bf16", dynamic=False):
+    """``dq_kernel`` compiled for sm_90 on any machine (pipeline.compile_sm90)."""
+    m, n = HALF_M.value, BLOCK_N.value
+    types = {"q_desc": desc_type(dtype, m, head_d), "k_desc": desc_type(dtype, n, head_d),
+             "v_desc": desc_type(dtype, n, head_dv), "do_desc": desc_type(dtype, m, head_dv), "DQ": "*" + dtype,
+             "LSE": "*fp32", "DELTA": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "TILE_SEQ": "*i32",
+             "TILE_BLK": "*i32", "ITEMS": "*i32", "COUNTER": "*i32", "stride_dqt": "i32", "stride_dqh": "i32",
+             "stride_lh": "i32", "sm_scale": "fp32", "qk_scale": "fp32", "H": "i32", "GROUP": "i32",
+             "n_items": "i32", "dq_desc": desc_type(dtype, m, head_d), "O": "*" + dtype, "STATS": "*fp32",
+             "COLS": "*i32", "stride_ot": "i32", "stride_oh": "i32", "stride_sh": "i32"}
+    return _compile(dq_kernel, types, dict(CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages,
+                                           DYNAMIC=dynamic))

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The kernels' GPU check, one stage per call (each fits a 10-minute slot on one H200):
+#   bash kernels/tools/gpu_check.sh OUT_DIR tests   tests/test_kernels.py (the GPU tests and the rest, on the GPU)
+#                                                   and tests/test_gluon_compile.py: OUT_DIR/pytest.txt
+#   bash kernels/tools/gpu_check.sh OUT_DIR spec    the spec on triton-jfa (profile ci, on the GPU):
+#                                                   OUT_DIR/spec/ci/ (summary.md, report.json, ...)
+#   bash kernels/tools/gpu_check.sh OUT_DIR bench   the timing table against FA4 and padded SDPA, three
+#                                                   interleaved rounds, S3 on three Pareto draws:
+#                                                   OUT_DIR/bench.md, OUT_DIR/bench.json
+# FA4 (flash-attn-4 with its CuTe DSL) must be importable for the bench's FA4 rows; FA4_PATH, if set, is put
+# on PYTHONPATH with the CuTe DSL packages under it.  WORKERS sets the test and spec workers (default 8).
+set -u
+OUT_DIR=${1:?usage: gpu_check.sh OUT_DIR tests|spec|bench}
+STAGE=${2:?usage: gpu_check.sh OUT_DIR tests|spec|bench}
+WORKERS=${WORKERS:-8}
+if [ -n "${FA4_PATH:-}" ]; then
+  export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:${PYTHONPATH:-}
+fi
+export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+mkdir -p "$OUT_DIR"
+LOG=$OUT_DIR/log_$STAGE.txt
+nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader | tee -a "$LOG"
+git log -1 --format="commit %H%n%s" | tee -a "$LOG"
+case $STAGE in
+  tests)
+    # -rA names every outcome, so a run cut off by the limit still says which tests finished
+    timeout 560 python3 -m pytest tests/test_kernels.py tests/test_gluon_compile.py -rA -q -n "$WORKERS" \
+      -p no:cacheprovider > "$OUT_DIR/pytest.txt" 2>&1
+    echo "pytest rc=$?" | tee -a "$LOG"; tail -3 "$OUT_DIR/pytest.txt" ;;
+  spec)
+    timeout 560 python3 -m conformance.cli run --backend triton-jfa --profile ci --device cuda --no-bench -q \
+      -n "$WORKERS" --timeout 520 --time-limit 520 --max-worker-restart 100 --report-dir "$OUT_DIR/spec" \
+      --name ci >> "$LOG" 2>&1
+    echo "spec rc=$?" | tee -a "$LOG"; tail -5 "$OUT_DIR/spec/ci/summary.md" 2>/dev/null ;;
+  bench)
+    timeout 560 python3 -m kernels.tools.bench --out "$OUT_DIR" --rounds 3 --once sdpa,triton-tl-plan \
+      --impls fa4,triton-plan,triton,triton-tl-plan,sdpa --shapes S4b,S1,S1c,S2,S4a,S3,S3s1,S3s2 \
+      --s3-seeds 1,2 >> "$LOG" 2>&1
+    echo "bench rc=$?" | tee -a "$LOG"; cat "$OUT_DIR/bench.md" 2>/dev/null ;;
+  *)
+    echo "unknown stage $STAGE (tests, spec or bench)" >&2; exit 2 ;;
+esac
