@@ -144,7 +144,7 @@ def gluon_refusal(q, k, v, n_out_rows) -> str:
     return ""
 
 
-def choose_paths(q, k, v, lens_k, broadcast, n_out_rows, config: Config) -> Paths:
+def choose_paths(q, k, v, broadcast, n_out_rows, config: Config) -> Paths:
     why = gluon_refusal(q, k, v, n_out_rows) if config.gluon else "Config.gluon is off"
     if why:
         return Paths("tl", "tl", "tl", "preprocess", why)
@@ -166,7 +166,7 @@ def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     n_out_rows = int(lens_q.sum())
-    paths = choose_paths(q, k, v, lens_k, broadcast, n_out_rows, config)
+    paths = choose_paths(q, k, v, broadcast, n_out_rows, config)
     tiles = tl_tiles(max(d, v.shape[2]), q.dtype, q.device, config)
     s = _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, tiles, paths, config, q.shape[1],
                         k.shape[1], q.device)

@@ -911,3 +911,22 @@ def test_gpu_torch_compile_with_inductor_runs_the_gluon_kernels():
         out, lse = fn(a, b, c)
         runs.append((out, lse) + torch.autograd.grad(out, (a, b, c), do))
     assert all(torch.equal(x, y) for x, y in zip(*runs))
+
+
+@needs_gluon
+def test_gpu_gluon_backward_takes_a_do_that_tma_cannot_load():
+    # dO as a view whose heads do not merge into one row: the backward copies it and still runs the Gluon
+    # kernels, with the same gradients as from a contiguous dO
+    lens = [300, 129]
+    q, k, v, cu_q, cu_k = (t.to(DEVICE) for t in make_inputs(lens, lens, 2, 2, 128, 128, torch.bfloat16))
+    wide = torch.randn(sum(lens), 2, 256, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16).to(DEVICE)
+    do = wide[..., :128]
+    assert kplan.tma_refusal(do, 64)
+    plan = JaggedPlan(q, k, v, cu_q, cu_k, 300, 300, causal=True)
+    assert plan.paths[1:3] == ("gluon", "gluon")
+    grads = []
+    for d_out in (do, do.contiguous()):
+        a, b, c = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        out, _ = plan(a, b, c)
+        grads.append(torch.autograd.grad(out, (a, b, c), d_out))
+    assert all(torch.equal(x, y) for x, y in zip(*grads))

@@ -216,7 +216,7 @@ IMPLS = {"fa4": impl_fa4, "triton-plan": impl_triton_plan, "triton": impl_triton
 # ---------------------------------------------------------------------------
 def warm_clocks(seconds=0.5):
     """Keep the GPU busy with bf16 matmuls for a moment, so the first implementation timed after the
-    host-side set-up of a shape does not run while the clocks are still ramping (v2's spread)."""
+    host-side set-up of a shape does not run while the clocks are still ramping."""
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     t_end = time.time() + seconds
     while time.time() < t_end:
