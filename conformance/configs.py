@@ -71,6 +71,18 @@ class KernelConfig:
         return dataclasses.asdict(self)
 
 
+class ConfigSet(tuple):
+    """A run's configurations, those the named edge cases run first; ``fresh`` are the ones only drawn
+    examples exercise (the strategy draws them half the time, so each meets some example)."""
+
+    fresh: tuple[KernelConfig, ...] = ()
+
+    def __new__(cls, configs, fresh=()):
+        made = super().__new__(cls, configs)
+        made.fresh = tuple(fresh)
+        return made
+
+
 def axis_values(caps: Capabilities) -> dict[str, tuple]:
     """Every value the spec draws on each kernel axis for a backend with ``caps``."""
     layouts = HEAD_LAYOUTS if caps.gqa else tuple(h for h in HEAD_LAYOUTS if h[0] == h[1])
@@ -126,7 +138,7 @@ def covered(configs, caps: Capabilities) -> dict[str, set]:
     return seen
 
 
-def kernel_configs(caps: Capabilities, seed: int, *, seeds=(), extra: int = 0, supported=None) -> tuple[KernelConfig, ...]:
+def kernel_configs(caps: Capabilities, seed: int, *, seeds=(), extra: int = 0, supported=None) -> ConfigSet:
     """The run's configurations for a backend with ``caps``.
 
     ``seeds``: configurations that run anyway (the named edge cases), kept first when the backend can run
@@ -211,7 +223,7 @@ def kernel_configs(caps: Capabilities, seed: int, *, seeds=(), extra: int = 0, s
     for _ in range(extra):
         pools = {axis: [rng.choice(vals)] for axis, vals in values.items()}
         add(deal(pools)[0])
-    return tuple(chosen)
+    return ConfigSet(chosen, fresh=[c for c in chosen if c not in set(seeds)])
 
 
 def pinned(configs, **pins) -> tuple[KernelConfig, ...]:

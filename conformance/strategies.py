@@ -109,8 +109,12 @@ def problems(
     candidates = pinned(configs or (), **pins)
     if configs and not candidates:  # no configuration has every pinned value: pin it on them
         candidates = tuple(dict.fromkeys(dataclasses.replace(c, **pins) for c in configs))
+    fresh = tuple(c for c in getattr(configs, "fresh", ()) if c in candidates)
     if candidates:
-        config = draw(st.sampled_from(candidates), label="kernel config")
+        choices = st.sampled_from(candidates)
+        if fresh:  # half the draws from the configurations no edge case runs, so each meets an example
+            choices = st.one_of(st.sampled_from(fresh), choices)
+        config = draw(choices, label="kernel config")
     else:
         config = _free_config(draw, caps, broadcast_q, causal, dtype)
     batch = draw(st.integers(min_batch, MAX_BATCH), label="batch")
