@@ -43,7 +43,8 @@ def _offsets(name, cu, rows, rows_field, device):
     down = np.flatnonzero(np.diff(values) < 0)
     if down.size:
         i = int(down[0]) + 1
-        raise ValueError(f"{name} must be non-decreasing, but {name}[{i}]={values[i]} < {name}[{i - 1}]={values[i - 1]}")
+        raise ValueError(f"{name} must be non-decreasing, but {name}[{i}]={values[i]} < "
+                         f"{name}[{i - 1}]={values[i - 1]}")
     if values[-1] != rows:
         raise ValueError(f"{name}[-1]={values[-1]} must equal the number of rows of {rows_field} ({rows})")
     return values

@@ -1,7 +1,6 @@
 """The benchmark's own parts do what they claim (CPU): padded SDPA against one SDPA call per sequence
 (forward and gradients), the useful-FLOP count against a brute-force count, the interleaved rounds, the
 paths each triton row records, and the GPU script's stages naming only known implementations and shapes."""
-import json
 import os
 import re
 

@@ -52,7 +52,8 @@ STATS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, r
 def smem_bytes(head_d, head_dv, stages=STAGES):
     """Shared memory the kernel allocates (bf16/fp16), without its barriers and alignment (which
     tests/test_gluon_compile.py bounds by 1 KB)."""
-    size = 2 * (stages * BLOCK_M.value * (head_d + head_dv) + 4 * 64 * (head_d + head_dv)) + 2 * 32 * 4  # rings, K/V, pos
+    # the Q/dO ring, the two K/V buffers, the position buffer
+    size = 2 * (stages * BLOCK_M.value * (head_d + head_dv) + 4 * 64 * (head_d + head_dv)) + 2 * 32 * 4
     return size + stages * 2 * BLOCK_M.value * 4  # each stage's LSE and delta
 
 

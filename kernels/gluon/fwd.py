@@ -295,8 +295,8 @@ def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, I
     fence_async_shared()
     # the two consumer groups differ only in which 64 rows they take (the flags' WG)
     shared = (q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-              O, LSE, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, stride_ot, stride_oh, stride_lh,
-              qk_scale, o_desc)
+              O, LSE, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, stride_ot, stride_oh,
+              stride_lh, qk_scale, o_desc)
     gl.warp_specialize([
         (_consumer, shared + (PartitionFlags(0, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, DYNAMIC,
                                              TMA_STORE), )),
