@@ -49,6 +49,7 @@ class MutantResult:
     class_name: str
     name: str
     bug: str
+    catalog_id: str | None = None
     caught_by: list[str] = field(default_factory=list)
     passed: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
@@ -117,7 +118,7 @@ def spec_command(class_name: str, profile: str, junit: Path, *, first_failure: b
 def run_one(class_name: str, profile: str = profiles.DEFAULT, *, first_failure: bool = False,
             device: str | None = None, timeout: float | None = None) -> MutantResult:
     cls = getattr(mutants, class_name)
-    result = MutantResult(class_name, cls.name, cls.bug)
+    result = MutantResult(class_name, cls.name, cls.bug, cls.catalog_id)
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
         command = spec_command(class_name, profile, junit, first_failure=first_failure, device=device)
@@ -137,7 +138,8 @@ def run_one(class_name: str, profile: str = profiles.DEFAULT, *, first_failure: 
 def run_selftest(class_names: list[str] | None = None, profile: str = profiles.DEFAULT, *, first_failure: bool = False,
                  jobs: int | None = None, device: str | None = None, control: bool = True,
                  timeout: float | None = None) -> list[MutantResult]:
-    """Results for the control (first, unless ``control`` is False) and each named mutant (default: all)."""
+    """Results for the control (first, unless ``control`` is False) and each named mutant (default: every
+    built-in one, :data:`mutants.MUTANTS`; pending ones run only when named)."""
     names = list(class_names or mutants.MUTANTS)
     if control and CONTROL not in names:
         names.insert(0, CONTROL)
@@ -173,7 +175,7 @@ def print_table(results: list[MutantResult], first_failure: bool, console=None) 
     console = console or Console()
     title = "Mutants and the checks that catch them" + (" (each stopped at its first failure)" if first_failure else "")
     table = Table(title=title, show_lines=True)
-    table.add_column("mutant: its bug", ratio=2)
+    table.add_column("mutant [catalog class]: its bug", ratio=2)
     table.add_column("caught by", ratio=3)
     table.add_column("verdict", no_wrap=True)
     for r in results:
@@ -185,7 +187,8 @@ def print_table(results: list[MutantResult], first_failure: bool, console=None) 
             detail = _summarise(r.caught_by) or "nothing"
         if r.errors:
             detail += "\nerrors: " + _summarise(r.errors)
-        table.add_row(f"[bold]{r.name}[/]\n[dim]{r.bug}[/]", detail, verdict)
+        label = f"[bold]{r.name}[/]" + (f" \\[{r.catalog_id}]" if r.catalog_id else "")
+        table.add_row(f"{label}\n[dim]{r.bug}[/]", detail, verdict)
     console.print(table)
 
 
@@ -193,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jfa-conformance selftest", description="Run the spec against every built-in mutant backend and show which checks catch it.")
     parser.add_argument("--profile", default=profiles.DEFAULT, choices=sorted(profiles.PROFILES),
                         help="hypothesis profile whose examples are drawn (default: %(default)s)")
-    parser.add_argument("--mutant", action="append", choices=sorted(mutants.MUTANTS), metavar="CLASS",
-                        help="run only this mutant (repeatable; default: all)")
+    parser.add_argument("--mutant", action="append", choices=sorted({**mutants.MUTANTS, **mutants.PENDING}),
+                        metavar="CLASS",
+                        help="run only this mutant (repeatable; default: every built-in one; a pending one "
+                        "(conformance/BUGS.md) runs only when named)")
     parser.add_argument("-x", "--first-failure", action="store_true",
                         help="stop each mutant at the first check that catches it (fast; what CI runs)")
     parser.add_argument("-j", "--jobs", type=int, default=None, help="mutants run at once (default: CPU count)")

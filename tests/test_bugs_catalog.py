@@ -1,0 +1,121 @@
+"""The bug catalog (conformance/bugs.py, rendered into conformance/BUGS.md): every class is sourced and
+classified, every mutant names a class of the catalog, BUGS.md is up to date, and each pending mutant
+really fails on a problem that triggers its class (so only the drawing stands between it and CI)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from conformance import bugs, checks, mutants
+from conformance.harness import Run, judge_forward
+from conformance.problem import Problem, make_inputs
+
+SPEC_DIR = Path(bugs.__file__).resolve().parent / "spec"
+
+
+def test_ids_are_unique_and_readable():
+    ids = [b.id for b in bugs.CATALOG]
+    assert len(ids) == len(set(ids))
+    assert all(re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", i) for i in ids), ids
+
+
+def test_at_least_forty_sourced_classes():
+    assert len(bugs.CATALOG) >= 40
+    for b in bugs.CATALOG:
+        assert b.title and b.trigger and b.convention, b.id
+        assert b.sources, f"{b.id} has no source"
+        for s in b.sources:
+            assert re.fullmatch(r"[\w.-]+/[\w.-]+", s.repo), (b.id, s.repo)
+            assert s.number > 0 and s.kind in ("issue", "pull") and s.says, (b.id, s)
+
+
+def test_every_class_is_classified():
+    for b in bugs.CATALOG:
+        assert b.status in bugs.STATUSES, (b.id, b.status)
+        assert set(b.caught_by) <= set(bugs.CHECKS), (b.id, b.caught_by)
+        if b.status == "mutant":
+            assert b.caught_by, f"{b.id}: a mutant class must say which checks catch it"
+        else:
+            assert b.how, f"{b.id}: a {b.status} class must say what is needed or what happens"
+
+
+def test_check_names_exist_in_the_spec():
+    source = "\n".join(p.read_text() for p in SPEC_DIR.glob("test_*.py"))
+    for check in bugs.CHECKS:
+        if check != "validation":
+            assert f"def {check}(" in source, check
+
+
+def test_every_mutant_names_a_class_of_the_catalog():
+    catalog = bugs.by_id()
+    assert len(mutants.MUTANTS) >= 30
+    for name, cls in mutants.MUTANTS.items():
+        assert cls.catalog_id in catalog, f"{name} names {cls.catalog_id!r}, not in the catalog"
+        assert catalog[cls.catalog_id].status == "mutant", name
+    for name, cls in mutants.PENDING.items():
+        assert name not in mutants.MUTANTS
+        assert cls.catalog_id in catalog and catalog[cls.catalog_id].status == "pending", name
+        assert cls().capabilities == mutants.Unmutated.capabilities and cls.name.startswith("mutant-")
+
+
+def test_every_mutant_class_has_a_mutant():
+    rendered = {cls.catalog_id for cls in mutants.MUTANTS.values()}
+    assert {b.id for b in bugs.CATALOG if b.status == "mutant"} == rendered
+
+
+def test_bugs_md_is_up_to_date():
+    document = bugs.BUGS_MD.read_text()
+    assert bugs.generated_part(document) == bugs.render(), "run: python -m conformance.bugs"
+    assert bugs.main(["--check"]) == 0
+
+
+def test_bugs_md_keeps_the_fa4_versions_section_outside_the_generated_part():
+    document = bugs.BUGS_MD.read_text()
+    tail = document.split(bugs.END, 1)[1]
+    assert "## FA4 releases on the H200" in tail and "not yet run" in tail
+
+
+def test_splice_replaces_only_the_generated_part():
+    document = f"intro\n{bugs.BEGIN}\nold\n{bugs.END}\nhand-written\n"
+    assert bugs.splice(document, "new\n") == f"intro\n{bugs.BEGIN}\nnew\n{bugs.END}\nhand-written\n"
+    with pytest.raises(ValueError, match="markers"):
+        bugs.splice("no markers", "new\n")
+
+
+# A problem that triggers each pending class, and the verdicts that must fail on it.
+PENDING_TRIGGERS = {
+    "ValueDimNarrowedInDq": (Problem((5, 3), (7, 4), heads_q=2, heads_kv=1, head_dim=32, head_dim_v=64), {"dq", "dk"}),
+    "LseGqaDecodeFirstHeadOnly": (Problem((1, 1, 0), (5, 7, 3), heads_q=4, heads_kv=2), {"lse"}),
+}
+
+
+@pytest.mark.parametrize("name", list(PENDING_TRIGGERS))
+def test_pending_mutant_fails_on_its_trigger(name):
+    problem, failing = PENDING_TRIGGERS[name]
+    verdicts = checks.everything(mutants.PENDING[name](), problem, "cpu")
+    assert {v.quantity for v in verdicts if not v.ok} == failing
+    assert all(v.ok for v in checks.everything(mutants.Unmutated(), problem, "cpu"))
+
+
+def test_gqa_decode_fast_path_fails_with_an_empty_query_sequence():
+    problem = Problem((0, 1, 1), (3, 5, 2), heads_q=4, heads_kv=2)
+    with pytest.raises(RuntimeError, match="is invalid for input of size"):
+        checks.forward(mutants.GqaDecodeFastPathOneQueryEach(), problem, "cpu")
+    assert checks.forward(mutants.GqaDecodeFastPathOneQueryEach(), problem.replace(seqlens_q=(1, 1, 1)), "cpu")[0].ok
+
+
+def test_finite_running_max_sentinel_zeroes_rows_scored_below_it():
+    """Scores far below -5e4 (massive activations): the mutant returns zero rows, the control does not."""
+    problem = Problem((1, 1, 1, 1), (1, 3, 1, 2), head_dim=64, scale=3e4, seed=0)
+    args = make_inputs(problem)
+    cu = args.cu_seqlens_k.tolist()
+    best = [float((args.k[cu[b] : cu[b + 1], 0] @ args.q[b, 0]).max()) * problem.softmax_scale for b in range(4)]
+    assert min(best) < -6e4  # some sequence's every score is below the sentinel
+    mutant = mutants.FiniteRunningMaxSentinel().forward(args)
+    assert not any(v.ok for v in judge_forward(problem, Run(mutant.out, mutant.lse)))
+    assert all(v.ok for v in checks.everything(mutants.Unmutated(), problem, "cpu"))
+    calm = problem.replace(seed=2)  # every sequence has a score above the sentinel: no difference
+    assert all(v.ok for v in checks.everything(mutants.FiniteRunningMaxSentinel(), calm, "cpu"))
