@@ -584,6 +584,35 @@ class LseEmptyKvPaddedOffset(Unmutated):
         return out, flat.view(heads, rows)
 
 
+class LseGqaDecodeFirstHeadOnly(Unmutated):
+    name = "mutant-lse-gqa-decode-first-head-only"
+    catalog_id = "lse-gqa-single-query-first-head"
+    bug = ("when max_seqlen_q == 1 under GQA the LSE is written only for the first query head of each KV "
+           "group; the other heads' entries keep the buffer's contents (NaN here)")
+
+    def finish(self, args, out, lse):
+        heads_q, heads_kv = args.q.shape[1], args.k.shape[1]
+        if args.max_seqlen_q != 1 or heads_q == heads_kv:
+            return out, lse
+        group = heads_q // heads_kv
+        first = (torch.arange(heads_q) % group == 0)[:, None]
+        return out, torch.where(first, lse, torch.full_like(lse, float("nan")))
+
+
+class GqaDecodeFastPathOneQueryEach(Unmutated):
+    name = "mutant-gqa-decode-fast-path-one-query-each"
+    catalog_id = "gqa-decode-fast-path-empty-query"
+    bug = ("under GQA with max_seqlen_q == 1 a fast path folds the query-head group into the sequence axis, "
+           "assuming exactly one query row per sequence: a batch with an empty query sequence fails")
+
+    def forward(self, args):
+        heads_q, heads_kv = args.q.shape[1], args.k.shape[1]
+        if not args.broadcast_q and args.max_seqlen_q == 1 and heads_q > heads_kv and args.q.shape[0] != args.batch:
+            shape = [args.batch, heads_q // heads_kv, heads_kv, args.q.shape[2]]
+            raise RuntimeError(f"shape '{shape}' is invalid for input of size {args.q.numel()}")
+        return super().forward(args)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Gradients
 
@@ -773,35 +802,6 @@ class _NarrowedValueProduct(torch.autograd.Function):
         return grad_p, grad_v, None
 
 
-class LseGqaDecodeFirstHeadOnly(Unmutated):
-    name = "mutant-lse-gqa-decode-first-head-only"
-    catalog_id = "lse-gqa-single-query-first-head"
-    bug = ("when max_seqlen_q == 1 under GQA the LSE is written only for the first query head of each KV "
-           "group; the other heads' entries keep the buffer's contents (NaN here)")
-
-    def finish(self, args, out, lse):
-        heads_q, heads_kv = args.q.shape[1], args.k.shape[1]
-        if args.max_seqlen_q != 1 or heads_q == heads_kv:
-            return out, lse
-        group = heads_q // heads_kv
-        first = (torch.arange(heads_q) % group == 0)[:, None]
-        return out, torch.where(first, lse, torch.full_like(lse, float("nan")))
-
-
-class GqaDecodeFastPathOneQueryEach(Unmutated):
-    name = "mutant-gqa-decode-fast-path-one-query-each"
-    catalog_id = "gqa-decode-fast-path-empty-query"
-    bug = ("under GQA with max_seqlen_q == 1 a fast path folds the query-head group into the sequence axis, "
-           "assuming exactly one query row per sequence: a batch with an empty query sequence fails")
-
-    def forward(self, args):
-        heads_q, heads_kv = args.q.shape[1], args.k.shape[1]
-        if not args.broadcast_q and args.max_seqlen_q == 1 and heads_q > heads_kv and args.q.shape[0] != args.batch:
-            shape = [args.batch, heads_q // heads_kv, heads_kv, args.q.shape[2]]
-            raise RuntimeError(f"shape '{shape}' is invalid for input of size {args.q.numel()}")
-        return super().forward(args)
-
-
 class FiniteRunningMaxSentinel(Unmutated):
     name = "mutant-finite-running-max-sentinel"
     catalog_id = "finite-running-max-sentinel"
@@ -867,12 +867,12 @@ MUTANTS: dict[str, type[Unmutated]] = _registry(
     BackwardKeyExtentFromQuery,
     GradientsAllZero,
     EmptyWorkBackwardError,
+    LseGqaDecodeFirstHeadOnly,
+    GqaDecodeFastPathOneQueryEach,
 )
 
 PENDING: dict[str, type[Unmutated]] = _registry(
     ValueDimNarrowedInDq,
-    LseGqaDecodeFirstHeadOnly,
-    GqaDecodeFastPathOneQueryEach,
     FiniteRunningMaxSentinel,
 )
 
