@@ -74,3 +74,29 @@ class Watchdog:
 
     def __exit__(self, *exc):
         self.timer.cancel()
+
+
+MEMORY_SHARE_ENV = "JFA_GPU_MEMORY_SHARE"  # set by ``jfa-conformance run`` for its workers
+
+
+def limit_gpu_memory(environ=None) -> float | None:
+    """Cap this process's CUDA caching allocator at its share of the GPU (``$JFA_GPU_MEMORY_SHARE``, a
+    fraction): many workers share one GPU, and without a cap each keeps what it once allocated cached
+    until a neighbour runs out of memory. At the cap the allocator frees its own cache and retries
+    before it reports an out-of-memory error. Returns the share applied, or None."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(MEMORY_SHARE_ENV)
+    if not raw:
+        return None
+    import torch
+    if not torch.cuda.is_available():
+        return None
+    share = min(1.0, max(0.01, float(raw)))
+    for index in range(torch.cuda.device_count()):
+        torch.cuda.set_per_process_memory_fraction(share, index)
+    return share
+
+
+def memory_share(workers_per_gpu: int) -> float:
+    """Each worker's fraction of a GPU: an equal part of 92% (the CUDA contexts take the rest)."""
+    return round(0.92 / max(1, workers_per_gpu), 4)

@@ -44,6 +44,7 @@ def pytest_addoption(parser):
 @pytest.hookimpl(trylast=True)  # after hypothesis's own plugin has loaded --hypothesis-profile
 def pytest_configure(config):
     config.addinivalue_line("markers", "spec: a conformance check of the spec, run per backend")
+    containment.limit_gpu_memory()
     chosen = config.getoption("hypothesis_profile", default=None) or profiles.DEFAULT
     profiles.load(chosen, config.getoption("max_examples"))
 

@@ -96,8 +96,10 @@ def serve(device: str) -> int:
     """Worker loop: one job per stdin line, one ``MARKER`` result line per job on stdout."""
     from backends import registry
 
+    from .containment import limit_gpu_memory
     from .harness import DeviceFault, Unsupported
 
+    limit_gpu_memory()
     backends = {}
     out = sys.stdout
     for line in sys.stdin:

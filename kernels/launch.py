@@ -130,7 +130,7 @@ def _dq_tl(q, k, v, do, lse, delta, cu_q, cu_k, plan):
     elif dq_buf.numel() > 0:
         dq_buf.zero_()
     if plan.broadcast:  # fixed-order fp32 reduction over the chunk partials: deterministic
-        return (dq_buf.sum(0) if dq_buf.shape[0] > 1 else dq_buf[0]).to(q.dtype)
+        return (dq_buf[0] if dq_buf.shape[0] == 1 else dq_buf.sum(0)).to(q.dtype)  # 0 chunks: an empty batch
     return dq_buf[0]
 
 

@@ -930,3 +930,18 @@ def test_gpu_gluon_backward_takes_a_do_that_tma_cannot_load():
         out, _ = plan(a, b, c)
         grads.append(torch.autograd.grad(out, (a, b, c), d_out))
     assert all(torch.equal(x, y) for x, y in zip(*grads))
+
+
+@needs_kernels
+def test_broadcast_q_gradients_of_an_empty_batch_are_zero():
+    # No sequence, so no chunk partial of dQ to reduce: dQ of the shared q is zeros (found by the spec's
+    # gradient check on a drawn empty batch; it raised IndexError).
+    dev = "cuda" if _HAS_CUDA else "cpu"
+    q = torch.randn(3, 2, 16, device=dev, requires_grad=True)
+    k = torch.randn(0, 2, 16, device=dev, requires_grad=True)
+    v = torch.randn(0, 2, 16, device=dev, requires_grad=True)
+    cu = torch.zeros(1, dtype=torch.int32, device=dev)
+    out, _ = jagged_flash_attention(q, k, v, torch.tensor([0, 3], dtype=torch.int32, device=dev), cu, 3, 0,
+                                    broadcast_q=True)
+    out.sum().backward()
+    assert out.shape == (0, 2, 16) and q.grad.shape == q.shape and not q.grad.any()

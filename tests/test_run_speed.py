@@ -254,3 +254,15 @@ def test_flex_rows_padded_to_a_bucket_give_the_same_attention(causal):
     # padded key columns are masked out: the same sums up to the order of a longer reduction
     torch.testing.assert_close(padded_out, out, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(padded_lse, lse, rtol=1e-6, atol=1e-6)
+
+
+def test_workers_sharing_a_gpu_each_get_a_part_of_its_memory(monkeypatch):
+    from conformance import containment
+    assert containment.memory_share(15) == pytest.approx(0.92 / 15, abs=1e-4)
+    assert containment.limit_gpu_memory({}) is None  # not asked: no cap
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda share, i: calls.append((share, i)))
+    assert containment.limit_gpu_memory({containment.MEMORY_SHARE_ENV: "0.25"}) == 0.25
+    assert calls == [(0.25, 0), (0.25, 1)]
