@@ -204,10 +204,12 @@ def kernel_configs(caps: Capabilities, seed: int, *, seeds=(), extra: int = 0, s
         for choice in gaps:
             pools = {axis: [rng.choice(vals)] for axis, vals in values.items()}
             pools["head_dim_v"] = [choice]
+            # The widest pair: a kernel that sizes its tiles or buffers from one of the two dims (FA4's
+            # sm_90 forward picks its tile from head_dim alone and faults at (16, 128)) breaks there first.
             dims = values["head_dim"]
-            eligible = dims[1:] if choice == "smaller" else dims[:-1]  # a head dim with a smaller / larger one
-            pools["head_dim"] = [rng.choice(eligible or dims)]
-            made = deal(pools)[0]
+            head_dim, value_dim = (dims[-1], dims[0]) if choice == "smaller" else (dims[0], dims[-1])
+            pools["head_dim"] = [head_dim]
+            made = dataclasses.replace(deal(pools)[0], head_dim_v=value_dim if value_dim != head_dim else None)
             if made.head_dim_v is not None and made not in chosen and accept(made):
                 chosen.append(made)
     # A value whose dealt pairings were all refused: try it on its own with other random values.
