@@ -433,7 +433,8 @@ CATALOG: tuple[BugClass, ...] = (
         BUG,
         "pending", (GRAD,),
         "a named edge case with head_dim < head_dim_v (e.g. D 32, Dv 64) so every run's gradient check meets it; "
-        "the covering set has one such configuration and test_gradients draws 8 of about 45"),
+        "the covering set holds such a configuration but the ci gradient check does not draw it "
+        "(ValueDimNarrowedInDq survives)"),
     BugClass(
         "finite-running-max-sentinel", "Online softmax running max starts at a finite sentinel",
         (issue(FI, 4267, "FA2 initialises the running max to -5e4 (math::inf is finite): rows whose every logit is "

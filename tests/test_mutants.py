@@ -84,3 +84,16 @@ def test_junit_outcomes_become_caught_passed_skipped(tmp_path):
     assert result.caught_by == ["test_edge_case[single_token-float32]"]
     assert result.passed == ["test_forward"] and result.skipped == ["test_lse"] and result.errors == ["test_gradients"]
     assert not result.ok  # an error is not a catch
+
+
+def test_selftest_stops_each_mutant_at_its_first_catch_unless_asked_for_all(monkeypatch, capsys):
+    seen = []
+
+    def fake(names, profile, **kwargs):
+        seen.append(kwargs["first_failure"])
+        return [_result("Unmutated", returncode=0)]
+
+    monkeypatch.setattr(selftest, "run_selftest", fake)
+    assert selftest.main([]) == 0 and selftest.main(["-x"]) == 0 and selftest.main(["--all-checks"]) == 0
+    assert seen == [True, True, False]
+    assert "each stopped at its first" in capsys.readouterr().out
