@@ -740,7 +740,7 @@ def cmd_run(ns) -> int:
     cache_dir = Path(ns.cache_dir).expanduser() if ns.cache_dir else default_dir()
     cache_bytes = size_of(cache_dir)
     env = _child_env(device, workers, cache_dir)
-    if device.startswith("cuda"):  # the workers sharing a GPU each get an equal part of its memory
+    if device.startswith("cuda"):  # workers sharing a GPU hand back cached memory beyond an equal part of it
         from .containment import MEMORY_SHARE_ENV, memory_share
         env.setdefault(MEMORY_SHARE_ENV, str(memory_share(max(n for _, n in _worker_sets(ns, device)))))
     if ns.time_limit is None:

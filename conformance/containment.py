@@ -79,22 +79,30 @@ class Watchdog:
 MEMORY_SHARE_ENV = "JFA_GPU_MEMORY_SHARE"  # set by ``jfa-conformance run`` for its workers
 
 
-def limit_gpu_memory(environ=None) -> float | None:
-    """Cap this process's CUDA caching allocator at its share of the GPU (``$JFA_GPU_MEMORY_SHARE``, a
-    fraction): many workers share one GPU, and without a cap each keeps what it once allocated cached
-    until a neighbour runs out of memory. At the cap the allocator frees its own cache and retries
-    before it reports an out-of-memory error. Returns the share applied, or None."""
-    environ = os.environ if environ is None else environ
-    raw = environ.get(MEMORY_SHARE_ENV)
-    if not raw:
-        return None
+def gpu_memory_share(environ=None) -> float | None:
+    """This worker's share of its GPU's memory (``$JFA_GPU_MEMORY_SHARE``, a fraction), or None."""
+    raw = (os.environ if environ is None else environ).get(MEMORY_SHARE_ENV)
+    return min(1.0, max(0.01, float(raw))) if raw else None
+
+
+def release_gpu_memory_over_share(share: float | None) -> bool:
+    """After a check: if this process's caching allocator holds more than its share of the GPU, collect
+    garbage (failure tracebacks keep tensors alive through their frames) and hand the cached blocks back,
+    so that neighbours sharing the GPU do not run out of memory. Below the share the cache stays, already
+    poisoned for the next check (poison.py). No hard cap: a legitimately large problem still runs.
+    Returns whether memory was released."""
+    if share is None:
+        return False
     import torch
-    if not torch.cuda.is_available():
-        return None
-    share = min(1.0, max(0.01, float(raw)))
-    for index in range(torch.cuda.device_count()):
-        torch.cuda.set_per_process_memory_fraction(share, index)
-    return share
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return False
+    index = torch.cuda.current_device()
+    if torch.cuda.memory_reserved(index) <= share * torch.cuda.get_device_properties(index).total_memory:
+        return False
+    import gc
+    gc.collect()
+    torch.cuda.empty_cache()
+    return True
 
 
 def memory_share(workers_per_gpu: int) -> float:

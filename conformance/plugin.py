@@ -44,7 +44,6 @@ def pytest_addoption(parser):
 @pytest.hookimpl(trylast=True)  # after hypothesis's own plugin has loaded --hypothesis-profile
 def pytest_configure(config):
     config.addinivalue_line("markers", "spec: a conformance check of the spec, run per backend")
-    containment.limit_gpu_memory()
     chosen = config.getoption("hypothesis_profile", default=None) or profiles.DEFAULT
     profiles.load(chosen, config.getoption("max_examples"))
 
@@ -222,6 +221,11 @@ def pytest_runtest_setup(item):
     finally:
         recorder.note_probe(None, None)
     _PROBED.add(backend.name)
+
+
+def pytest_runtest_teardown(item):
+    """Workers sharing a GPU hand back cached memory they hold beyond their share (containment.py)."""
+    containment.release_gpu_memory_over_share(containment.gpu_memory_share())
 
 
 @pytest.hookimpl(wrapper=True)

@@ -96,10 +96,10 @@ def serve(device: str) -> int:
     """Worker loop: one job per stdin line, one ``MARKER`` result line per job on stdout."""
     from backends import registry
 
-    from .containment import limit_gpu_memory
+    from .containment import gpu_memory_share, release_gpu_memory_over_share
     from .harness import DeviceFault, Unsupported
 
-    limit_gpu_memory()
+    share = gpu_memory_share()
     backends = {}
     out = sys.stdout
     for line in sys.stdin:
@@ -120,6 +120,8 @@ def serve(device: str) -> int:
         except Exception as exc:  # noqa: BLE001 - a compile error is a finding, reported with the job
             outcome, message = "error", f"{type(exc).__name__}: {exc}"
         result = {"outcome": outcome, "seconds": round(time.perf_counter() - start, 3), "message": message}
+        if not fatal:
+            release_gpu_memory_over_share(share)
         out.write("\n" + MARKER + json.dumps(result) + "\n")  # after whatever the backend printed
         out.flush()
         if fatal:

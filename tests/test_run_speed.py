@@ -256,13 +256,19 @@ def test_flex_rows_padded_to_a_bucket_give_the_same_attention(causal):
     torch.testing.assert_close(padded_lse, lse, rtol=1e-6, atol=1e-6)
 
 
-def test_workers_sharing_a_gpu_each_get_a_part_of_its_memory(monkeypatch):
+def test_workers_sharing_a_gpu_hand_back_memory_held_beyond_their_share(monkeypatch):
     from conformance import containment
     assert containment.memory_share(15) == pytest.approx(0.92 / 15, abs=1e-4)
-    assert containment.limit_gpu_memory({}) is None  # not asked: no cap
-    calls = []
+    assert containment.gpu_memory_share({}) is None
+    assert containment.gpu_memory_share({containment.MEMORY_SHARE_ENV: "0.25"}) == 0.25
+    assert not containment.release_gpu_memory_over_share(None)  # not asked
+    emptied = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda share, i: calls.append((share, i)))
-    assert containment.limit_gpu_memory({containment.MEMORY_SHARE_ENV: "0.25"}) == 0.25
-    assert calls == [(0.25, 0), (0.25, 1)]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 100})())
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i: 20)
+    assert not containment.release_gpu_memory_over_share(0.25) and not emptied  # within its share: kept
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i: 30)
+    assert containment.release_gpu_memory_over_share(0.25) and emptied
