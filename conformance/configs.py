@@ -206,12 +206,16 @@ def kernel_configs(caps: Capabilities, seed: int, *, seeds=(), extra: int = 0, s
             pools["head_dim_v"] = [choice]
             # The widest pair: a kernel that sizes its tiles or buffers from one of the two dims (FA4's
             # sm_90 forward picks its tile from head_dim alone and faults at (16, 128)) breaks there first.
+            # A kernel may also fail to compile the widest pair at all (FA4: ptxas runs out of registers at
+            # (16, 256)), hiding what it does at narrower ones: the middle dim is paired with the end too.
             dims = values["head_dim"]
-            head_dim, value_dim = (dims[-1], dims[0]) if choice == "smaller" else (dims[0], dims[-1])
-            pools["head_dim"] = [head_dim]
-            made = dataclasses.replace(deal(pools)[0], head_dim_v=value_dim if value_dim != head_dim else None)
-            if made.head_dim_v is not None and made not in chosen and accept(made):
-                chosen.append(made)
+            pairs = [(dims[-1], dims[0]), (dims[len(dims) // 2], dims[0])] if choice == "smaller" else \
+                [(dims[0], dims[-1]), (dims[0], dims[len(dims) // 2])]
+            for head_dim, value_dim in dict.fromkeys(p for p in pairs if p[0] != p[1]):
+                pools["head_dim"] = [head_dim]
+                made = dataclasses.replace(deal(pools)[0], head_dim_v=value_dim)
+                if made not in chosen and accept(made):
+                    chosen.append(made)
     # A value whose dealt pairings were all refused: try it on its own with other random values.
     for axis, vals in missing().items():
         for value in vals:
