@@ -400,7 +400,8 @@ def _backend_time(name: str, warm_summary: dict, records: list[dict]) -> dict:
             "kernel_configs_checked": len(kernel_configs), "warmup": warm.get("warmup", [])}
 
 
-def _warm_up(ns, chosen, device: str, run_dir: Path, env: dict, console, deadline) -> tuple[dict, dict]:
+def _warm_up(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Path, console,
+             deadline) -> tuple[dict, dict]:
     """Compile every backend's kernel configurations before the checks (warmup.py); backends that timed
     out compiling start the checks as suspect (containment.py)."""
     from backends import registry
@@ -423,10 +424,15 @@ def _warm_up(ns, chosen, device: str, run_dir: Path, env: dict, console, deadlin
         pinned = dict(env) if gpu is None else {**env, "CUDA_VISIBLE_DEVICES": gpu}
         envs += [pinned] * count
     started = time.monotonic()
-    with WarmupView(console, jobs, enabled=not ns.quiet) as view:
-        results = warmup.run_pool(jobs, device=device, envs=envs, budget_s=ns.compile_timeout,
+    print_ = warmup.fingerprint(device)
+    done = warmup.load_manifest(cache_dir, print_)
+    todo, cached = warmup.split_done(jobs, done)
+    with WarmupView(console, todo, enabled=not ns.quiet) as view:
+        results = warmup.run_pool(todo, device=device, envs=envs, budget_s=ns.compile_timeout,
                                   log_path=run_dir / "warmup.log", on_start=view.started, on_result=view.finished,
-                                  deadline=deadline)
+                                  deadline=deadline) if todo else []
+    warmup.save_manifest(cache_dir, print_, jobs, results, done)
+    results = cached + results
     wall = round(time.monotonic() - started, 1)
     summary = warmup.summarize(results)
     for name, entry in summary.items():
@@ -436,7 +442,7 @@ def _warm_up(ns, chosen, device: str, run_dir: Path, env: dict, console, deadlin
     counts: dict[str, int] = {}
     for r in results:
         counts[r.outcome] = counts.get(r.outcome, 0) + 1
-    console.print(f"warm-up: {len(jobs)} kernel configurations compiled in {wall:g} s wall "
+    console.print(f"warm-up: {len(jobs)} kernel configurations ({len(cached)} compiled by an earlier run) in {wall:g} s wall "
                   f"({', '.join(f'{n} {o}' for o, n in sorted(counts.items()))}; "
                   f"compile budget {ns.compile_timeout:g} s each)", highlight=False)
     return summary, {"ran": True, "wall_s": wall, "jobs": len(jobs), "outcomes": counts,
@@ -797,7 +803,7 @@ def cmd_run(ns) -> int:
     try:
         deadline = time.monotonic() + ns.time_limit if ns.time_limit else None
         if ns.warmup if ns.warmup is not None else device.startswith("cuda"):
-            warm_summary, warm_info = _warm_up(ns, chosen, device, run_dir, env, console, deadline)
+            warm_summary, warm_info = _warm_up(ns, chosen, device, run_dir, env, cache_dir, console, deadline)
         with LiveView(console, enabled=not ns.quiet, flight_dir=run_dir / ".flight") as view:
             rc, stop_reason = _run_pytest(command, env, run_dir / "pytest.log", records_path, view, deadline, snapshot)
         collected, records, finished = rp.read_record_stream(records_path)

@@ -82,6 +82,9 @@ class ConfigSet(tuple):
         made.fresh = tuple(fresh)
         return made
 
+    def __repr__(self) -> str:  # hypothesis prints fixtures in failing cases: keep it short
+        return f"ConfigSet({len(self)} kernel configurations, {len(self.fresh)} beyond the edge cases)"
+
 
 def axis_values(caps: Capabilities) -> dict[str, tuple]:
     """Every value the spec draws on each kernel axis for a backend with ``caps``."""

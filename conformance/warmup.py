@@ -7,6 +7,12 @@ at (see cache.py). So the run first calls each backend once per configuration of
 processes, timing each (backend, configuration) job, and only then starts the checks, whose timeout
 then measures checking rather than compiling.
 
+What compiled once is not compiled again: a manifest in the cache directory lists the (backend,
+configuration) jobs that finished ``ok`` under a *fingerprint* of everything that could change the compiled
+kernels (the versions of Python, torch, Triton and the vendor packages, the GPU, and the sources of the
+project's adapters and kernels). A run whose caches are warm skips those jobs; their checks load the
+kernels from the caches on first use. Delete the cache directory and everything is compiled again.
+
 A job that outlives ``budget_s`` is stopped with its process (a fresh one takes its place) and reported
 as ``timeout``; the backend's remaining jobs are skipped, and the checks phase starts that backend as
 *suspect* (see containment.py): a short probe decides whether its checks run at all. A process that dies
@@ -49,7 +55,7 @@ class Job:
 class Result:
     backend: str
     key: str
-    outcome: str  # ok, unsupported, error, crash, timeout, skipped
+    outcome: str  # ok, cached (compiled by an earlier run), unsupported, error, crash, timeout, skipped
     seconds: float
     message: str | None = None
     worker: int | None = None
@@ -264,6 +270,72 @@ def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float,
         results.append(Result(job.name, job.config.key, "skipped", 0.0, stopped_backends.get(job.backend)
                               or "the run's time limit came first"))
     return results
+
+
+MANIFEST = "warmup-manifest.json"
+FINGERPRINT_PACKAGES = ("torch", "triton", "flash-attn-4", "nvidia-cutlass-dsl", "flash-attn", "flashinfer-python")
+
+
+def fingerprint(device: str) -> str:
+    """What the compiled kernels depend on besides the configuration (see the module docstring)."""
+    import hashlib
+    import importlib.metadata
+    import platform
+
+    digest = hashlib.sha256()
+    digest.update(platform.python_version().encode())
+    for package in FINGERPRINT_PACKAGES:
+        try:
+            digest.update(f"{package}={importlib.metadata.version(package)}".encode())
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    try:
+        import torch
+        if device.startswith("cuda") and torch.cuda.is_available():
+            digest.update(torch.cuda.get_device_name(device).encode())
+    except Exception:  # noqa: BLE001 - no device name: the versions still separate machines' kernels
+        pass
+    root = Path(__file__).resolve().parent.parent
+    for folder in ("backends", "kernels"):
+        for path in sorted((root / folder).rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _job_key(job: Job) -> str:
+    return f"{job.backend} | {job.config.key}"
+
+
+def load_manifest(cache_dir: Path, print_: str) -> set[str]:
+    """Jobs that finished ``ok`` in an earlier run with the same fingerprint."""
+    try:
+        data = json.loads((Path(cache_dir) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return set()
+    return set(data.get(print_, []))
+
+
+def save_manifest(cache_dir: Path, print_: str, jobs: list[Job], results: list[Result], done: set[str]) -> None:
+    """Add the jobs that finished ``ok`` to the manifest (entries of other fingerprints are dropped)."""
+    by_key = {(job.name, job.config.key): _job_key(job) for job in jobs}
+    done = set(done) | {by_key[r.backend, r.key] for r in results if r.outcome == "ok" and (r.backend, r.key) in by_key}
+    path = Path(cache_dir) / MANIFEST
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({print_: sorted(done)}, indent=0))
+    os.replace(tmp, path)
+
+
+def split_done(jobs: list[Job], done: set[str]) -> tuple[list[Job], list[Result]]:
+    """``(jobs still to run, results of those the manifest lists)``."""
+    todo, cached = [], []
+    for job in jobs:
+        if _job_key(job) in done:
+            cached.append(Result(job.name, job.config.key, "cached", 0.0, "compiled by an earlier run (manifest)"))
+        else:
+            todo.append(job)
+    return todo, cached
 
 
 def summarize(results: list[Result]) -> dict[str, dict]:

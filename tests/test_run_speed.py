@@ -123,6 +123,7 @@ def test_workers_use_the_machine(monkeypatch):
 PLAIN = textwrap.dedent('''
     import os, time
     from backends.reference import Reference
+    from conformance.backend import Capabilities
 
     class Fine(Reference):
         name = "fine"
@@ -152,6 +153,17 @@ PLAIN = textwrap.dedent('''
         name = "aborts"
         def forward(self, args):
             os.abort()
+
+    NARROW = Capabilities(dtypes=("float32",), head_dims=(16,), causal_modes=("none",), gqa=False,
+                          broadcast_q="none")
+
+    class NarrowFine(Reference):
+        name = "narrow-fine"
+        capabilities = NARROW
+
+    class NarrowRaises(Raises):
+        name = "narrow-raises"
+        capabilities = NARROW
 ''')
 
 
@@ -272,3 +284,26 @@ def test_workers_sharing_a_gpu_hand_back_memory_held_beyond_their_share(monkeypa
     assert not containment.release_gpu_memory_over_share(0.25) and not emptied  # within its share: kept
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i: 30)
     assert containment.release_gpu_memory_over_share(0.25) and emptied
+
+
+def test_a_second_run_skips_what_the_first_compiled(tmp_path, misbehaving):
+    cache_dir = tmp_path / "cache"
+    argv = ["run", "--report-dir", str(tmp_path), "-q", "-n", "2", "--warmup", "--cache-dir", str(cache_dir),
+            "--backend", f"{misbehaving}:NarrowFine", "--backend", f"{misbehaving}:NarrowRaises",
+            "-k", "single_token", "--timeout", "60"]
+    cli.main([*argv, "--name", "first"])
+    cli.main([*argv, "--name", "second"])
+    first, second = (json.loads((tmp_path / n / "report.json").read_text()) for n in ("first", "second"))
+    for name, outcomes in (("narrow-fine", {"ok"}), ("narrow-raises", {"error"})):
+        assert {w["outcome"] for w in first["backends"][name]["time"]["warmup"]} == outcomes
+    assert {w["outcome"] for w in second["backends"]["narrow-fine"]["time"]["warmup"]} == {"cached"}
+    assert second["backends"]["narrow-fine"]["time"]["compile_s"] == 0
+    # what failed to compile is tried again; the checks' verdicts do not change
+    assert {w["outcome"] for w in second["backends"]["narrow-raises"]["time"]["warmup"]} == {"error"}
+    assert [r["outcome"] for r in first["records"]] == [r["outcome"] for r in second["records"]]
+    # a change to what the kernels depend on (here: the fingerprint) compiles everything again
+    manifest = json.loads((cache_dir / warmup.MANIFEST).read_text())
+    (cache_dir / warmup.MANIFEST).write_text(json.dumps({"another-fingerprint": next(iter(manifest.values()))}))
+    cli.main([*argv, "--name", "third"])
+    third = json.loads((tmp_path / "third" / "report.json").read_text())
+    assert {w["outcome"] for w in third["backends"]["narrow-fine"]["time"]["warmup"]} == {"ok"}
