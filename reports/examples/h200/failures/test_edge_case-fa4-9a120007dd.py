@@ -10,7 +10,7 @@ Problem:  Problem(seqlens_q=[4, 9], seqlens_k=[6, 9], head_dim_v=32, dtype='floa
           (the call in flight when the check's process died: the shapes and options are the ones
           that failed, the input values come from the problem's seed and may differ from the run's)
 Recorded: NVIDIA H200 (compute capability 9.0); python 3.12.3; torch 2.11.0, triton 3.6.0, nvidia-cutlass-dsl 4.8.1
-          jfa-conformance commit 0775c4ab912c with uncommitted changes
+          jfa-conformance commit 1029be890f69 with uncommitted changes
 
 Needs jfa-conformance and the backend's own package installed, nothing from the report directory:
     python test_edge_case-fa4-9a120007dd.py                      exit 1: reproduced, 0: passes now, 2: cannot run here

@@ -7,7 +7,7 @@ Check:    conformance/spec/test_edge_cases.py::test_edge_case[fa4-gqa_ratio_3-fl
 Problem:  Problem(seqlens_q=[17, 4], seqlens_k=[17, 4], heads_q=6, heads_kv=2, head_dim=40, dtype='float16', causal='bottom_right')
           (the failing example)
 Recorded: NVIDIA H200 (compute capability 9.0); python 3.12.3; torch 2.11.0, triton 3.6.0, nvidia-cutlass-dsl 4.8.1
-          jfa-conformance commit 0775c4ab912c with uncommitted changes
+          jfa-conformance commit 1029be890f69 with uncommitted changes
 
 Needs jfa-conformance and the backend's own package installed, nothing from the report directory:
     python test_edge_case-fa4-b817ca078d.py                      exit 1: reproduced, 0: passes now, 2: cannot run here

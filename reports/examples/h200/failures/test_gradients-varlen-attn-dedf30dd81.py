@@ -1,19 +1,19 @@
 #!/usr/bin/env python3
-"""Reproducer: flex · gradients (timeout)
+"""Reproducer: varlen-attn · gradients (crash)
 
-no result after 420 s (per-check timeout); the process was stopped
+backward: CUDA error: invalid argument
 
-Check:    conformance/spec/test_oracle_checks.py::test_gradients[flex]
-Problem:  Problem(seqlens_q=[33], seqlens_k=[128], heads_q=4, heads_kv=2, head_dim=72, head_dim_v=16, dtype='float32', causal='bottom_right', scale=0.11785113019775793, length_law='observed')
+Check:    conformance/spec/test_oracle_checks.py::test_gradients[varlen-attn]
+Problem:  Problem(seqlens_q=[1, 1], seqlens_k=[0, 0], heads_q=2, heads_kv=2, head_dim=32, dtype='bfloat16', causal='bottom_right', scale=0.05, length_law='observed')
           (the call in flight when the check's process died: the shapes and options are the ones
           that failed, the input values come from the problem's seed and may differ from the run's)
 Recorded: NVIDIA H200 (compute capability 9.0); python 3.12.3; torch 2.11.0, triton 3.6.0, nvidia-cutlass-dsl 4.8.1
-          jfa-conformance commit 0775c4ab912c with uncommitted changes
+          jfa-conformance commit 1029be890f69 with uncommitted changes
 
 Needs jfa-conformance and the backend's own package installed, nothing from the report directory:
-    python test_gradients-flex-1a2c0605eb.py                      exit 1: reproduced, 0: passes now, 2: cannot run here
-    python test_gradients-flex-1a2c0605eb.py --backend reference  the same problem on another backend
-    python test_gradients-flex-1a2c0605eb.py --device cuda:1      on another device
+    python test_gradients-varlen-attn-dedf30dd81.py                      exit 1: reproduced, 0: passes now, 2: cannot run here
+    python test_gradients-varlen-attn-dedf30dd81.py --backend reference  the same problem on another backend
+    python test_gradients-varlen-attn-dedf30dd81.py --device cuda:1      on another device
 
 It calls the backend once on the problem, forward and backward, and judges the result against the
 float64 oracle; CUDA_LAUNCH_BLOCKING=1 makes a device fault surface at the kernel launch that caused
@@ -22,26 +22,26 @@ it.
 import os
 import sys
 
-REPRODUCER = {'backend': 'flex',
+REPRODUCER = {'backend': 'varlen-attn',
  'device': 'cuda',
  'check': 'test_gradients',
  'params': {},
- 'problem': {'seqlens_q': [33],
-             'seqlens_k': [128],
-             'heads_q': 4,
+ 'problem': {'seqlens_q': [1, 1],
+             'seqlens_k': [0, 0],
+             'heads_q': 2,
              'heads_kv': 2,
-             'head_dim': 72,
-             'head_dim_v': 16,
-             'dtype': 'float32',
+             'head_dim': 32,
+             'head_dim_v': None,
+             'dtype': 'bfloat16',
              'causal': 'bottom_right',
              'broadcast_q': False,
-             'scale': 0.11785113019775793,
+             'scale': 0.05,
              'seed': 0,
              'length_law': 'observed'},
  'mode': 'call',
  'gradients': True,
- 'nodeid': 'conformance/spec/test_oracle_checks.py::test_gradients[flex]',
- 'outcome': 'timeout'}
+ 'nodeid': 'conformance/spec/test_oracle_checks.py::test_gradients[varlen-attn]',
+ 'outcome': 'crash'}
 
 if __name__ == "__main__":
     # a device fault is then raised by the kernel launch that caused it (set before CUDA starts)
