@@ -79,7 +79,7 @@ def _caps_text(caps: dict) -> str:
 
 
 def cmd_list(ns) -> int:
-    from backends import registry
+    from . import registry
 
     from .plugin import default_device
 
@@ -240,7 +240,7 @@ def environment(device: str) -> dict:
 
 def _resolve_backends(specs: list[str], device: str):
     """``[(spec, BackendInfo)]`` for the run; every name is checked before pytest starts."""
-    from backends import registry
+    from . import registry
     if not specs:
         specs = [b.name for b in registry.available(device)]
     chosen = []
@@ -404,7 +404,7 @@ def _warm_up(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Path,
              deadline) -> tuple[dict, dict]:
     """Compile every backend's kernel configurations before the checks (warmup.py); backends that timed
     out compiling start the checks as suspect (containment.py)."""
-    from backends import registry
+    from . import registry
 
     from . import containment, profiles, warmup
     from .plugin import configs_for
@@ -683,7 +683,7 @@ def _unfinished_checks(ns) -> list[str]:
         raise UsageError(f"--resume: {exc}") from None
     unfinished = [r for r in earlier["records"] if r["outcome"] == "not-run"]
     if not ns.backend:
-        from backends import registry
+        from . import registry
         known = set(registry.known_names())
         names = sorted({r["backend"] for r in unfinished})
         # a name the registry knows, else where the earlier run loaded the backend from (module:attr, file.py:attr)

@@ -23,7 +23,7 @@ import random
 
 import torch
 
-from backends.reference import Reference
+from conformance.reference import Reference
 
 from .backend import Backend
 from .problem import AttentionArgs, Output, key_visible

@@ -50,7 +50,7 @@ def pytest_configure(config):
 
 def selected_backends(config):
     """``(backend, skip_reason)`` pairs for the run: explicit names, or every available backend."""
-    from backends import registry
+    from . import registry
 
     device = config.getoption("device") or default_device()
     names = config.getoption("backend")

@@ -403,7 +403,7 @@ def pytest_xdist_node_collection_finished(node, ids):
 def _known_backend_names(config) -> set[str]:
     names = set()
     try:
-        from backends import registry
+        from . import registry
         names.update(registry.known_names())
     except Exception:  # noqa: BLE001 - names only help parse node ids
         pass

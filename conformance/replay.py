@@ -224,7 +224,7 @@ def load_artifact(path) -> dict:
 def replay(artifact: dict, backend_spec: str | None = None, device: str | None = None) -> Outcome:
     """Rerun the artifact's check; exceptions from the backend become a failed outcome with the traceback.
     Raises :class:`Unsupported` when the check cannot run here."""
-    from backends import registry
+    from . import registry
 
     spec = backend_spec or artifact["backend"]
     if not spec:
@@ -447,7 +447,7 @@ def reproduce(spec: dict, backend_spec: str | None = None, device: str | None = 
     a backend exception, device fault included, is a failed outcome with its text."""
     if spec.get("mode") != "call":
         return replay(spec, backend_spec, device)
-    from backends import registry
+    from . import registry
 
     from .harness import judge_forward, judge_gradients, run_backend
 

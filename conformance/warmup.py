@@ -100,7 +100,7 @@ def warm(backend, config: KernelConfig, device: str) -> None:
 # -- the worker process ---------------------------------------------------------------------------------
 def serve(device: str) -> int:
     """Worker loop: one job per stdin line, one ``MARKER`` result line per job on stdout."""
-    from backends import registry
+    from . import registry
 
     from .containment import gpu_memory_share, release_gpu_memory_over_share
     from .harness import DeviceFault, Unsupported

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.callable import CallableBackend
-from backends.registry import resolve
+from conformance.callable import CallableBackend
+from conformance.registry import resolve
 from conformance.harness import Unsupported, run_backend
 from conformance.problem import Problem
 

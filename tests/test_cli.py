@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from backends import registry
+from conformance import registry
 from conformance import cli
 from conformance import report as rp
 
 TOY_BACKENDS = textwrap.dedent('''
     import os
     import torch
-    from backends.reference import Reference
+    from conformance.reference import Reference
     from conformance.problem import Output
 
     class BreakableReference(Reference):
@@ -55,13 +55,13 @@ def run(tmp_path, *args) -> tuple[int, dict | None]:
 
 # -- list -----------------------------------------------------------------------------------------------
 def test_list_shows_every_known_backend_with_availability_capabilities_and_reasons(monkeypatch, capsys):
-    entry_point = importlib.metadata.EntryPoint(name="plugin-reference", value="backends.reference:Reference",
+    entry_point = importlib.metadata.EntryPoint(name="plugin-reference", value="conformance.reference:Reference",
                                                 group=registry.ENTRY_POINT_GROUP)
     monkeypatch.setattr(registry, "_entry_points", lambda: {"plugin-reference": entry_point})
     assert cli.main(["list", "--device", "cpu", "--json"]) == 0
     rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
     assert set(registry.BUILTIN) <= set(rows)
-    assert rows["plugin-reference"]["available"] and rows["plugin-reference"]["source"] == "backends.reference:Reference"
+    assert rows["plugin-reference"]["available"] and rows["plugin-reference"]["source"] == "conformance.reference:Reference"
     assert rows["reference"]["available"] and "float16" in rows["reference"]["capabilities"]["dtypes"]
     unavailable = [row for row in rows.values() if not row["available"]]
     assert unavailable and all(row["reason"] for row in unavailable)

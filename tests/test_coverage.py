@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from backends.reference import Reference
+from conformance.reference import Reference
 from conformance import cli
 from conformance.configs import axis_values
 from conformance.strategies import LENGTH_LAWS

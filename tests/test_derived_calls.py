@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.reference import Reference
+from conformance.reference import Reference
 from conformance import checks
 from conformance.harness import Unsupported
 from conformance.problem import Problem

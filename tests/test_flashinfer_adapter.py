@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from backends import flashinfer as fi
-from backends import registry
+from conformance import registry
 from conformance import cli, oracle
 from conformance.harness import Unsupported, judge_forward, run_backend
 from conformance.problem import AttentionArgs, Problem, make_inputs

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.reference import Reference
+from conformance.reference import Reference
 from conformance import bugs, mutants, selftest
 
 

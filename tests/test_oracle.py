@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from hypothesis import given, settings
 
-from backends.reference_online import ReferenceOnline
+from conformance.reference_online import ReferenceOnline
 from conformance import oracle
 from conformance.harness import call_backend, oracle_call
 from conformance.problem import Problem, key_visible, make_grad_out, make_inputs

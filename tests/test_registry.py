@@ -6,16 +6,17 @@ import textwrap
 
 import pytest
 
-from backends import registry
-from backends.callable import CallableBackend
-from backends.reference import Reference
+from conformance import registry
+from conformance.callable import CallableBackend
+from conformance.reference import Reference
 from conformance.backend import Backend
 
 
 def test_builtin_names_resolve_to_their_adapters():
     assert isinstance(registry.resolve("reference"), Reference)
     assert registry.resolve("sdpa").name == "sdpa"
-    assert registry.known_names()[:3] == ["reference", "reference-online", "sdpa"]
+    assert registry.known_names()[:2] == ["reference", "reference-online"]
+    assert registry.describe("sdpa", "cpu").source == "backends.sdpa:Sdpa"  # the project's adapters: entry points
 
 
 def test_every_known_backend_gives_an_availability_answer_on_cpu():
@@ -25,7 +26,7 @@ def test_every_known_backend_gives_an_availability_answer_on_cpu():
 
 
 def test_module_attr_accepts_instances_classes_and_callables():
-    assert isinstance(registry.resolve("backends.reference:Reference"), Reference)
+    assert isinstance(registry.resolve("conformance.reference:Reference"), Reference)
     backend = registry.resolve("examples.plain_callable:attention")
     assert isinstance(backend, CallableBackend) and backend.name == "examples.plain_callable:attention"
 
@@ -33,7 +34,7 @@ def test_module_attr_accepts_instances_classes_and_callables():
 def test_file_reference(tmp_path):
     path = tmp_path / "my_kernel.py"
     path.write_text(textwrap.dedent("""
-        from backends.reference import Reference
+        from conformance.reference import Reference
         class Mine(Reference):
             name = "mine"
         instance = Mine()
@@ -43,7 +44,7 @@ def test_file_reference(tmp_path):
 
 
 def test_entry_points_are_found(monkeypatch):
-    ep = importlib.metadata.EntryPoint(name="third-party", value="backends.reference:Reference", group=registry.ENTRY_POINT_GROUP)
+    ep = importlib.metadata.EntryPoint(name="third-party", value="conformance.reference:Reference", group=registry.ENTRY_POINT_GROUP)
     real = importlib.metadata.entry_points
 
     def fake(**kwargs):
@@ -60,9 +61,9 @@ def test_entry_points_are_found(monkeypatch):
     "spec, message",
     [
         ("no-such-backend", "unknown backend 'no-such-backend'"),
-        ("backends.reference:Nope", "has no attribute 'Nope'"),
+        ("conformance.reference:Nope", "has no attribute 'Nope'"),
         ("missing/file.py:fn", "does not exist"),
-        ("backends.reference:torch", "neither a Backend nor a callable"),
+        ("conformance.reference:torch", "neither a Backend nor a callable"),
     ],
 )
 def test_bad_references_say_what_is_wrong(spec, message):

@@ -15,7 +15,7 @@ MISBEHAVING = textwrap.dedent('''
     import time
 
     import torch
-    from backends.reference import Reference
+    from conformance.reference import Reference
     from conformance.problem import Output
 
     class Segfaults(Reference):

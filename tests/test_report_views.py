@@ -63,7 +63,7 @@ def many_backends(n=15) -> dict:
         for shape in SHAPES:
             for direction in ("forward", "backward"):
                 timings.append(timing(name, shape, direction, 1e-3 * (1 + 0.1 * i)))
-    backends = {name: {"source": f"backends.x:{name}" if name != "reference" else "backends.reference:Reference",
+    backends = {name: {"source": f"backends.x:{name}" if name != "reference" else "conformance.reference:Reference",
                        "available": True, "reason": None, "capabilities": {},
                        "time": {"compile_s": 10.0 + i, "check_s": 100.0 + i,
                                 "warmup": [{"key": "bf16-d128", "seconds": 3.0, "outcome": "ok", "message": None}]}}

@@ -122,7 +122,7 @@ def test_workers_use_the_machine(monkeypatch):
 # -- the warm-up pool -----------------------------------------------------------------------------------
 PLAIN = textwrap.dedent('''
     import os, time
-    from backends.reference import Reference
+    from conformance.reference import Reference
     from conformance.backend import Capabilities
 
     class Fine(Reference):

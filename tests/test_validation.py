@@ -11,7 +11,7 @@ import torch
 if not torch.cuda.is_available():  # the Triton kernel runs under its interpreter on CPU
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from backends import registry
+from conformance import registry
 from conformance.harness import call_backend
 from conformance.problem import AttentionArgs, Problem, make_inputs
 

@@ -16,7 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends import registry
+from conformance import registry
 from backends.flex import Flex, document_blocks, document_mask_mod
 from backends.sdpa_kernels import SdpaCudnn, SdpaEfficient, SdpaFlash, SdpaMath, only_kernel
 from backends.tlx_jfa import MODULE as TLX_MODULE

@@ -1,6 +1,6 @@
-"""Finding backends by name: built-ins, entry points (group ``jfa_conformance.backends``), or a
-``package.module:attr`` / ``path/to/file.py:attr`` reference to a Backend, a Backend class or a plain
-callable."""
+"""Finding backends by name: the spec's references, entry points (group ``jfa_conformance.backends``: the
+project's adapters in backends/ and any third party's), or a ``package.module:attr`` /
+``path/to/file.py:attr`` reference to a Backend, a Backend class or a plain callable."""
 from __future__ import annotations
 
 import importlib
@@ -16,26 +16,11 @@ from .callable import CallableBackend
 
 ENTRY_POINT_GROUP = "jfa_conformance.backends"
 
-# name -> "module:attr". Vendor adapters import their vendor package lazily, so listing them is free.
+# The spec's own backends. Every adapter, the project's included, registers through the entry-point group
+# (pyproject.toml), as a third party's does; adapters import their vendor package lazily, so listing is free.
 BUILTIN: dict[str, str] = {
-    "reference": "backends.reference:Reference",
-    "reference-online": "backends.reference_online:ReferenceOnline",
-    "sdpa": "backends.sdpa:Sdpa",
-    "triton-jfa": "backends.triton_jfa:TritonJfa",
-    "fa4": "backends.fa4:FA4",
-    "flash-attn": "backends.flash_attn2:FlashAttn2",
-    "tlx-jfa": "backends.tlx_jfa:TlxJfa",
-    "flex": "backends.flex:Flex",
-    "varlen-attn": "backends.varlen_attn:VarlenAttn",
-    "njt-sdpa": "backends.njt_sdpa:NjtSdpa",
-    "sdpa-flash": "backends.sdpa_kernels:SdpaFlash",
-    "sdpa-efficient": "backends.sdpa_kernels:SdpaEfficient",
-    "sdpa-cudnn": "backends.sdpa_kernels:SdpaCudnn",
-    "sdpa-math": "backends.sdpa_kernels:SdpaMath",
-    "flashinfer": "backends.flashinfer:FlashInfer",
-    "flashinfer-fa2": "backends.flashinfer:FlashInferFA2",
-    "flashinfer-fa3": "backends.flashinfer:FlashInferFA3",
-    "flashinfer-cudnn": "backends.flashinfer:FlashInferCudnn",
+    "reference": "conformance.reference:Reference",
+    "reference-online": "conformance.reference_online:ReferenceOnline",
 }
 
 
@@ -54,8 +39,8 @@ def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
 
 
 def known_names() -> list[str]:
-    """Every backend name this installation knows: built-ins first, then entry points."""
-    return list(BUILTIN) + sorted(set(_entry_points()) - set(BUILTIN))
+    """Every backend name this installation knows: the references first, then the entry points."""
+    return list(BUILTIN) + [name for name in _entry_points() if name not in BUILTIN]
 
 
 def _import_attr(ref: str):
@@ -109,7 +94,8 @@ def resolve(spec: str) -> Backend:
     if ":" in spec:
         return as_backend(_import_attr(spec), spec)
     raise ValueError(
-        f"unknown backend {spec!r}: not one of {', '.join(known_names())}, and not a 'module:attr' reference"
+        f"unknown backend {spec!r}: not one of {', '.join(known_names())}, and not a 'module:attr' reference "
+        "(adapters register through the package's entry points: install it, e.g. `pip install -e .`)"
     )
 
 
