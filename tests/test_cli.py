@@ -57,7 +57,8 @@ def run(tmp_path, *args) -> tuple[int, dict | None]:
 def test_list_shows_every_known_backend_with_availability_capabilities_and_reasons(monkeypatch, capsys):
     entry_point = importlib.metadata.EntryPoint(name="plugin-reference", value="conformance.reference:Reference",
                                                 group=registry.ENTRY_POINT_GROUP)
-    monkeypatch.setattr(registry, "_entry_points", lambda: {"plugin-reference": entry_point})
+    installed = registry._entry_points()
+    monkeypatch.setattr(registry, "_entry_points", lambda: {**installed, "plugin-reference": entry_point})
     assert cli.main(["list", "--device", "cpu", "--json"]) == 0
     rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
     assert set(registry.BUILTIN) <= set(rows)
