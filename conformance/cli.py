@@ -26,7 +26,10 @@ import sys
 import time
 from pathlib import Path
 
+from . import workers
 from .configs import coverage_of
+from .live import LiveView, WarmupView
+from .warmup import backend_time
 
 USAGE_ERROR = 2
 DEFAULT_TIMEOUT_S = 300.0
@@ -37,9 +40,6 @@ DEFAULT_MAX_WORKER_RESTART = 2000
 # Overall budget of a run per profile, seconds (--time-limit overrides; 0 means none). What it does not
 # reach is reported not-run, with the reason.
 DEFAULT_TIME_LIMIT_S = {"ci": 1800.0, "dev": 7200.0}
-GIB = 1 << 30
-HOST_MEMORY_PER_WORKER = 3 * GIB  # a worker on a GPU machine: torch, CUDA, a backend's compiler, the oracle
-GPU_MEMORY_PER_WORKER = 4 * GIB  # its CUDA context, caching allocator and the spec's small problems
 SNAPSHOT_EVERY_S = 30.0  # report.json is rewritten this often during a run, so a killed run keeps its results
 VENDOR_PACKAGES = ("torch", "triton", "flash-attn", "flash-attn-cute", "nvidia-cutlass-dsl", "fbtriton", "tlx-jfa",
                    "hypothesis", "pytest", "pytest-xdist", "pytest-benchmark", "pytest-timeout")
@@ -109,53 +109,12 @@ def cmd_list(ns) -> int:
 
 
 # -- run ------------------------------------------------------------------------------------------------
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def _host_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _default_workers(device: str, gpus: int = 1) -> int:
-    """Workers that use the machine. On CPU one per core (at most 4: each holds a copy of the run's
-    tensors). On a GPU, compiling and the float64 oracle are CPU work and one GPU serves many workers:
-    one per core but one (the controller's), bounded by host and GPU memory."""
-    cores = _cores()
-    if not device.startswith("cuda"):
-        return max(1, min(cores, 4))
-    bounds = [cores - 1]
-    host = _host_memory()
-    if host:
-        bounds.append(host // HOST_MEMORY_PER_WORKER)
-    try:
-        import torch
-        if torch.cuda.is_available():
-            per_gpu = min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
-            bounds.append(gpus * (per_gpu // GPU_MEMORY_PER_WORKER))
-    except Exception:  # noqa: BLE001 - no memory figure: the cores decide
-        pass
-    return max(1, gpus, min(bounds))
-
-
 def _worker_count(ns, device: str) -> int:
-    gpus = len(_gpu_list(ns.gpus)) if ns.gpus else 1
-    return max(gpus, ns.workers or _default_workers(device, gpus))  # with --gpus, one per GPU at least
+    return workers.worker_count(device, _gpu_list(ns.gpus) if ns.gpus else None, ns.workers)
 
 
 def _worker_sets(ns, device: str) -> list[tuple[str | None, int]]:
-    """``[(gpu index or None, workers)]``: with ``--gpus`` the workers split evenly over the GPUs."""
-    total = _worker_count(ns, device)
-    if not ns.gpus:
-        return [(None, total)]
-    gpus = _gpu_list(ns.gpus)
-    return [(g, total // len(gpus) + (1 if i < total % len(gpus) else 0)) for i, g in enumerate(gpus)]
+    return workers.worker_sets(device, _gpu_list(ns.gpus) if ns.gpus else None, ns.workers)
 
 
 def _gpu_list(spec: str) -> list[str]:
@@ -287,7 +246,7 @@ def _pytest_command(ns, run_dir: Path, backend_specs: list[str], device: str) ->
     return args
 
 
-def _child_env(device: str, workers: int, cache_dir: Path) -> dict:
+def _child_env(device: str, n_workers: int, cache_dir: Path) -> dict:
     from .cache import cache_env
     env = cache_env(cache_dir, os.environ)  # every compile cache shared by the workers and by later runs
     import torch
@@ -295,198 +254,8 @@ def _child_env(device: str, workers: int, cache_dir: Path) -> dict:
         env.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run under the interpreter without a GPU
     # Workers share the cores (the oracle and compilers are CPU work on any device): more intra-op
     # threads than cores only adds contention.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, _cores() // max(1, workers))))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, workers.cores() // max(1, n_workers))))
     return env
-
-
-class LiveView:
-    """Per-backend progress bars fed by the recorder's JSON lines (verdict counts, seconds spent checking),
-    and a line saying what each worker is checking now (from the workers' flight files)."""
-
-    def __init__(self, console, enabled: bool, flight_dir: Path | None = None):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        self.progress = Progress(TextColumn("{task.fields[backend]:<18}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[counts]}"), TimeElapsedColumn(), console=console,
-                                 disable=not enabled)
-        self.tasks, self.counts, self.seconds, self.offset, self.buffer = {}, {}, {}, 0, ""
-        self.flight_dir, self.now_task, self.last_look = flight_dir, None, 0.0
-
-    def __enter__(self):
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.now_task is not None:
-            self.progress.remove_task(self.now_task)
-        self.progress.__exit__(*exc)
-
-    def _task(self, backend: str, total=None):
-        if backend not in self.tasks:
-            self.counts[backend], self.seconds[backend] = {}, 0.0
-            self.tasks[backend] = self.progress.add_task(backend, backend=backend, counts="", total=total)
-        return self.tasks[backend]
-
-    def running_now(self) -> str:
-        """``gw3 fa4 gradients [bfloat16] 12 s; ...``: the check each worker is on, longest first."""
-        if self.flight_dir is None:
-            return ""
-        rows = []
-        for path in Path(self.flight_dir).glob("*.json"):
-            try:
-                flight = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if "started" not in flight or "backend" not in flight:
-                continue
-            what = f"probing {flight['backend']}" if flight.get("probe") else \
-                f"{flight['backend']} {flight.get('feature', '')}" + (f" [{flight['dtype']}]" if flight.get("dtype") else "")
-            rows.append((time.time() - flight["started"], f"{path.stem} {what} {time.time() - flight['started']:.0f} s"))
-        rows.sort(reverse=True)
-        return "; ".join(text for _, text in rows[:6]) + (f"; +{len(rows) - 6} more" if len(rows) > 6 else "")
-
-    def feed(self, path: Path) -> None:
-        if self.flight_dir is not None and time.monotonic() - self.last_look > 1.0:
-            self.last_look = time.monotonic()
-            text = self.running_now()
-            if self.now_task is None and text:
-                self.now_task = self.progress.add_task("now", backend="checking now", counts=text, total=None)
-            elif self.now_task is not None:
-                self.progress.update(self.now_task, counts=text)
-        try:
-            with open(path, encoding="utf-8") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-                self.offset = f.tell()
-        except FileNotFoundError:
-            return
-        self.buffer += chunk
-        *lines, self.buffer = self.buffer.split("\n")
-        for line in lines:
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if entry.get("kind") == "collected":
-                totals: dict[str, int] = {}
-                for check in entry["checks"]:
-                    totals[check["backend"]] = totals.get(check["backend"], 0) + 1
-                for backend, total in totals.items():
-                    self.progress.update(self._task(backend), total=total)
-            elif entry.get("kind") == "record":
-                backend = entry["backend"]
-                task = self._task(backend)
-                counts = self.counts[backend]
-                counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1
-                self.seconds[backend] += entry.get("duration_s") or 0.0
-                self.progress.update(task, advance=1,
-                                     counts=f"{_counts_markup(counts)} [dim]{self.seconds[backend]:.0f} s checking[/]")
-
-
-def _counts_markup(counts: dict) -> str:
-    style = {"pass": "green", "fail": "bold red", "crash": "bold magenta", "timeout": "bold yellow",
-             "not-run": "red", "unsupported": "dim", "expected-fail": "blue"}
-    return " ".join(f"[{style.get(o, '')}]{n} {o}[/]" for o, n in sorted(counts.items()))
-
-
-def _backend_time(name: str, warm_summary: dict, records: list[dict]) -> dict:
-    """Compile time (the warm-up's jobs) apart from check time (the checks' durations) of one backend."""
-    warm = warm_summary.get(name, {})
-    kernel_configs = set()
-    for r in records:
-        if r["backend"] == name:
-            kernel_configs.update(r.get("kernel_configs") or ())
-    return {"compile_s": warm.get("compile_s", 0.0),
-            "check_s": round(sum(r.get("duration_s") or 0.0 for r in records if r["backend"] == name), 3),
-            "kernel_configs_checked": len(kernel_configs), "warmup": warm.get("warmup", [])}
-
-
-def _warm_up(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Path, console,
-             deadline) -> tuple[dict, dict]:
-    """Compile every backend's kernel configurations before the checks (warmup.py); backends that timed
-    out compiling start the checks as suspect (containment.py)."""
-    from . import registry
-
-    from . import containment, profiles, warmup
-    from .plugin import configs_for
-    seed = ns.seed if ns.seed is not None else 0
-    extra = profiles.extra_kernel_configs(ns.profile) or 0
-    jobs = []
-    for spec, info in chosen:
-        if not info.available:
-            continue
-        backend = registry.resolve(spec)
-        configs = configs_for(backend, seed, extra)
-        if ns.dtype:
-            configs = tuple(c for c in configs if c.dtype in ns.dtype)
-        jobs += [warmup.Job(spec, info.name, c) for c in configs]
-    envs = []
-    for gpu, count in _worker_sets(ns, device):
-        pinned = dict(env) if gpu is None else {**env, "CUDA_VISIBLE_DEVICES": gpu}
-        envs += [pinned] * count
-    started = time.monotonic()
-    print_ = warmup.fingerprint(device)
-    done = warmup.load_manifest(cache_dir, print_)
-    todo, cached = warmup.split_done(jobs, done)
-    with WarmupView(console, todo, enabled=not ns.quiet) as view:
-        results = warmup.run_pool(todo, device=device, envs=envs, budget_s=ns.compile_timeout,
-                                  log_path=run_dir / "warmup.log", on_start=view.started, on_result=view.finished,
-                                  deadline=deadline) if todo else []
-    warmup.save_manifest(cache_dir, print_, jobs, results, done)
-    results = cached + results
-    wall = round(time.monotonic() - started, 1)
-    summary = warmup.summarize(results)
-    for name, entry in summary.items():
-        timed_out = [w for w in entry["warmup"] if w["outcome"] == "timeout"]
-        if timed_out:
-            containment.mark(run_dir / ".flight", name, "suspect", f"{name} hung compiling {timed_out[0]['key']}")
-    counts: dict[str, int] = {}
-    for r in results:
-        counts[r.outcome] = counts.get(r.outcome, 0) + 1
-    console.print(f"warm-up: {len(jobs)} kernel configurations ({len(cached)} compiled by an earlier run) in {wall:g} s wall "
-                  f"({', '.join(f'{n} {o}' for o, n in sorted(counts.items()))}; "
-                  f"compile budget {ns.compile_timeout:g} s each)", highlight=False)
-    return summary, {"ran": True, "wall_s": wall, "jobs": len(jobs), "outcomes": counts,
-                     "budget_s": ns.compile_timeout}
-
-
-class WarmupView:
-    """One progress bar per backend while the warm-up compiles: configurations done, compile seconds, and
-    what each process is compiling now."""
-
-    def __init__(self, console, jobs, enabled: bool):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        self.progress = Progress(TextColumn("{task.fields[backend]:<18}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
-                                 disable=not enabled)
-        self.tasks, self.seconds, self.now = {}, {}, {}
-        totals: dict[str, int] = {}
-        for job in jobs:
-            totals[job.name] = totals.get(job.name, 0) + 1
-        for name, total in totals.items():
-            self.tasks[name] = self.progress.add_task(name, backend=name, info="compiling: waiting", total=total)
-            self.seconds[name] = 0.0
-
-    def __enter__(self):
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.progress.__exit__(*exc)
-
-    def _info(self, name: str) -> str:
-        now = [key for (backend, key) in self.now.values() if backend == name]
-        doing = f"compiling {now[0]}" + (f" (+{len(now) - 1} more)" if len(now) > 1 else "") if now else "done"
-        return f"{self.seconds[name]:.0f} s compile; {doing}"
-
-    def started(self, worker: int, job) -> None:
-        self.now[worker] = (job.name, job.config.key)
-        self.progress.update(self.tasks[job.name], info=self._info(job.name))
-
-    def finished(self, result) -> None:
-        if result.worker is not None:
-            self.now.pop(result.worker, None)
-        self.seconds[result.backend] = self.seconds.get(result.backend, 0.0) + result.seconds
-        self.progress.update(self.tasks[result.backend], advance=1, info=self._info(result.backend))
 
 
 class RunStopped(Exception):
@@ -741,11 +510,11 @@ def cmd_run(ns) -> int:
     (run_dir / ".flight").mkdir(parents=True, exist_ok=True)
     records_path = run_dir / ".records.jsonl"
     records_path.unlink(missing_ok=True)
-    workers = _worker_count(ns, device)
+    n_workers = _worker_count(ns, device)
     from .cache import default_dir, size_of
     cache_dir = Path(ns.cache_dir).expanduser() if ns.cache_dir else default_dir()
     cache_bytes = size_of(cache_dir)
-    env = _child_env(device, workers, cache_dir)
+    env = _child_env(device, n_workers, cache_dir)
     if device.startswith("cuda"):  # workers sharing a GPU hand back cached memory beyond an equal part of it
         from .containment import MEMORY_SHARE_ENV, memory_share
         env.setdefault(MEMORY_SHARE_ENV, str(memory_share(max(n for _, n in _worker_sets(ns, device)))))
@@ -772,13 +541,13 @@ def cmd_run(ns) -> int:
                     "max_examples": ns.max_examples,
                     "seed": ns.seed if ns.seed is not None else ("derandomized" if ns.profile == "ci" else None),
                     "dtypes": ns.dtype or None, "xfails_file": ns.xfails_file, "timeout_s": ns.timeout,
-                    "time_limit_s": ns.time_limit, "workers": workers, "gpus": ns.gpus, "pytest_exit_code": rc,
+                    "time_limit_s": ns.time_limit, "workers": n_workers, "gpus": ns.gpus, "pytest_exit_code": rc,
                     "benchmarks": bench_status, "complete": complete, "stopped": stop_reason,
                     "resumed_from": ns.resume, "cache_dir": str(cache_dir), "cache_bytes_before": cache_bytes,
                     "warmup": warm_info, "environment": env_info},
             "backends": {info.name: {"source": info.source, "available": info.available, "reason": info.reason,
                                      "capabilities": info.capabilities,
-                                     "time": _backend_time(info.name, warm_summary, records)} for _, info in chosen},
+                                     "time": backend_time(info.name, warm_summary, records)} for _, info in chosen},
             "coverage": coverage_of(records),
             "records": records,
             "timings": timings,
@@ -794,7 +563,7 @@ def cmd_run(ns) -> int:
         rp.write_json(run_dir / "report.json", partial)
 
     console.print(f"jfa-conformance run [bold]{name}[/]: {', '.join(info.name for _, info in chosen)} on {device}, "
-                  f"profile {ns.profile}, {workers} worker{'s' if workers > 1 else ''}, compile caches in {cache_dir} "
+                  f"profile {ns.profile}, {n_workers} worker{'s' if n_workers > 1 else ''}, compile caches in {cache_dir} "
                   f"({cache_bytes / 1e6:.0f} MB)", highlight=False)
     import signal
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
@@ -803,7 +572,10 @@ def cmd_run(ns) -> int:
     try:
         deadline = time.monotonic() + ns.time_limit if ns.time_limit else None
         if ns.warmup if ns.warmup is not None else device.startswith("cuda"):
-            warm_summary, warm_info = _warm_up(ns, chosen, device, run_dir, env, cache_dir, console, deadline)
+            from .warmup import run_warmup
+            warm_summary, warm_info = run_warmup(ns, chosen, device, run_dir, env, cache_dir, console, deadline,
+                                                 _worker_sets(ns, device),
+                                                 lambda jobs: WarmupView(console, jobs, enabled=not ns.quiet))
         with LiveView(console, enabled=not ns.quiet, flight_dir=run_dir / ".flight") as view:
             rc, stop_reason = _run_pytest(command, env, run_dir / "pytest.log", records_path, view, deadline, snapshot)
         collected, records, finished = rp.read_record_stream(records_path)

@@ -349,6 +349,66 @@ def summarize(results: list[Result]) -> dict[str, dict]:
     return summary
 
 
+# -- the run's warm-up phase ------------------------------------------------------------------------------
+def run_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Path, console, deadline,
+               worker_sets, view) -> tuple[dict, dict]:
+    """Compile every backend's kernel configurations before the checks (py); backends that timed
+    out compiling start the checks as suspect (containment.py)."""
+    from . import containment, profiles, registry
+    from .plugin import configs_for
+    seed = ns.seed if ns.seed is not None else 0
+    extra = profiles.extra_kernel_configs(ns.profile) or 0
+    jobs = []
+    for spec, info in chosen:
+        if not info.available:
+            continue
+        backend = registry.resolve(spec)
+        configs = configs_for(backend, seed, extra)
+        if ns.dtype:
+            configs = tuple(c for c in configs if c.dtype in ns.dtype)
+        jobs += [Job(spec, info.name, c) for c in configs]
+    envs = []
+    for gpu, count in worker_sets:
+        pinned = dict(env) if gpu is None else {**env, "CUDA_VISIBLE_DEVICES": gpu}
+        envs += [pinned] * count
+    started = time.monotonic()
+    print_ = fingerprint(device)
+    done = load_manifest(cache_dir, print_)
+    todo, cached = split_done(jobs, done)
+    with view(todo) as shown:
+        results = run_pool(todo, device=device, envs=envs, budget_s=ns.compile_timeout,
+                                  log_path=run_dir / "log", on_start=shown.started, on_result=shown.finished,
+                                  deadline=deadline) if todo else []
+    save_manifest(cache_dir, print_, jobs, results, done)
+    results = cached + results
+    wall = round(time.monotonic() - started, 1)
+    summary = summarize(results)
+    for name, entry in summary.items():
+        timed_out = [w for w in entry["warmup"] if w["outcome"] == "timeout"]
+        if timed_out:
+            containment.mark(run_dir / ".flight", name, "suspect", f"{name} hung compiling {timed_out[0]['key']}")
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.outcome] = counts.get(r.outcome, 0) + 1
+    console.print(f"warm-up: {len(jobs)} kernel configurations ({len(cached)} compiled by an earlier run) in {wall:g} s wall "
+                  f"({', '.join(f'{n} {o}' for o, n in sorted(counts.items()))}; "
+                  f"compile budget {ns.compile_timeout:g} s each)", highlight=False)
+    return summary, {"ran": True, "wall_s": wall, "jobs": len(jobs), "outcomes": counts,
+                     "budget_s": ns.compile_timeout}
+
+
+def backend_time(name: str, warm_summary: dict, records: list[dict]) -> dict:
+    """Compile time (the warm-up's jobs) apart from check time (the checks' durations) of one backend."""
+    warm = warm_summary.get(name, {})
+    kernel_configs = set()
+    for r in records:
+        if r["backend"] == name:
+            kernel_configs.update(r.get("kernel_configs") or ())
+    return {"compile_s": warm.get("compile_s", 0.0),
+            "check_s": round(sum(r.get("duration_s") or 0.0 for r in records if r["backend"] == name), 3),
+            "kernel_configs_checked": len(kernel_configs), "warmup": warm.get("warmup", [])}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m conformance.warmup", description="warm-up worker process")
     parser.add_argument("--serve", action="store_true", required=True)

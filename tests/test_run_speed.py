@@ -109,14 +109,16 @@ def test_every_compile_cache_points_into_one_directory_and_user_settings_stay(tm
 
 
 def test_workers_use_the_machine(monkeypatch):
-    monkeypatch.setattr(cli, "_cores", lambda: 16)
-    monkeypatch.setattr(cli, "_host_memory", lambda: 128 * cli.GIB)
-    assert cli._default_workers("cpu") == 4
-    assert cli._default_workers("cuda") == 15  # no GPU visible here: cores and host memory bound it
-    monkeypatch.setattr(cli, "_host_memory", lambda: 12 * cli.GIB)
-    assert cli._default_workers("cuda") == 4
+    from conformance import workers
+    monkeypatch.setattr(workers, "cores", lambda: 16)
+    monkeypatch.setattr(workers, "host_memory", lambda: 128 * workers.GIB)
+    assert workers.default_workers("cpu") == 4
+    assert workers.default_workers("cuda") == 15  # no GPU visible here: cores and host memory bound it
+    monkeypatch.setattr(workers, "host_memory", lambda: 12 * workers.GIB)
+    assert workers.default_workers("cuda") == 4
     ns = cli.build_parser().parse_args(["run", "--gpus", "0,1", "-n", "5"])
     assert cli._worker_sets(ns, "cuda") == [("0", 3), ("1", 2)]
+    assert workers.worker_sets("cuda", ["0", "1", "2"], 1) == [("0", 1), ("1", 1), ("2", 1)]  # one per GPU at least
 
 
 # -- the warm-up pool -----------------------------------------------------------------------------------
