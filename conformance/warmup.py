@@ -352,8 +352,9 @@ def summarize(results: list[Result]) -> dict[str, dict]:
 # -- the run's warm-up phase ------------------------------------------------------------------------------
 def run_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Path, console, deadline,
                worker_sets, view) -> tuple[dict, dict]:
-    """Compile every backend's kernel configurations before the checks (py); backends that timed
-    out compiling start the checks as suspect (containment.py)."""
+    """The run's warm-up: every backend's kernel configurations (configs.py) compiled before the checks,
+    those an earlier run compiled skipped (the manifest); a backend that timed out compiling starts the
+    checks as suspect (containment.py). ``view(jobs)`` is the live view's context manager."""
     from . import containment, profiles, registry
     from .plugin import configs_for
     seed = ns.seed if ns.seed is not None else 0
@@ -377,8 +378,8 @@ def run_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Pat
     todo, cached = split_done(jobs, done)
     with view(todo) as shown:
         results = run_pool(todo, device=device, envs=envs, budget_s=ns.compile_timeout,
-                                  log_path=run_dir / "log", on_start=shown.started, on_result=shown.finished,
-                                  deadline=deadline) if todo else []
+                           log_path=run_dir / "warmup.log", on_start=shown.started, on_result=shown.finished,
+                           deadline=deadline) if todo else []
     save_manifest(cache_dir, print_, jobs, results, done)
     results = cached + results
     wall = round(time.monotonic() - started, 1)
@@ -390,7 +391,8 @@ def run_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Pat
     counts: dict[str, int] = {}
     for r in results:
         counts[r.outcome] = counts.get(r.outcome, 0) + 1
-    console.print(f"warm-up: {len(jobs)} kernel configurations ({len(cached)} compiled by an earlier run) in {wall:g} s wall "
+    console.print(f"warm-up: {len(jobs)} kernel configurations ({len(cached)} compiled by an earlier run) "
+                  f"in {wall:g} s wall "
                   f"({', '.join(f'{n} {o}' for o, n in sorted(counts.items()))}; "
                   f"compile budget {ns.compile_timeout:g} s each)", highlight=False)
     return summary, {"ran": True, "wall_s": wall, "jobs": len(jobs), "outcomes": counts,
