@@ -14,7 +14,7 @@ Loaded by ``jfa-conformance run`` with ``-p conformance.recorder``; it only writ
 The controller appends records as JSON lines to ``--jfa-records`` as they arrive (the CLI tails that file
 for its live view) and, at the end, marks every collected check that never reported as ``not-run``.
 
-Device pinning: ``jfa-conformance run --gpus`` starts one xdist worker per GPU with
+Device pinning: ``jfa-conformance run --gpus`` splits the xdist workers over the GPUs, each set started with
 ``CUDA_VISIBLE_DEVICES`` and ``JFA_CONFORMANCE_DEVICE_INDEX`` set in its environment (xdist ``--tx env:``
 specs, which survive worker restarts); the record carries that index.
 """
