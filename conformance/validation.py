@@ -1,7 +1,8 @@
 """Input rules of the packed layout (see SPEC.md). Every rule raises ``ValueError`` naming the field.
 
-The harness calls this before any backend runs, and the project's own kernels call it too, so there is
-one definition of a well-formed problem.
+The harness calls this before any backend runs, so every backend is judged on well-formed problems only.
+The project's kernels (kernels/validation.py) keep their own copy of these rules, with the same messages,
+so that the library stands alone; tests/test_validation.py holds the two to the same table.
 """
 from __future__ import annotations
 
