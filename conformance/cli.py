@@ -18,7 +18,6 @@ import importlib
 import importlib.metadata
 import json
 import os
-import platform
 import shlex
 import shutil
 import subprocess
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from . import workers
 from .configs import coverage_of
+from .environment import environment
 from .live import LiveView, WarmupView
 from .warmup import backend_time
 
@@ -41,8 +41,6 @@ DEFAULT_MAX_WORKER_RESTART = 2000
 # reach is reported not-run, with the reason.
 DEFAULT_TIME_LIMIT_S = {"ci": 1800.0, "dev": 7200.0}
 SNAPSHOT_EVERY_S = 30.0  # report.json is rewritten this often during a run, so a killed run keeps its results
-VENDOR_PACKAGES = ("torch", "triton", "flash-attn", "flash-attn-cute", "nvidia-cutlass-dsl", "fbtriton", "tlx-jfa",
-                   "hypothesis", "pytest", "pytest-xdist", "pytest-benchmark", "pytest-timeout")
 
 
 class UsageError(Exception):
@@ -159,42 +157,6 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
-
-
-def _git_commit() -> tuple[str | None, bool | None]:
-    root = Path(__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                    capture_output=True, text=True, timeout=10).stdout.strip()) if commit else None
-        return commit, dirty
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-
-
-def environment(device: str) -> dict:
-    """What the run ran on (no host name): versions, device, compute capability, commit."""
-    import torch
-    versions = {}
-    for package in VENDOR_PACKAGES:
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    commit, dirty = _git_commit()
-    env = {"python": platform.python_version(), "platform": f"{platform.system()} {platform.machine()}",
-           "torch": torch.__version__, "triton": versions.get("triton"), "cuda": torch.version.cuda,
-           "packages": versions, "device": device, "device_name": None, "compute_capability": None,
-           "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-           "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available(),
-           "git_commit": commit, "git_dirty": dirty}
-    if device.startswith("cuda") and torch.cuda.is_available():
-        env["device_name"] = torch.cuda.get_device_name(device)
-        env["compute_capability"] = "{}.{}".format(*torch.cuda.get_device_capability(device))
-    else:
-        env["device_name"] = platform.processor() or platform.machine() or "cpu"
-    return env
 
 
 def _resolve_backends(specs: list[str], device: str):
