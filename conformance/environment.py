@@ -7,8 +7,9 @@ import platform
 import subprocess
 from pathlib import Path
 
-VENDOR_PACKAGES = ("torch", "triton", "flash-attn", "flash-attn-4", "flash-attn-cute", "flashinfer-python", "nvidia-cutlass-dsl", "fbtriton", "tlx-jfa",
-                   "hypothesis", "pytest", "pytest-xdist", "pytest-benchmark", "pytest-timeout")
+VENDOR_PACKAGES = ("torch", "triton", "flash-attn", "flash-attn-4", "flash-attn-cute", "flashinfer-python",
+                   "nvidia-cutlass-dsl", "fbtriton", "tlx-jfa", "hypothesis", "pytest", "pytest-xdist",
+                   "pytest-benchmark", "pytest-timeout")
 
 
 def _git_commit() -> tuple[str | None, bool | None]:
