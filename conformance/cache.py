@@ -2,8 +2,8 @@
 
 ``jfa-conformance run --cache-dir DIR`` (else ``$JFA_CACHE_DIR``, else ``$XDG_CACHE_HOME/jfa-conformance``,
 else ``~/.cache/jfa-conformance``) holds Triton's kernel cache, FA4's CuTe DSL cache, inductor's caches
-(FX graphs, AOT autograd), FlashInfer's JIT workspace and the CUDA driver's PTX cache, each in its own subfolder. A variable the user
-has set already (``TRITON_CACHE_DIR=...``) is kept.
+(FX graphs, AOT autograd), FlashInfer's JIT workspace and the CUDA driver's PTX cache, each in its own
+subfolder. A variable the user has set already (``TRITON_CACHE_DIR=...``) is kept.
 """
 from __future__ import annotations
 

@@ -87,8 +87,10 @@ class LiveView:
             if "started" not in flight or "backend" not in flight:
                 continue
             what = f"probing {flight['backend']}" if flight.get("probe") else \
-                f"{flight['backend']} {flight.get('feature', '')}" + (f" [{flight['dtype']}]" if flight.get("dtype") else "")
-            rows.append((time.time() - flight["started"], f"{path.stem} {what} {time.time() - flight['started']:.0f} s"))
+                f"{flight['backend']} {flight.get('feature', '')}" + \
+                (f" [{flight['dtype']}]" if flight.get("dtype") else "")
+            elapsed = time.time() - flight["started"]
+            rows.append((elapsed, f"{path.stem} {what} {elapsed:.0f} s"))
         rows.sort(reverse=True)
         return "; ".join(text for _, text in rows[:6]) + (f"; +{len(rows) - 6} more" if len(rows) > 6 else "")
 

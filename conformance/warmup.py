@@ -67,7 +67,8 @@ class Result:
 def warm_problems(config: KernelConfig):
     """The problems one job runs for ``config``."""
     if config.broadcast_q:
-        return [config.problem((lq,) * len(k), k, seed=i) for i, (lq, (_, k)) in enumerate(zip(BROADCAST_LQ, WARM_LENGTHS))]
+        pairs = zip(BROADCAST_LQ, WARM_LENGTHS)
+        return [config.problem((lq,) * len(k), k, seed=i) for i, (lq, (_, k)) in enumerate(pairs)]
     return [config.problem(q, k, seed=i) for i, (q, k) in enumerate(WARM_LENGTHS)]
 
 
@@ -245,7 +246,8 @@ def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float,
                     while worker.job is None and pending:
                         job = pending.pop(0)
                         if job.backend in stopped_backends:
-                            results.append(Result(job.name, job.config.key, "skipped", 0.0, stopped_backends[job.backend]))
+                            results.append(Result(job.name, job.config.key, "skipped", 0.0,
+                                                  stopped_backends[job.backend]))
                             if on_result:
                                 on_result(results[-1])
                             continue
