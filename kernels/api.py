@@ -6,7 +6,8 @@ import torch
 
 from . import launch
 from .config import Config
-from .plan import default_config, prepare
+from .plan import backward_lists, default_config, prepare
+from .schedule import TileList
 from .validation import max_seqlen
 
 
@@ -28,8 +29,8 @@ class _JaggedFlashAttention(torch.autograd.Function):
 
 def _compiled_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                    broadcast_q, config: Config):
-    """A call inside torch.compile: the host side (validation, offsets read on the host, the cached schedule)
-    is Python dynamo should not trace, so the graph gets one opaque custom operator that runs it when the
+    """A call inside torch.compile: the host side (validation, paths, launching the schedule's builders) is
+    Python dynamo should not trace, so the graph gets one opaque custom operator that runs it when the
     graph runs (torch_ops.py), with the Config as a string."""
     scale = None if softmax_scale is None else float(softmax_scale)
     return torch.ops.jfa_conformance.jagged_attention_forward(
@@ -46,8 +47,11 @@ def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     q is one dense [Lq, Hq, D] block shared by all B K/V sequences (``cu_seqlens_q == [0, Lq]``).
     out: [total_q, Hq, Dv] (broadcast-Q: [B*Lq, Hq, Dv], batch-major); lse: float32 [Hq, rows], natural log,
     -inf for rows with no visible key.  Every gradient is bitwise reproducible, so ``deterministic`` has
-    nothing to switch.  ``config``: a kernels.Config, by default the environment's (config.py).  The call
-    reads the offsets on the host; a JaggedPlan does that once for many calls.
+    nothing to switch.  ``config``: a kernels.Config, by default the environment's (config.py).
+
+    The call does not wait for the GPU: the tile lists are built on the device from the offsets where they
+    are (schedule.py).  So the offsets' values are not checked unless they are on the CPU or
+    ``Config.check_offsets`` is on; a JaggedPlan checks them once.
     """
     config = default_config(config)
     if torch.compiler.is_compiling():
@@ -60,11 +64,11 @@ def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 class JaggedPlan:
     """One jagged layout, planned once and run many times (for example by every attention layer of a step).
 
-    ``jagged_flash_attention`` reads the offsets on the host at every call, to validate them and to look up
-    its tile schedule; with offsets on the GPU that copy waits for all work queued before it.  A plan does
-    that once: it keeps its own copy of the offsets (so later writes to the caller's offset tensors cannot
-    reach a planned launch), the validation and the schedule.  Calling it launches the kernels without
-    waiting for the GPU::
+    A plain ``jagged_flash_attention`` call builds its tile lists on the device at every call (a few small
+    launches) and does not check the offsets' values.  A plan checks them on the host once, keeps its own
+    copy of them (so later writes to the caller's offset tensors cannot reach a planned launch) and of the
+    forward and backward tile lists, with launches sized exactly to the work.  Calling it launches only the
+    attention kernels::
 
         plan = JaggedPlan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=True)
         out, lse = plan(q, k, v)        # same answers, bit for bit, as jagged_flash_attention(...)
@@ -77,9 +81,19 @@ class JaggedPlan:
 
     def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
                  softmax_scale=None, broadcast_q=False, deterministic=False, config=None):
-        own = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in (cu_seqlens_q, cu_seqlens_k)]
-        *_, self._cu_q, self._cu_k, self._plan = prepare(q, k, v, own[0], own[1], max_seqlen_q, max_seqlen_k, causal,
-                                                         softmax_scale, broadcast_q, default_config(config))
+        # checked on the host once; the offsets the kernels read are the plan's own (clamped) copies, so later
+        # writes to the caller's offset tensors cannot reach a planned launch
+        *_, cu_q, cu_k, plan = prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                       softmax_scale, broadcast_q, default_config(config), check_offsets=True)
+        plan.schedule.update(backward_lists(plan, q.shape, k.shape, q.device))
+        # the item counts read back once, so that every launch is exactly as large as its work
+        for name, entry in plan.schedule.items():
+            if isinstance(entry, TileList):
+                plan.schedule[name] = entry.known()
+        fwd_gluon, fwd_tl = (plan.schedule[name] for name in ("fwd_gluon", "fwd"))
+        ran = [name for name, t in (("gluon", fwd_gluon), ("tl", fwd_tl)) if t is not None and t.n_items > 0]
+        plan = plan._replace(paths=plan.paths._replace(forward="+".join(ran) or plan.paths.forward.split("+")[-1]))
+        self._cu_q, self._cu_k, self._plan = cu_q, cu_k, plan
         self._layout = tuple(self._layout_of(name, t) for name, t in zip("qkv", (q, k, v)))
 
     @property

@@ -32,6 +32,12 @@ class Config:
     # The tl kernels' tiles: 0 picks them by device, dtype and head dim; 16, 32, 64 or 128 takes the GPU
     # tiles of that head dim on any device, so the interpreter can run the GPU's tile shapes.
     tl_tiles: int = 0
+    # Read the offsets on the host and check them (a ValueError naming the field for offsets that do not
+    # start at 0, decrease, do not end at the row count, or exceed a max_seqlen bound).  The copy waits for
+    # the GPU, so a call makes it only where this is on or the offsets are on the CPU already; a JaggedPlan
+    # always checks, once.  Unchecked malformed offsets give wrong answers, never accesses outside the call's
+    # tensors (the kernels read them clamped).
+    check_offsets: bool = False
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

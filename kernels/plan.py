@@ -1,5 +1,5 @@
-"""Planning a call on the host: which kernels run (``Paths``), their tiles, and the tile schedule, cached
-per jagged layout.
+"""Planning a call: which kernels run (``Paths``), their tiles, and their tile lists (schedule.py, built on
+the device).
 
     kernels ............ where ...................................................... else
     Gluon forward        sm_90, bf16/fp16, D and Dv in (64, 128), TMA layouts; the     tl forward
@@ -13,16 +13,14 @@ of batch chunks in a fixed order.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from typing import NamedTuple, Optional
 
-import numpy as np
 import torch
 
 from . import schedule as sched
 from .config import Config
 from .tl import INTERPRET
-from .validation import validate
+from .validation import max_seqlen, validate
 
 # tl tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel: fwd, dK/dV, dQ.  D=128 chosen by sweeps on
 # the H200; the other head dims checked for correctness there, not tuned.  The interpreter's tiles are small
@@ -78,7 +76,8 @@ class LaunchPlan(NamedTuple):
     scale: float
     broadcast: bool
     n_out_rows: int
-    schedule: dict  # device tensors of the tile lists (see _build_schedule)
+    split: Optional[int]  # the Gluon forward's key split (None: no Gluon forward)
+    schedule: dict  # schedule.TileList etc. by kernel; the backward's added at the backward (a plan: at once)
 
 
 def num_sms(device) -> int:
@@ -156,116 +155,85 @@ def choose_paths(q, k, v, broadcast, n_out_rows, config: Config) -> Paths:
 
 
 def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, broadcast_q,
-            config: Config):
-    """The host side of a call: validation (reads the offsets on the host), paths, tiles and the cached
-    schedule.  Returns (q, k, v, cu_q, cu_k, LaunchPlan) with the offsets on q's device."""
-    cu_q_h, cu_k_h, lens_q, lens_k = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                              broadcast_q, softmax_scale)
+            config: Config, check_offsets=None):
+    """The host side of a call: validation, paths, tiles, and the forward's tile lists built on the device
+    (no wait for the GPU unless the offsets are read: ``check_offsets``, by default the Config's, or offsets
+    on the CPU).  Returns (q, k, v, cu_q, cu_k, LaunchPlan), the offsets as the kernels read them (clamped,
+    int32 where they fit)."""
+    if check_offsets is None:
+        check_offsets = config.check_offsets or (isinstance(cu_seqlens_k, torch.Tensor)
+                                                 and cu_seqlens_k.device.type == "cpu")
+    validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, broadcast_q, softmax_scale,
+             read_offsets=check_offsets)
     broadcast, causal = bool(broadcast_q), bool(causal)
     d = q.shape[2]
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    n_out_rows = int(lens_q.sum())
+    n_seqs = cu_seqlens_k.shape[0] - 1
+    n_out_rows = q.shape[0] * n_seqs if broadcast else q.shape[0]
     paths = choose_paths(q, k, v, broadcast, n_out_rows, config)
     tiles = tl_tiles(max(d, v.shape[2]), q.dtype, q.device, config)
-    s = _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, tiles, paths, config, q.shape[1],
-                        k.shape[1], q.device)
-    on_gluon, on_tl = (s[name] is not None and s[name][2] > 0 for name in ("fwd_gluon", "fwd"))
-    paths = paths._replace(forward="gluon+tl" if on_gluon and on_tl else "gluon" if on_gluon else "tl")
-    return (q, k, v, cu_seqlens_q, cu_seqlens_k,
-            LaunchPlan(config, paths, tiles, causal, scale, broadcast, n_out_rows, s))
-
-
-class AlignedColumns(NamedTuple):
-    """Where each output row lies in the Gluon backward's fp32 statistics buffer (laid out [..., columns]).
-
-    The dK/dV kernel moves 32 rows at a time from it to shared memory by TMA.  A TMA copy whose innermost
-    coordinate is not 16 bytes aligned stops the kernel with an illegal instruction (measured on the H200),
-    so every sequence starts at a column that is a multiple of 4."""
-    cu: torch.Tensor  # int32 [B + 1]: first column of each sequence
-    cols: torch.Tensor  # int32 [rows]: column of each output row
-    n_cols: int  # a multiple of 4 (the buffers' row stride): rows + 3 B rounded up, at least 4
-
-
-def aligned_columns(lens_out, to_device=torch.as_tensor):
-    """AlignedColumns of the output rows, sequence b owning lens_out[b] consecutive rows (its queries, or
-    under broadcast-Q its Lq output rows); ``to_device`` moves an int32 array to the GPU."""
-    lens = np.asarray(lens_out, dtype=np.int64)
-    cu = np.zeros(lens.shape[0] + 1, dtype=np.int64)
-    np.cumsum((lens + 3) // 4 * 4, out=cu[1:])
-    starts = np.cumsum(lens) - lens
-    cols = np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(cu[:-1] - starts, lens)
-    n_cols = max(4, -(-(int(lens.sum()) + 3 * lens.shape[0]) // 4) * 4)
-    return AlignedColumns(to_device(cu.astype(np.int32)), to_device(cols.astype(np.int32)), n_cols)
-
-
-_SCHED_CACHE: "OrderedDict[tuple, dict]" = OrderedDict()
-_SCHED_CACHE_SIZE = 32
-
-
-def _build_schedule(cu_q_h, cu_k_h, lens_q, lens_k, broadcast, causal, tiles, paths, config, hq, hkv, device):
-    """Tile lists and launch orders for one call, on ``device``, cached per jagged layout and plan:
-    fwd / fwd_gluon, kv / kv_gluon, q / q_gluon: (seq, blk, n_tiles, items) for the kernels that run (None for
-    the others; the tl dQ's entry differs, see below); columns: AlignedColumns where the Gluon dK/dV runs;
-    kv_needs_zero: some sequence has keys but no queries (its dK / dV rows are zeros no kernel writes)."""
-    split = config.gluon_split_keys if paths.forward != "tl" else None
-    key = (cu_q_h.tobytes(), cu_k_h.tobytes(), broadcast, causal, tiles, paths, split, hq, hkv, str(device))
-    hit = _SCHED_CACHE.get(key)
-    if hit is not None:
-        _SCHED_CACHE.move_to_end(key)
-        return hit
-
-    def dev(a):
-        return torch.as_tensor(np.ascontiguousarray(a, dtype=np.int32)).to(device, non_blocking=True)
-
-    def tile_list(tiles_of, lq, lk, block, n_heads):
-        seq, blk, work = tiles_of(lq, lk, block, causal)
-        seq, blk, work = sched.sort_by_work(seq, blk, work=work)
-        return dev(seq), dev(blk), int(seq.shape[0]), dev(sched.sequence_major_items(seq, work, n_heads))
-
-    s = dict(fwd=None, fwd_gluon=None, kv=None, kv_gluon=None, columns=None, q=None, q_gluon=None)
-    # forward rows: the sequences the Gluon forward takes, and the rest
-    on_gluon = lens_k >= split if split is not None else np.zeros(lens_k.shape[0], dtype=bool)
-    if on_gluon.any():
+    split = None
+    if paths.forward == "gluon":
+        split = config.gluon_split_keys
+        hint = max_seqlen("max_seqlen_k", max_seqlen_k)
+        if hint is not None and hint < split:  # (a wrong hint only moves sequences to the tl forward)
+            split = None
+            paths = paths._replace(forward="tl")
+        elif split > 0:
+            paths = paths._replace(forward="gluon+tl")
+    plan = LaunchPlan(config, paths, tiles, causal, scale, broadcast, n_out_rows, split, {})
+    specs, names = [], []
+    if split is not None:
         from .gluon import fwd
-        s["fwd_gluon"] = tile_list(sched.forward_tiles, np.where(on_gluon, lens_q, 0), lens_k, fwd.BLOCK_M, hq)
-    s["fwd"] = tile_list(sched.forward_tiles, np.where(on_gluon, 0, lens_q), lens_k, tiles.fwd[0], hq)
-    s["kv_needs_zero"] = bool(np.any((lens_q == 0) & (lens_k > 0)))
-    if paths.dkdv == "gluon":
+        specs.append(sched.ListSpec(fwd.BLOCK_M, q.shape[1], side=sched.ALL if split == 0 else sched.KEYS_AT_LEAST,
+                                    split=split))
+        names.append("fwd_gluon")
+    if split != 0:
+        specs.append(sched.ListSpec(tiles.fwd[0], q.shape[1], side=sched.ALL if split is None else sched.KEYS_BELOW,
+                                    split=split or 0))
+        names.append("fwd")
+    order, lists = sched.order_and_lists(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], specs, causal=causal,
+                                         broadcast=broadcast)
+    plan.schedule.update(dict(fwd_gluon=None, fwd=None, order=order), **dict(zip(names, lists)))
+    return q, k, v, order.cu_q, order.cu_k, plan
+
+
+def backward_lists(plan: LaunchPlan, q_shape, k_shape, device) -> dict:
+    """The backward's tile lists, from the forward's order: "kv_gluon" with the statistics "columns", or
+    "kv"; "q_gluon", "q" or broadcast-Q's "chunks"."""
+    order = plan.schedule["order"]
+    hq, hkv = q_shape[1], k_shape[1]
+    s = {}
+    specs, names = [], []
+    if plan.paths.dkdv == "gluon":
         from .gluon import dkdv
-        s["kv_gluon"] = tile_list(sched.kv_tiles, lens_q, lens_k, dkdv.BLOCK_N.value, hkv)
-        s["columns"] = aligned_columns(np.full(lens_k.shape[0], int(cu_q_h[1])) if broadcast else lens_q, dev)
+        s["columns"] = sched.columns_for(order.n_seqs, plan.n_out_rows, device)
+        specs.append(sched.ListSpec(dkdv.BLOCK_N.value, hkv, kv=True))
+        names.append("kv_gluon")
     else:
-        s["kv"] = tile_list(sched.kv_tiles, lens_q, lens_k, tiles.kv[1], hkv)
-    if paths.dq == "gluon":  # the Gluon forward's 128-row tiles
-        s["q_gluon"] = tile_list(sched.forward_tiles, lens_q, lens_k, 128, hq)
-    elif not broadcast:
-        # tl dQ: (first batch, end batch, q block, partial slot, n_tiles, n_slots) and the launch order
-        seq, blk, work = sched.forward_tiles(lens_q, lens_k, tiles.q[0], causal)
-        seq, blk, work = sched.sort_by_work(seq, blk, work=work)
-        s["q"] = (dev(seq), dev(seq + 1), dev(blk), dev(np.zeros_like(seq)), int(seq.shape[0]), 1)
-        s["q_items"] = dev(sched.sequence_major_items(seq, work, hq))
+        specs.append(sched.ListSpec(plan.tiles.kv[1], hkv, kv=True))
+        names.append("kv")
+    if plan.paths.dq == "gluon":  # the Gluon forward's 128-row tiles
+        specs.append(sched.ListSpec(128, hq))
+        names.append("q_gluon")
+    elif not plan.broadcast:
+        specs.append(sched.ListSpec(plan.tiles.q[0], hq))
+        names.append("q")
     else:
-        # broadcast-Q: each dQ tile covers one q block over a contiguous chunk of batches, whose fp32 partial
-        # goes to its own slot; the chunks are cut by work, about four programs per SM in all, heaviest first
-        bm_q = tiles.q[0]
-        B = lens_k.shape[0]
-        n_mblk = (int(cu_q_h[1]) + bm_q - 1) // bm_q
-        target = 4 * num_sms(device)
-        n_chunks = max(1, min(B, -(-target // max(1, n_mblk * hq))))
-        bounds = sched.split_batches_by_work(lens_k + 16, n_chunks)
-        n_chunks = bounds.shape[0] - 1
-        c = np.repeat(np.arange(n_chunks), n_mblk)
-        m = np.tile(np.arange(n_mblk), n_chunks)
-        cw = np.add.reduceat(lens_k + 16, bounds[:-1]) if B > 0 else np.zeros(n_chunks)
-        order = np.argsort(-cw[c], kind="stable")
-        c, m = c[order], m[order]
-        s["q"] = (dev(bounds[:-1][c]), dev(bounds[1:][c]), dev(m), dev(c), int(c.shape[0]), n_chunks)
-        s["q_items"] = None
-    _SCHED_CACHE[key] = s
-    if len(_SCHED_CACHE) > _SCHED_CACHE_SIZE:
-        _SCHED_CACHE.popitem(last=False)
+        # each dQ tile covers one q block over a contiguous chunk of batches, whose fp32 partial goes to its
+        # own slot: about four programs per SM in all
+        n_mblk = _cdiv(q_shape[0], plan.tiles.q[0])
+        n_chunks = max(1, min(order.n_seqs, _cdiv(4 * num_sms(device), max(1, n_mblk * hq))))
+        s["chunks"] = sched.broadcast_chunks(order.cu_k, order.n_seqs, n_chunks, n_mblk)
+    _, lists = sched.order_and_lists(order.cu_q, order.cu_k, order.rows_q, order.rows_k, specs, causal=plan.causal,
+                                     broadcast=plan.broadcast, order=order, columns=s.get("columns"))
+    s.update(zip(names, lists))
     return s
+
+
+def _cdiv(a, b):
+    return -(-a // b)
 
 
 def default_config(config: Optional[Config]) -> Config:

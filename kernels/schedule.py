@@ -1,27 +1,497 @@
-"""Host-side tile scheduling for jagged flash attention (numpy; plan.py uploads what it builds).
+"""Tile scheduling on the device: the tile lists and launch orders of a call, built by small Triton kernels
+from the offsets where they are, so a call never waits for the GPU to read them on the host.
 
-A *tile* is one (sequence, block) pair: a block of BLOCK_M query rows of one sequence (forward, dQ) or a
-block of BLOCK_N key rows (dK/dV).  Only real tiles exist in these lists: a block index beyond its
-sequence's length is never generated.
+A *tile* is one (sequence, block) pair: a block of ``block`` query rows of one sequence (forward, dQ) or of
+``block`` key rows (dK/dV).  A kernel runs one program (tl) or one loop iteration (Gluon) per (tile, head)
+*item*; ``TileList.items[p]`` is the item at launch position p, ``tile * heads + head``, in this order:
 
-The kernels run one program per (tile, head) item, in the launch order ``sequence_major_items`` gives:
-sequences heaviest first, then head, then the sequence's tiles heaviest first, so the programs in flight
-read the same few (sequence, head) pairs' K/V (or Q/dO) and L2 serves the repeats; the hardware block
-scheduler balances the items dynamically as SMs free up.  Broadcast-Q's dQ splits the batch into chunks of
-about equal work (``split_batches_by_work``).
+* sequences by visible (query, key) pairs, heaviest first; equal pairs: the lower sequence index first.
+  One order per call (``Order``), shared by the forward's and the backward's lists;
+* then by head; then the sequence's tiles, heaviest first: the last query block first under causal
+  masking (it sees the most keys), else in block order (a key block's query count falls with its index
+  under causal masking, so dK/dV keeps block order too).
 
-``zigzag_assign`` / ``round_robin_assign`` deal tiles to a fixed number of bins, and ``imbalance`` (max /
-mean load) measures such a deal: a static alternative to the hardware's dynamic balance, kept with the
-seed document's numbers as a test.
+Programs in flight then read the same few (sequence, head) pairs' K/V (or Q/dO), which L2 serves, and the
+hardware block scheduler (or a Gluon kernel's item counter) deals the items to SMs as they free up, the
+longest first.  The sort key packs (2**41 - 1 - pairs) above the sequence index (22 bits), so one integer
+sort orders both; up to 4,096 sequences are sorted in the builder's registers, more by ``torch.sort``.
+
+Launches: the order and the first lists' tiles in one program, then one grid writing the lists (two
+launches; more sequences than the register sort takes: four); the backward's lists, from the forward's
+order: two more.
+
+The host knows only bounds: at most ``cdiv(rows, block) + B`` tiles.  The actual counts land in
+``TileList.counts`` ([items, tiles], int32, on the device); the kernels read the item count from there,
+and launch positions past it do nothing.
+
+Offsets are read *clamped*: entry 0 as 0, every entry into ``[0, rows]`` and not below the entries before
+it.  The order's builder writes these offsets (``Order.cu_q`` / ``cu_k``) and the kernels read only them,
+so even malformed offsets (which the host checks only on request, validation.py) cannot send a kernel
+outside q, k, v or the outputs.
+
+``zigzag_assign`` / ``round_robin_assign`` / ``imbalance`` (numpy) deal tiles to a fixed number of bins and
+measure such a deal: the static alternative to the dynamic deal, kept with the seed document's numbers as a
+test.
 """
 from __future__ import annotations
 
-import numpy as np
+from typing import NamedTuple, Optional, Sequence
 
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+_REGISTER_SORTS = (256, 1024, 4096)  # sizes of the in-register sort (compiled once each)
+MAX_SEQS = (1 << 22) - 1  # the sort key's index field
+MAX_CHUNKS = 1023  # broadcast-Q dQ chunks (one histogram bin stays free for padding)
+
+# which sequences a forward list takes, by their key count against the split (the Gluon forward's side)
+ALL, KEYS_AT_LEAST, KEYS_BELOW = 0, 1, 2
+
+
+class Order(NamedTuple):
+    """The sequences of a call, heaviest first, and the clamped offsets the kernels read."""
+    order: torch.Tensor  # int32 [B]
+    cu_q: torch.Tensor  # [B + 1] (broadcast-Q: [0, Lq]), int32 where every offset fits
+    cu_k: torch.Tensor
+    rows_q: int  # query rows (broadcast-Q: Lq)
+    rows_k: int
+    causal: bool
+    broadcast: bool
+
+    @property
+    def n_seqs(self) -> int:
+        return self.cu_k.shape[0] - 1
+
+
+class ListSpec(NamedTuple):
+    """One kernel's tiles: query blocks (``kv`` False) or key blocks of ``block`` rows, ``heads`` items per
+    tile; a forward list takes only the sequences on its ``side`` of ``split`` keys."""
+    block: int
+    heads: int
+    kv: bool = False
+    side: int = ALL
+    split: int = 0
+
+
+class TileList(NamedTuple):
+    """One kernel's tiles and launch order, on the device (int32)."""
+    seq: torch.Tensor  # [tile_bound]: each tile's sequence
+    blk: torch.Tensor  # [tile_bound]: its block index within the sequence
+    items: torch.Tensor  # [tile_bound * heads]: launch position -> tile * heads + head
+    counts: torch.Tensor  # [4]: items, tiles (past them the arrays are unused), 2 unused
+    heads: int
+    n_items: int  # the item count where the host knows it (a JaggedPlan), else the bound
+
+    def known(self) -> "TileList":
+        """This list with its item count read back to the host (one wait for the GPU; plans do it once)."""
+        return self._replace(n_items=int(self.counts[0]))
+
+
+class Columns(NamedTuple):
+    """Where each output row lies in the Gluon backward's fp32 statistics buffer (laid out [..., columns]).
+
+    The Gluon dK/dV kernel moves 32 rows at a time from it to shared memory by TMA; a TMA copy whose
+    innermost coordinate is not 16 bytes aligned stops the kernel with an illegal instruction (measured on
+    the H200), so every sequence starts at a column that is a multiple of 4."""
+    cu: torch.Tensor  # int32 [B + 1]: first column of each sequence
+    cols: torch.Tensor  # int32 [rows]: column of each output row
+    n_cols: int  # a bound, a multiple of 4: rows + 3 B rounded up, at least 4
+
+
+class Chunks(NamedTuple):
+    """Broadcast-Q's tl dQ tiles: each covers one query block over a contiguous chunk of batches, whose fp32
+    partial goes to the chunk's slot; tiles of the heaviest chunks first."""
+    b_lo: torch.Tensor
+    b_hi: torch.Tensor
+    blk: torch.Tensor
+    slot: torch.Tensor
+    n_tiles: int
+    n_slots: int
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+@triton.jit
+def _max(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _flag(like, value):
+    # a runtime int as a boolean vector shaped like ``like`` (a mask under the interpreter too)
+    return (like * 0 + value) != 0
+
+
+@triton.jit
+def _clamped_ends(CU, idx, ok, rows, carry):
+    # clamped, non-decreasing offsets of entries idx and idx + 1 (entry 0 read as 0), given carry = the
+    # largest clamped entry before idx[0]
+    lo = tl.load(CU + idx, mask=ok, other=0).to(tl.int64)
+    lo = tl.where(idx == 0, 0, tl.minimum(tl.maximum(lo, 0), rows))
+    hi = tl.load(CU + idx + 1, mask=ok, other=0).to(tl.int64)
+    hi = tl.minimum(tl.maximum(hi, 0), rows)
+    lo = tl.maximum(tl.associative_scan(lo, 0, _max), carry)
+    hi = tl.maximum(tl.associative_scan(hi, 0, _max), carry)
+    return lo, hi
+
+
+@triton.jit
+def _lengths(CU_Q, CU_K, seq, ok, broadcast):
+    # lengths of sequences ``seq`` from the clamped offsets
+    k0 = tl.load(CU_K + seq, mask=ok, other=0).to(tl.int64)
+    lk = tl.load(CU_K + seq + 1, mask=ok, other=0).to(tl.int64) - k0
+    lq_all = tl.load(CU_Q + seq * 0 + 1, mask=ok & broadcast, other=0).to(tl.int64)  # broadcast-Q: Lq
+    q0 = tl.load(CU_Q + seq, mask=ok & ~broadcast, other=0).to(tl.int64)
+    lq = tl.load(CU_Q + seq + 1, mask=ok & ~broadcast, other=0).to(tl.int64) - q0
+    return tl.where(broadcast, lq_all, lq), lk
+
+
+@triton.jit
+def _sort_keys(CU_Q, CU_K, CU_Q_OUT, CU_K_OUT, idx, ok, carry_q, carry_k, lq_all, rows_q, rows_k, causal,
+               broadcast):
+    # sequences idx: lengths from the clamped offsets (written out), their sort keys; the new carries
+    k_lo, k_hi = _clamped_ends(CU_K, idx, ok, rows_k, carry_k)
+    lk = k_hi - k_lo
+    carry_k = tl.maximum(carry_k, tl.max(tl.where(ok, k_hi, 0), 0))
+    tl.store(CU_K_OUT + idx + 1, k_hi.to(CU_K_OUT.dtype.element_ty), mask=ok)
+    q_lo, q_hi = _clamped_ends(CU_Q, idx, ok & ~broadcast, rows_q, carry_q)
+    carry_q = tl.maximum(carry_q, tl.max(tl.where(ok, q_hi, 0), 0))
+    tl.store(CU_Q_OUT + idx + 1, q_hi.to(CU_Q_OUT.dtype.element_ty), mask=ok & ~broadcast)
+    lq = tl.where(broadcast, lq_all, q_hi - q_lo)
+    # visible (query, key) pairs: every pair, or under bottom-right causal masking row i sees
+    # max(0, i + 1 + lk - lq) keys
+    causal_pairs = tl.where(lk >= lq, lq * (lk - lq) + lq * (lq + 1) // 2, lk * (lk + 1) // 2)
+    pairs = tl.minimum(tl.where(causal, causal_pairs, lq * lk), 2199023255551)  # 2**41 - 1
+    key = ((2199023255551 - pairs) << 22) | idx.to(tl.int64)
+    return tl.where(ok, key, 9223372036854775807), carry_q, carry_k
+
+
+@triton.jit
+def _offsets_prologue(CU_Q, CU_Q_OUT, CU_K_OUT, rows_q, broadcast, BLOCK: tl.constexpr):
+    # entry 0 of the clamped offsets (and broadcast-Q's [0, Lq]); returns Lq, clamped
+    offs = tl.arange(0, BLOCK)
+    bc = _flag(offs, broadcast)
+    lq_all = tl.sum(tl.load(CU_Q + offs, mask=(offs == 1) & bc, other=0).to(tl.int64), 0)
+    lq_all = tl.minimum(tl.maximum(lq_all, 0), rows_q)
+    zero = tl.zeros([BLOCK], tl.int64)
+    tl.store(CU_K_OUT + offs, zero.to(CU_K_OUT.dtype.element_ty), mask=offs == 0)
+    tl.store(CU_Q_OUT + offs, tl.where(offs == 0, zero, lq_all).to(CU_Q_OUT.dtype.element_ty),
+             mask=(offs == 0) | ((offs == 1) & bc))
+    return lq_all
+
+
+@triton.jit
+def _list_tiles(lq, lk, ok, pos, NBLK, START, carry, block, kv, side, split):
+    # one list's tiles of the sequences at sorted positions ``pos`` (lengths lq, lk): their count into
+    # NBLK[pos], their first tile (a running prefix over the order) into START[pos]; the new carry.
+    # kv: every key block, sequences with no queries too (their dK / dV are zeros); else the query blocks
+    # of the sequences on this list's side of the split
+    kvv = _flag(pos, kv)
+    sd = pos * 0 + side
+    n = (tl.where(kvv, lk, lq) + block - 1) // block
+    n = tl.where(~kvv & (sd == 1) & (lk < split), 0, n)
+    n = tl.where(~kvv & (sd == 2) & (lk >= split), 0, n)
+    n = tl.where(ok, n, 0)
+    tl.store(NBLK + pos, n.to(tl.int32), mask=ok)
+    tl.store(START + pos, (carry + tl.cumsum(n, 0) - n).to(tl.int32), mask=ok)
+    return carry + tl.sum(n, 0)
+
+
+@triton.jit
+def _lists_block(CU_Q, CU_K, ORDER, pos, ok, broadcast, NBLK_A, START_A, carry_a, block_a, kv_a, side_a,
+                 NBLK_B, START_B, carry_b, block_b, kv_b, side_b, split, two):
+    # both lists' tiles for sorted positions ``pos``
+    seq = tl.load(ORDER + pos, mask=ok, other=0)
+    lq, lk = _lengths(CU_Q, CU_K, seq, ok, _flag(pos, broadcast))
+    carry_a = _list_tiles(lq, lk, ok, pos, NBLK_A, START_A, carry_a, block_a, kv_a, side_a, split)
+    carry_b = _list_tiles(lq, lk, ok & _flag(pos, two), pos, NBLK_B, START_B, carry_b, block_b, kv_b, side_b,
+                          split)
+    return carry_a, carry_b
+
+
+@triton.jit
+def _store_counts(COUNTS_A, COUNTS_B, carry_a, carry_b, heads_a, heads_b, two, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(COUNTS_A + offs, tl.where(offs == 0, carry_a * heads_a, carry_a).to(tl.int32), mask=offs < 2)
+    tl.store(COUNTS_B + offs, tl.where(offs == 0, carry_b * heads_b, carry_b).to(tl.int32),
+             mask=(offs < 2) & _flag(offs, two))
+
+
+@triton.jit
+def _order_kernel(CU_Q, CU_K, CU_Q_OUT, CU_K_OUT, ORDER, KEYS, B, rows_q, rows_k, causal, broadcast,
+                  NBLK_A, START_A, COUNTS_A, block_a, heads_a, kv_a, side_a,
+                  NBLK_B, START_B, COUNTS_B, block_b, heads_b, kv_b, side_b, split, two,
+                  SORT: tl.constexpr, IN_REGISTERS: tl.constexpr):
+    # one program.  IN_REGISTERS (B <= SORT): the clamped offsets, the order (sorted in registers) and both
+    # lists' tiles.  Else: the clamped offsets and the sort keys, for torch.sort (blocks of SORT).
+    lq_all = _offsets_prologue(CU_Q, CU_Q_OUT, CU_K_OUT, rows_q, broadcast, SORT)
+    offs = tl.arange(0, SORT)
+    bc = _flag(offs, broadcast)
+    cs = _flag(offs, causal)
+    carry_q = tl.full([], 0, tl.int64)
+    carry_k = tl.full([], 0, tl.int64)
+    if IN_REGISTERS:
+        ok = offs < B
+        key, carry_q, carry_k = _sort_keys(CU_Q, CU_K, CU_Q_OUT, CU_K_OUT, offs, ok, carry_q, carry_k, lq_all,
+                                           rows_q, rows_k, cs, bc)
+        key = tl.sort(key)
+        tl.store(ORDER + offs, (key & 4194303).to(tl.int32), mask=ok)
+        tl.debug_barrier()  # the offsets and the order just stored, read back by other threads below
+        carry_a, carry_b = _lists_block(CU_Q_OUT, CU_K_OUT, ORDER, offs, ok, broadcast,
+                                        NBLK_A, START_A, carry_q * 0, block_a, kv_a, side_a,
+                                        NBLK_B, START_B, carry_q * 0, block_b, kv_b, side_b, split, two)
+        _store_counts(COUNTS_A, COUNTS_B, carry_a, carry_b, heads_a, heads_b, two, SORT)
+    else:
+        for base in range(0, B, SORT):
+            idx = base + offs
+            ok = idx < B
+            key, carry_q, carry_k = _sort_keys(CU_Q, CU_K, CU_Q_OUT, CU_K_OUT, idx, ok, carry_q, carry_k,
+                                               lq_all, rows_q, rows_k, cs, bc)
+            tl.store(KEYS + idx, key, mask=ok)
+
+
+@triton.jit
+def _lists_kernel(CU_Q, CU_K, ORDER, KEYS, B, broadcast, from_keys,
+                  NBLK_A, START_A, COUNTS_A, block_a, heads_a, kv_a, side_a,
+                  NBLK_B, START_B, COUNTS_B, block_b, heads_b, kv_b, side_b, split, two,
+                  CU_COLS, write_columns, BLOCK: tl.constexpr):
+    # one program: one or two lists' tiles, a running prefix over the order in blocks (from_keys: the order
+    # from sorted keys first); with write_columns, each sequence's first statistics column
+    offs = tl.arange(0, BLOCK)
+    carry_a = tl.full([], 0, tl.int64)
+    carry_b = tl.full([], 0, tl.int64)
+    for base in range(0, B, BLOCK):
+        pos = base + offs
+        ok = pos < B
+        key = tl.load(KEYS + pos, mask=ok & _flag(pos, from_keys), other=0)
+        tl.store(ORDER + pos, (key & 4194303).to(tl.int32), mask=ok & _flag(pos, from_keys))
+    tl.debug_barrier()
+    for base in range(0, B, BLOCK):
+        pos = base + offs
+        ok = pos < B
+        carry_a, carry_b = _lists_block(CU_Q, CU_K, ORDER, pos, ok, broadcast,
+                                        NBLK_A, START_A, carry_a, block_a, kv_a, side_a,
+                                        NBLK_B, START_B, carry_b, block_b, kv_b, side_b, split, two)
+    _store_counts(COUNTS_A, COUNTS_B, carry_a, carry_b, heads_a, heads_b, two, BLOCK)
+    wc = _flag(offs, write_columns)
+    carry_c = tl.full([], 0, tl.int64)
+    tl.store(CU_COLS + offs, tl.zeros([BLOCK], tl.int32), mask=(offs == 0) & wc)
+    for base in range(0, B, BLOCK):  # each sequence's output rows from a multiple of 4 on
+        idx = base + offs
+        ok = idx < B
+        lq, _ = _lengths(CU_Q, CU_K, idx, ok & wc, _flag(idx, broadcast))
+        width = tl.where(ok & wc, (lq + 3) // 4 * 4, 0)
+        tl.store(CU_COLS + idx + 1, (carry_c + tl.cumsum(width, 0)).to(tl.int32), mask=ok & wc)
+        carry_c += tl.sum(width, 0)
+
+
+@triton.jit
+def _expand_one(s, p, NBLK, START, SEQ, BLK, ITEMS, heads, reverse, BLOCK: tl.constexpr):
+    # one list's tiles and items of sequence s, at sorted position p
+    n = tl.load(NBLK + p)
+    t0 = tl.load(START + p)
+    offs = tl.arange(0, BLOCK)
+    for j0 in range(0, n, BLOCK):
+        j = j0 + offs
+        ok = j < n
+        tl.store(SEQ + t0 + j, tl.zeros([BLOCK], tl.int32) + s, mask=ok)
+        tl.store(BLK + t0 + j, tl.where(_flag(j, reverse), n - 1 - j, j), mask=ok)
+        for h in range(heads):
+            tl.store(ITEMS + t0 * heads + h * n + j, (t0 + j) * heads + h, mask=ok)
+
+
+@triton.jit
+def _expand_kernel(ORDER, NBLK_A, START_A, SEQ_A, BLK_A, ITEMS_A, heads_a, reverse_a,
+                   NBLK_B, START_B, SEQ_B, BLK_B, ITEMS_B, heads_b, reverse_b, two,
+                   CU_Q, CU_COLS, COLS, broadcast, write_columns, BLOCK: tl.constexpr):
+    # program p: the lists' tiles and items of the sequence at sorted position p, and its rows' statistics
+    # columns
+    p = tl.program_id(0)
+    s = tl.load(ORDER + p)
+    _expand_one(s, p, NBLK_A, START_A, SEQ_A, BLK_A, ITEMS_A, heads_a, reverse_a, BLOCK)
+    if two != 0:
+        _expand_one(s, p, NBLK_B, START_B, SEQ_B, BLK_B, ITEMS_B, heads_b, reverse_b, BLOCK)
+    if write_columns != 0:
+        if broadcast != 0:
+            lq = tl.load(CU_Q + 1).to(tl.int32)
+            start = lq.to(tl.int64) * s
+        else:
+            start = tl.load(CU_Q + s).to(tl.int64)
+            lq = (tl.load(CU_Q + s + 1).to(tl.int64) - start).to(tl.int32)
+        col0 = tl.load(CU_COLS + s)
+        offs = tl.arange(0, BLOCK)
+        for r0 in range(0, lq, BLOCK):
+            r = r0 + offs
+            tl.store(COLS + start + r, col0 + r, mask=r < lq)
+
+
+@triton.jit
+def _chunk_kernel(CU_K, PREFIX, B_LO, B_HI, BLK, SLOT, B, n_chunks, n_mblk,
+                  SEQS: tl.constexpr, CHUNKS: tl.constexpr):
+    # broadcast-Q dQ chunks: batches cut into n_chunks contiguous, non-empty chunks of about equal work
+    # (keys + 16 per batch), the chunks' tiles heaviest chunk first
+    offs = tl.arange(0, SEQS)
+    tl.store(PREFIX + offs, tl.zeros([SEQS], tl.int64), mask=offs == 0)
+    total = tl.full([], 0, tl.int64)
+    for base in range(0, B, SEQS):  # PREFIX[b + 1]: work of batches 0..b
+        idx = base + offs
+        ok = idx < B
+        lk = tl.load(CU_K + idx + 1, mask=ok, other=0).to(tl.int64) - tl.load(CU_K + idx, mask=ok, other=0)
+        w = tl.where(ok, lk + 16, 0)
+        tl.store(PREFIX + idx + 1, total + tl.cumsum(w, 0), mask=ok)
+        total += tl.sum(w, 0)
+    tl.debug_barrier()
+    ks = tl.arange(0, CHUNKS)
+    hist = tl.zeros([CHUNKS], tl.int32)
+    for base in range(0, B, SEQS):  # chunk of batch b: its share of the work before it
+        idx = base + offs
+        ok = idx < B
+        before = tl.load(PREFIX + idx, mask=ok, other=0)
+        chunk = tl.minimum(before * n_chunks // tl.maximum(total, 1), n_chunks - 1)
+        hist += tl.histogram(tl.where(ok, chunk, CHUNKS - 1).to(tl.int32), CHUNKS)
+    # cut[k]: first batch of chunk k; made strictly increasing (no empty chunk) within [k, B - n + k]
+    incl = tl.cumsum(tl.where(ks < n_chunks, hist, 0), 0)
+    cut = incl - hist
+    lo_run = tl.associative_scan(cut - ks, 0, _max)
+    b_lo = tl.minimum(lo_run + ks, B - n_chunks + ks)
+    b_hi = tl.minimum(tl.maximum(lo_run, incl - ks - 1) + ks + 1, B - n_chunks + ks + 1)
+    b_hi = tl.where(ks == n_chunks - 1, B, b_hi)
+    real = ks < n_chunks
+    w = tl.load(PREFIX + b_hi, mask=real, other=0) - tl.load(PREFIX + b_lo, mask=real, other=0)
+    key = ((2199023255551 - tl.minimum(w, 2199023255551)) << 22) | ks.to(tl.int64)
+    key = tl.sort(tl.where(real, key, 9223372036854775807))
+    k = (key & 4194303).to(tl.int32)
+    tl.debug_barrier()
+    tl.store(PREFIX + ks, b_lo, mask=real)  # (PREFIX reused: first batch, then end batch, of chunk k)
+    tl.store(PREFIX + CHUNKS + ks, b_hi, mask=real)
+    tl.debug_barrier()
+    lo_k = tl.load(PREFIX + k, mask=real, other=0).to(tl.int32)
+    hi_k = tl.load(PREFIX + CHUNKS + k, mask=real, other=0).to(tl.int32)
+    for m in range(0, n_mblk):
+        t = ks * n_mblk + m
+        tl.store(B_LO + t, lo_k, mask=real)
+        tl.store(B_HI + t, hi_k, mask=real)
+        tl.store(BLK + t, tl.zeros([CHUNKS], tl.int32) + m, mask=real)
+        tl.store(SLOT + t, k, mask=real)
+
+
+def offsets_dtype(rows: int):
+    """The dtype the kernels read offsets in: int32 where every offset fits."""
+    return torch.int32 if rows < 2 ** 31 - 1 else torch.int64
+
+
+class _Arrays(NamedTuple):
+    counts: torch.Tensor
+    seq: torch.Tensor
+    blk: torch.Tensor
+    items: torch.Tensor
+    nblk: torch.Tensor
+    start: torch.Tensor
+    n_items: int
+
+
+def _arrays(spec: ListSpec, n_seqs, rows_q, rows_k, broadcast, device) -> _Arrays:
+    # one allocation, every array 16-byte aligned (Triton specializes kernels on pointer alignment):
+    # counts (items, tiles, 2 unused) | seq | blk | items | tiles per sorted sequence | first tiles
+    if broadcast and not spec.kv:
+        bound = n_seqs * _cdiv(rows_q, spec.block)
+    else:
+        bound = _cdiv(rows_k if spec.kv else rows_q, spec.block) + n_seqs
+    t4, b4 = _cdiv(max(bound, 1), 4) * 4, _cdiv(max(n_seqs, 1), 4) * 4
+    buf = torch.empty(4 + (2 + spec.heads) * t4 + 2 * b4, device=device, dtype=torch.int32)
+    tail = 4 + (2 + spec.heads) * t4
+    return _Arrays(buf[:4], buf[4:4 + t4], buf[4 + t4:4 + 2 * t4], buf[4 + 2 * t4:tail],
+                   buf[tail:tail + b4], buf[tail + b4:tail + 2 * b4], t4 * spec.heads)
+
+
+def _list_args(a: _Arrays, spec: ListSpec):
+    return (a.nblk, a.start, a.counts, spec.block, spec.heads, int(spec.kv), spec.side)
+
+
+def order_and_lists(cu_q, cu_k, rows_q, rows_k, specs: Sequence[ListSpec], *, causal, broadcast,
+                    order: Optional[Order] = None, columns: Optional[Columns] = None):
+    """The call's Order (built here from the caller's offsets, or the one given) and the TileLists of one or
+    two ``specs`` (module docstring).  ``rows_q``: query rows (broadcast-Q: Lq).  ``columns``: a Columns to
+    fill (columns_for).  Returns (order, [TileList, ...])."""
+    assert 1 <= len(specs) <= 2 and all(sp.split == specs[0].split for sp in specs)
+    device = cu_k.device
+    n_seqs = cu_k.shape[0] - 1
+    if n_seqs > MAX_SEQS:
+        raise ValueError(f"at most {MAX_SEQS} sequences, got {n_seqs}")
+    arrays = [_arrays(sp, n_seqs, rows_q, rows_k, broadcast, device) for sp in specs]
+    two = len(specs) == 2
+    a, b = arrays[0], arrays[-1]
+    list_args = _list_args(a, specs[0]) + _list_args(b, specs[-1]) + (specs[0].split, int(two))
+    flags = (int(bool(causal)), int(bool(broadcast)))
+    lists_done = False
+    keys = None
+    if order is None:
+        dtype = offsets_dtype(max(rows_q, rows_k))
+        order = Order(torch.empty(max(n_seqs, 1), device=device, dtype=torch.int32)[:n_seqs],
+                      torch.empty(cu_q.shape, device=device, dtype=dtype),
+                      torch.empty(cu_k.shape, device=device, dtype=dtype), rows_q, rows_k, bool(causal),
+                      bool(broadcast))
+        in_registers = n_seqs <= _REGISTER_SORTS[-1]
+        sort = next((n for n in _REGISTER_SORTS if n_seqs <= n), 1024)
+        keys = None if in_registers else torch.empty(n_seqs, device=device, dtype=torch.int64)
+        _order_kernel[(1,)](cu_q, cu_k, order.cu_q, order.cu_k, order.order, keys if keys is not None else order.cu_k,
+                            n_seqs, rows_q, rows_k, *flags, *list_args, SORT=sort, IN_REGISTERS=in_registers,
+                            num_warps=4 if sort <= 1024 else 8)
+        if in_registers:
+            lists_done = True
+        else:  # (torch's sort: sorting more keys in registers would compile for minutes)
+            keys = torch.sort(keys).values
+    if not lists_done or columns is not None:
+        _lists_kernel[(1,)](order.cu_q, order.cu_k, order.order, keys if keys is not None else order.cu_k, n_seqs,
+                            flags[1], int(keys is not None), *list_args,
+                            columns.cu if columns is not None else a.counts, int(columns is not None),
+                            BLOCK=1024, num_warps=4)
+    if n_seqs > 0:
+        reverse = [int(bool(causal) and not sp.kv) for sp in specs]
+        _expand_kernel[(n_seqs,)](
+            order.order, a.nblk, a.start, a.seq, a.blk, a.items, specs[0].heads, reverse[0],
+            b.nblk, b.start, b.seq, b.blk, b.items, specs[-1].heads, reverse[-1], int(two),
+            order.cu_q, columns.cu if columns is not None else a.counts,
+            columns.cols if columns is not None else a.counts, flags[1], int(columns is not None),
+            BLOCK=128, num_warps=4)
+    return order, [TileList(x.seq, x.blk, x.items, x.counts, sp.heads, x.n_items) for x, sp in zip(arrays, specs)]
+
+
+def columns_for(n_seqs, n_out_rows, device) -> Columns:
+    """Room for the statistics columns of ``n_out_rows`` output rows in ``n_seqs`` sequences
+    (order_and_lists fills it)."""
+    n_cols = max(4, _cdiv(n_out_rows + 3 * n_seqs, 4) * 4)
+    b4 = _cdiv(n_seqs + 1, 4) * 4  # (both arrays 16-byte aligned)
+    buf = torch.empty(b4 + n_out_rows, device=device, dtype=torch.int32)
+    return Columns(buf[:n_seqs + 1], buf[b4:], n_cols)
+
+
+def broadcast_chunks(cu_k, n_seqs, n_chunks, n_mblk) -> Chunks:
+    """Broadcast-Q's tl dQ tiles (``cu_k``: clamped offsets; ``n_chunks`` <= min(B, MAX_CHUNKS))."""
+    n_chunks = max(1, min(n_chunks, n_seqs, MAX_CHUNKS))
+    n_tiles = n_chunks * n_mblk
+    i32 = dict(device=cu_k.device, dtype=torch.int32)
+    t4 = _cdiv(max(n_tiles, 1), 4) * 4
+    tiles = torch.empty(4 * t4, **i32)
+    b_lo, b_hi, blk, slot = (tiles[i * t4:(i + 1) * t4] for i in range(4))
+    if n_seqs > 0 and n_tiles > 0:
+        prefix = torch.empty(max(n_seqs + 1, 2048), device=cu_k.device, dtype=torch.int64)
+        _chunk_kernel[(1,)](cu_k, prefix, b_lo, b_hi, blk, slot, n_seqs, n_chunks, n_mblk,
+                            SEQS=1024, CHUNKS=1024, num_warps=8)
+    return Chunks(b_lo, b_hi, blk, slot, n_tiles if n_seqs > 0 else 0, n_chunks)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# static deals (numpy), measured against the dynamic one in the log; kept with their test
+# ---------------------------------------------------------------------------------------------------------
 def zigzag_assign(workloads, n_sms: int):
-    """Sort tiles by workload (descending) and deal them to ``n_sms`` bins in
-    boustrophedon order.  Returns ``(assign, loads)``: the bin of every tile
-    (in the original tile order) and the total load of every bin."""
+    """Sort tiles by workload (descending) and deal them to ``n_sms`` bins in boustrophedon order.
+    Returns ``(assign, loads)``: the bin of every tile (in the original tile order) and the total load of
+    every bin."""
     w = np.asarray(workloads, dtype=np.int64)
     n = w.shape[0]
     order = np.argsort(-w, kind="stable")
@@ -47,94 +517,3 @@ def imbalance(loads) -> float:
     loads = np.asarray(loads, dtype=np.float64)
     m = loads.mean() if loads.size else 0.0
     return float(loads.max() / m) if m > 0 else 1.0
-
-
-def _causal_visible(lq, lk, blk_start, blk_len, causal):
-    """Number of visible keys summed... approximated per row block: the KV
-    extent (keys processed) of a q block [blk_start, blk_start+blk_len)."""
-    if not causal:
-        return np.broadcast_to(lk, blk_start.shape).astype(np.int64)
-    hi = np.minimum(lk, blk_start + blk_len + (lk - lq))
-    return np.maximum(hi, 0).astype(np.int64)
-
-
-def forward_tiles(lens_q, lens_k, block_m: int, causal: bool):
-    """Real (sequence, q-block) tiles.
-
-    Returns ``(seq, blk, work)`` int64 arrays.  ``work`` is the number of keys
-    the tile iterates over (its KV extent) plus a small constant so that tiles
-    with no keys (which still write zeros / -inf) have a cost.
-    """
-    lq = np.asarray(lens_q, dtype=np.int64)
-    lk = np.asarray(lens_k, dtype=np.int64)
-    nblk = (lq + block_m - 1) // block_m
-    seq = np.repeat(np.arange(lq.shape[0], dtype=np.int64), nblk)
-    first = np.cumsum(nblk) - nblk
-    blk = np.arange(seq.shape[0], dtype=np.int64) - np.repeat(first, nblk)
-    rows = np.minimum(block_m, lq[seq] - blk * block_m)
-    extent = _causal_visible(lq[seq], lk[seq], blk * block_m, rows, causal)
-    work = extent * np.maximum(rows, 1) // block_m + 16
-    return seq, blk, work
-
-
-def kv_tiles(lens_q, lens_k, block_n: int, causal: bool):
-    """Real (sequence, k-block) tiles for the dK/dV pass.  ``work`` = number of
-    query rows that see the block (q extent).  Blocks of sequences with no
-    query rows are pruned (the caller zero-fills dK/dV for them)."""
-    lq = np.asarray(lens_q, dtype=np.int64)
-    lk = np.asarray(lens_k, dtype=np.int64)
-    nblk = np.where(lq > 0, (lk + block_n - 1) // block_n, 0)
-    seq = np.repeat(np.arange(lq.shape[0], dtype=np.int64), nblk)
-    first = np.cumsum(nblk) - nblk
-    blk = np.arange(seq.shape[0], dtype=np.int64) - np.repeat(first, nblk)
-    if causal:
-        lo = np.maximum(blk * block_n - (lk[seq] - lq[seq]), 0)
-        work = np.maximum(lq[seq] - lo, 0) + 16
-    else:
-        work = lq[seq] + 16
-    return seq, blk, work
-
-
-def sort_by_work(*arrays, work):
-    """Reorder tile arrays by descending work (stable)."""
-    order = np.argsort(-np.asarray(work), kind="stable")
-    return tuple(np.asarray(a)[order] for a in arrays) + (np.asarray(work)[order],)
-
-
-def split_batches_by_work(work_per_batch, n_chunks: int):
-    """Split batches 0..B-1 into at most ``n_chunks`` contiguous chunks of
-    roughly equal total work.  Returns chunk boundaries ``[0, ..., B]``."""
-    w = np.asarray(work_per_batch, dtype=np.float64)
-    B = w.shape[0]
-    if B == 0:
-        return np.zeros(1, dtype=np.int64)
-    n_chunks = max(1, min(n_chunks, B))
-    c = np.cumsum(w)
-    total = c[-1]
-    if total <= 0:
-        return np.linspace(0, B, n_chunks + 1).astype(np.int64)
-    targets = total * np.arange(1, n_chunks) / n_chunks
-    cuts = np.searchsorted(c, targets, side="left") + 1
-    bounds = np.unique(np.concatenate([[0], np.clip(cuts, 1, B - 1) if B > 1 else [], [B]]).astype(np.int64))
-    return bounds
-
-
-def sequence_major_items(seq, work, n_heads: int):
-    """Launch order of the items ``tile * n_heads + head`` of a sorted grid, grouped so that programs
-    running side by side read the same sequence's K/V (forward, dQ) or Q/dO (dK/dV): sequences by total
-    work (heaviest first), then head, then the sequence's tiles by work (heaviest first).
-
-    Heads sharing a kv head (GQA: ``head // group``) are adjacent, so their groups reuse the same K/V.
-    ``seq`` / ``work``: the tile arrays (any order).  Returns an int64 array, a permutation of
-    ``range(len(seq) * n_heads)``."""
-    seq = np.asarray(seq, dtype=np.int64)
-    work = np.asarray(work, dtype=np.int64)
-    n = seq.shape[0]
-    if n == 0 or n_heads == 0:
-        return np.zeros(0, dtype=np.int64)
-    seq_work = np.bincount(seq, weights=work)[seq]
-    tile = np.repeat(np.arange(n, dtype=np.int64), n_heads)
-    head = np.tile(np.arange(n_heads, dtype=np.int64), n)
-    # np.lexsort: the last key is the primary one; the sequence id keeps equal-work sequences apart
-    order = np.lexsort((-work[tile], head, seq[tile], -seq_work[tile]))
-    return (tile * n_heads + head)[order]

@@ -4,9 +4,10 @@ Gluon kernels (kernels/gluon/) take the shapes they serve.
 
 Conventions (launch.py launches these):
 * q [total_q, Hq, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv], last dim contiguous.
-* Tiles come from host-built lists (real tiles only, schedule.py); one program per (tile, head) item, program
-  p running item ITEMS[p] of the host's sequence-major launch order (the hardware block scheduler then
-  hands the items to SMs as they free up, heavy sequences first).
+* Tiles come from lists built on the device (schedule.py); one program per (tile, head) item, program p
+  running item ITEMS[p] of the sequence-major launch order (the hardware block scheduler then hands the
+  items to SMs as they free up, heavy sequences first).  The grid is a bound on the item count, which the
+  kernels read from N_ITEMS[0]: programs past it return at once.
 * Causal masking is bottom-right aligned: key j visible to query i iff j <= i + (Lk - Lq).  Key loops are
   peeled: an unmasked bulk loop and a masked tail over the diagonal / ragged end.
 * Softmax runs in base 2: qk_scale = softmax_scale * log2(e); LSE is stored in natural log.  Rows with no
@@ -97,7 +98,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kt, stride_vt, offs_m, lo,
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS,
+def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS, N_ITEMS,
                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                 stride_ot, stride_oh, stride_lh,
                 qk_scale,
@@ -108,6 +109,9 @@ def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS,
                 DOT_PREC: tl.constexpr):
     # one output tile: q block ``mblk`` of sequence ``b``, q head ``h`` (item ITEMS[pid] = tile * H + h).  Q
     # loads and O / LSE stores are masked pointer ops: a full-tile store would write into the next sequence.
+    # The grid is a bound: programs past the item count (N_ITEMS[0]) have nothing to do.
+    if tl.program_id(0) >= tl.load(N_ITEMS):
+        return
     item = tl.load(ITEMS + tl.program_id(0))
     tile = item // H
     h = item % H
@@ -204,7 +208,7 @@ def _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt
 
 
 @triton.jit
-def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS,
+def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS, N_ITEMS,
                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                    stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh,
                    sm_scale, qk_scale,
@@ -214,7 +218,9 @@ def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, TILE_SEQ, TILE_B
                    HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
                    DOT_PREC: tl.constexpr):
     # dK, dV of key block ``nblk`` of sequence ``b``, kv head ``hk`` (item ITEMS[pid] = tile * HKV + hk),
-    # summed over its query heads
+    # summed over its query heads; a sequence with no queries gets zeros.  Programs past N_ITEMS[0]: none.
+    if tl.program_id(0) >= tl.load(N_ITEMS):
+        return
     item = tl.load(ITEMS + tl.program_id(0))
     tile = item // HKV
     hk = item % HKV
@@ -269,26 +275,26 @@ def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, TILE_SEQ, TILE_B
 # (reduced afterwards in a fixed order: deterministic).
 # ----------------------------------------------------------------------------
 @triton.jit
-def _launched_item(ITEMS, pid, GROUPED: tl.constexpr):
-    # the item program ``pid`` runs: ITEMS[pid] (the host's launch order), else pid itself (broadcast-Q's
-    # chunks, already heaviest first)
-    if GROUPED:
-        item = tl.load(ITEMS + pid)
+def _dq_tile(ITEMS, TILE_BLO, TILE_BHI, TILE_BLK, TILE_SLOT, H, GROUP, BLOCK_M: tl.constexpr,
+             BROADCAST: tl.constexpr):
+    # this program's dQ tile: (q head, kv head, batches [b_lo, b_hi), first row, partial slot).  Broadcast-Q:
+    # program p runs chunk tile p // H (already heaviest first); else the item ITEMS[p] (sequence-major), one
+    # sequence (TILE_BLO holds the tiles' sequences) and slot 0
+    pid = tl.program_id(0)
+    if BROADCAST:
+        tile = pid // H
+        h = pid % H
+        b_lo = tl.load(TILE_BLO + tile)
+        b_hi = tl.load(TILE_BHI + tile)
+        slot = tl.load(TILE_SLOT + tile).to(tl.int64)
     else:
-        item = pid
-    return item
-
-
-@triton.jit
-def _dq_tile(ITEMS, TILE_BLO, TILE_BHI, TILE_BLK, TILE_SLOT, H, GROUP, BLOCK_M: tl.constexpr, GROUPED: tl.constexpr):
-    # this program's dQ tile: (q head, kv head, batches [b_lo, b_hi), first row, partial slot)
-    item = _launched_item(ITEMS, tl.program_id(0), GROUPED)
-    tile = item // H
-    h = item % H
-    b_lo = tl.load(TILE_BLO + tile)
-    b_hi = tl.load(TILE_BHI + tile)
+        item = tl.load(ITEMS + pid)
+        tile = item // H
+        h = item % H
+        b_lo = tl.load(TILE_BLO + tile)
+        b_hi = b_lo + 1
+        slot = (b_lo * 0).to(tl.int64)
     m0 = tl.load(TILE_BLK + tile).to(tl.int32) * BLOCK_M
-    slot = tl.load(TILE_SLOT + tile).to(tl.int64)
     return h, h // GROUP, b_lo, b_hi, m0, slot
 
 
@@ -337,7 +343,7 @@ def _bwd_q_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kt, stride_vt,
 
 @triton.jit
 def _bwd_q_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
-                  TILE_BLO, TILE_BHI, TILE_BLK, TILE_SLOT, ITEMS,
+                  TILE_BLO, TILE_BHI, TILE_BLK, TILE_SLOT, ITEMS, N_ITEMS,
                   stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                   stride_dot, stride_doh, stride_dqs, stride_dqt, stride_dqh,
                   stride_lh,
@@ -346,9 +352,14 @@ def _bwd_q_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
                   BROADCAST: tl.constexpr, CAUSAL: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
-                  DOT_PREC: tl.constexpr, GROUPED: tl.constexpr = False):
-    # one program per (tile, q head); GROUPED: program p runs item ITEMS[p] (sequence-major order)
-    h, hk, b_lo, b_hi, m0, slot = _dq_tile(ITEMS, TILE_BLO, TILE_BHI, TILE_BLK, TILE_SLOT, H, GROUP, BLOCK_M, GROUPED)
+                  DOT_PREC: tl.constexpr):
+    # one program per (tile, q head); the grid is a bound except under broadcast-Q (programs past N_ITEMS[0]:
+    # nothing to do)
+    if not BROADCAST:
+        if tl.program_id(0) >= tl.load(N_ITEMS):
+            return
+    h, hk, b_lo, b_hi, m0, slot = _dq_tile(ITEMS, TILE_BLO, TILE_BHI, TILE_BLK, TILE_SLOT, H, GROUP, BLOCK_M,
+                                           BROADCAST)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_D)
     offs_dv = tl.arange(0, HEAD_DV)

@@ -4,9 +4,9 @@ Inside a compiled region ``jagged_flash_attention`` and ``JaggedPlan`` call
 ``torch.ops.jfa_conformance.jagged_attention_forward`` instead of the autograd Function: dynamo and
 AOTAutograd see one opaque operator with a shape-only fake implementation (``fullgraph=True`` works), and
 its registered backward calls ``jagged_attention_backward``.  Both run the same host code and kernels as an
-eager call (validation, the cached schedule) when the graph runs, under the Config the call was traced
-with (passed as its string), so the backward runs what an eager backward would.  A plan's offsets are read
-on the host at each call, as in a plain call.
+eager call (validation, the tile lists built on the device) when the graph runs, under the Config the call
+was traced with (passed as its string), so the backward runs what an eager backward would.  A plan's call
+is a plain call with the plan's own offsets.
 """
 from typing import Optional, Tuple
 

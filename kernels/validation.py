@@ -1,8 +1,10 @@
 """What a call must satisfy: a ValueError naming the field for a malformed call (the spec's input rules,
 with the same messages), a NotImplementedError for a device the kernels do not run on.
 
-The offsets are read on the host (one copy, which waits for the GPU work queued before it); the lengths
-come back as int64 numpy arrays for the planner.
+Reading the offsets' values means copying them to the host, which waits for the GPU work queued before
+them; a call does it only where the offsets are on the CPU already, or where the Config asks for it
+(``check_offsets``), and a JaggedPlan once.  Elsewhere the kernels read clamped offsets (schedule.py), so
+malformed ones give wrong answers but touch no memory outside the call's tensors.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ def _check_tensor(name, t):
         raise ValueError(f"{name} must be 3-D [rows, heads, head_dim], got shape {tuple(t.shape)}")
 
 
-def _offsets(name, cu, rows, rows_field, device):
+def _offsets_meta(name, cu, device):
     if not isinstance(cu, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
     if cu.device != device:
@@ -37,6 +39,9 @@ def _offsets(name, cu, rows, rows_field, device):
         raise ValueError(f"{name} must be int32 or int64, got {cu.dtype}")
     if cu.dim() != 1 or cu.numel() < 1:
         raise ValueError(f"{name} must be 1-D with B+1 >= 1 entries, got shape {tuple(cu.shape)}")
+
+
+def _offsets_values(name, cu, rows, rows_field):
     values = cu.detach().to("cpu", torch.int64).numpy()
     if values[0] != 0:
         raise ValueError(f"{name}[0] must be 0, got {values[0]}")
@@ -59,9 +64,11 @@ def max_seqlen(name, bound):
     return int(bound)
 
 
-def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, broadcast_q, softmax_scale):
-    """Checks a call; returns (cu_q, cu_k, lens_q, lens_k) on the host (broadcast-Q: lens_q is Lq per
-    sequence)."""
+def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, broadcast_q, softmax_scale,
+             read_offsets: bool) -> None:
+    """Checks a call.  Everything the host knows without reading a tensor's values is always checked; the
+    offsets' values (start, order, end, the max_seqlen bounds) only with ``read_offsets``, which copies
+    them to the host."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t)
     if not (q.dtype == k.dtype == v.dtype):
@@ -90,26 +97,26 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, br
             raise ValueError(f"softmax_scale must be a number, got {softmax_scale!r}") from None
         if not math.isfinite(scale) or scale <= 0:
             raise ValueError(f"softmax_scale must be finite and positive, got {softmax_scale}")
-    cu_k = _offsets("cu_seqlens_k", cu_seqlens_k, k.shape[0], "k", q.device)
-    cu_q = _offsets("cu_seqlens_q", cu_seqlens_q, q.shape[0], "q", q.device)
-    lens_k = np.diff(cu_k)
+    _offsets_meta("cu_seqlens_k", cu_seqlens_k, q.device)
+    _offsets_meta("cu_seqlens_q", cu_seqlens_q, q.device)
     if broadcast_q:
-        if cu_q.shape[0] != 2:
-            raise ValueError(f"cu_seqlens_q must be [0, Lq] with broadcast_q, got {cu_q.shape[0]} entries")
-        lens_q = np.full(lens_k.shape[0], cu_q[1], dtype=np.int64)
-    else:
-        if cu_q.shape[0] != cu_k.shape[0]:
-            raise ValueError(f"cu_seqlens_q ({cu_q.shape[0]} entries) and cu_seqlens_k ({cu_k.shape[0]} entries) "
-                             "must have the same length")
-        lens_q = np.diff(cu_q)
-    for name, bound, lens in (("max_seqlen_q", bounds[0], lens_q), ("max_seqlen_k", bounds[1], lens_k)):
-        longest = int(lens.max()) if lens.size else 0
-        if bound is not None and bound < longest:
-            raise ValueError(f"{name}={bound} is smaller than the longest sequence ({longest})")
+        if cu_seqlens_q.shape[0] != 2:
+            raise ValueError(f"cu_seqlens_q must be [0, Lq] with broadcast_q, got {cu_seqlens_q.shape[0]} entries")
+    elif cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
+        raise ValueError(f"cu_seqlens_q ({cu_seqlens_q.shape[0]} entries) and cu_seqlens_k "
+                         f"({cu_seqlens_k.shape[0]} entries) must have the same length")
+    if read_offsets:
+        cu_k = _offsets_values("cu_seqlens_k", cu_seqlens_k, k.shape[0], "k")
+        cu_q = _offsets_values("cu_seqlens_q", cu_seqlens_q, q.shape[0], "q")
+        lens_k = np.diff(cu_k)
+        lens_q = np.full(lens_k.shape[0], cu_q[1], dtype=np.int64) if broadcast_q else np.diff(cu_q)
+        for name, bound, lens in (("max_seqlen_q", bounds[0], lens_q), ("max_seqlen_k", bounds[1], lens_k)):
+            longest = int(lens.max()) if lens.size else 0
+            if bound is not None and bound < longest:
+                raise ValueError(f"{name}={bound} is smaller than the longest sequence ({longest})")
     if q.device.type == "cpu":
         if not INTERPRET:
             raise NotImplementedError("CPU tensors need TRITON_INTERPRET=1 set before triton is imported; "
                                       "otherwise use CUDA tensors")
     elif q.device.type != "cuda":
         raise NotImplementedError(f"device {q.device} not supported")
-    return cu_q, cu_k, lens_q, lens_k

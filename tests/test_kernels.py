@@ -579,55 +579,6 @@ def _gluon_available():
     return ""
 
 
-@pytest.mark.skipif(bool(_gluon_available()), reason="this Triton has no Gluon Hopper API")
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("broadcast", [False, True])
-def test_gluon_schedule_splits_the_forward_by_keys_and_covers_every_tile_once(causal, broadcast):
-    # the schedule as an H200 plans it (host side only): the Gluon forward's list holds exactly the tiles of
-    # the sequences with >= the split's keys, the tl list the rest; the Gluon dK/dV and dQ lists every tile of
-    # their kernels once; the statistics columns start each sequence at a multiple of 4
-    lens_k = np.array([9, 50, 33, 0, 64, 80, 200])
-    lens_q = np.full(7, 21) if broadcast else np.array([40, 0, 33, 7, 64, 19, 1])
-    cu_q = np.array([0, 21]) if broadcast else np.concatenate([[0], np.cumsum(lens_q)])
-    cu_k = np.concatenate([[0], np.cumsum(lens_k)])
-    paths = kplan.Paths("gluon", "gluon", "tl" if broadcast else "gluon", "preprocess")
-    config = Config(gluon_split_keys=33)
-    tiles = kplan.tl_tiles(128, torch.bfloat16, torch.device("cpu"), config)
-    s = kplan._build_schedule(cu_q, cu_k, lens_q, lens_k, broadcast, causal, tiles, paths, config, 4, 2,
-                              torch.device("cpu"))
-
-    def pairs(entry, n_heads):
-        seq, blk, n, items = entry
-        assert sorted(items.tolist()) == list(range(n * n_heads))
-        got = sorted(zip(seq.tolist(), blk.tolist()))
-        assert len(got) == len(set(got)) == n
-        return got
-    on = lens_k >= 33
-    want = {b for b in range(7) if on[b] and lens_q[b] > 0}
-    assert {b for b, _ in pairs(s["fwd_gluon"], 4)} == want
-    assert {b for b, _ in pairs(s["fwd"], 4)} == {b for b in range(7) if not on[b] and lens_q[b] > 0}
-    seq, blk, _ = sched.kv_tiles(lens_q, lens_k, 128, causal)
-    assert pairs(s["kv_gluon"], 2) == sorted(zip(seq.tolist(), blk.tolist())) and s["kv"] is None
-    if broadcast:
-        assert s["q_gluon"] is None and s["q"] is not None
-    else:
-        seq, blk, _ = sched.forward_tiles(lens_q, lens_k, 128, causal)
-        assert pairs(s["q_gluon"], 4) == sorted(zip(seq.tolist(), blk.tolist())) and s["q"] is None
-    assert s["kv_needs_zero"] != broadcast  # sequence 1 has keys and (without broadcast-Q) no queries
-    cu = s["columns"].cu.tolist()
-    assert all(c % 4 == 0 for c in cu) and np.all(np.diff(cu) >= lens_q)
-
-
-@needs_kernels
-def test_aligned_columns_of_broadcast_rows():
-    # broadcast-Q: output row b * lq + i, so sequence b owns lq rows; each block starts at a multiple of 4
-    cu, cols, n_cols = kplan.aligned_columns([5, 5, 5])
-    assert cu.tolist() == [0, 8, 16, 24] and n_cols == 24
-    assert cols.tolist() == [0, 1, 2, 3, 4, 8, 9, 10, 11, 12, 16, 17, 18, 19, 20]
-    assert cols.dtype == cu.dtype == torch.int32
-    assert kplan.aligned_columns([]).n_cols == 4  # (a buffer with no rows is still a valid TMA target)
-
-
 @needs_kernels
 @pytest.mark.parametrize("broadcast", [False, True])
 def test_backward_statistics_land_in_their_columns(broadcast):
@@ -642,7 +593,12 @@ def test_backward_statistics_land_in_their_columns(broadcast):
     do = torch.randn(n_out, hq, dv, generator=g).to(DEVICE)
     lse = torch.randn(hq, n_out, generator=g).to(DEVICE)
     lse[1, 2] = float("-inf")
-    columns = kplan.aligned_columns(lens_out, lambda a: torch.as_tensor(a).to(DEVICE))
+    columns = sched.columns_for(len(lens_out), n_out, DEVICE)
+    cu_q = torch.tensor([0, 6], device=DEVICE) if broadcast else \
+        torch.tensor(np.concatenate([[0], np.cumsum(lens_out)]), device=DEVICE)
+    sched.order_and_lists(cu_q, torch.zeros(len(lens_out) + 1, dtype=torch.int32, device=DEVICE),
+                          6 if broadcast else n_out, 0, [sched.ListSpec(128, 1, kv=True)], causal=False,
+                          broadcast=broadcast, columns=columns)
     stats = torch.full((2 * hq, columns.n_cols), float("nan"), device=DEVICE)
     delta = torch.empty_like(lse)
     tl._bwd_preprocess[(-(-n_out // 16), hq)](
@@ -658,62 +614,6 @@ def test_backward_statistics_land_in_their_columns(broadcast):
     unused = torch.ones(columns.n_cols, dtype=torch.bool, device=DEVICE)
     unused[cols] = False
     assert bool(stats[:, unused].isnan().all()) and int(unused.sum()) == columns.n_cols - n_out
-
-
-def _seed_work():
-    rng = np.random.default_rng(1)
-    work = rng.integers(32, 512, size=48).astype(np.int64)
-    work[0], work[1], work[2] = 480, 450, 40
-    return work
-
-
-def test_schedule_seed_imbalance():
-    work = _seed_work()
-    _, rr = sched.round_robin_assign(work, 8)
-    _, zz = sched.zigzag_assign(work, 8)
-    assert round(sched.imbalance(rr), 3) == 1.234
-    assert round(sched.imbalance(zz), 3) == 1.022
-    assert rr.tolist() == [1937, 1604, 1087, 1569, 1485, 1493, 1468, 1913]
-    assert zz.tolist() == [1604, 1563, 1569, 1573, 1583, 1557, 1545, 1562]
-
-
-def test_schedule_tiles_pruned():
-    lens_q = np.array([0, 5, 130, 0, 64])
-    lens_k = np.array([7, 0, 200, 0, 64])
-    seq, blk, work = sched.forward_tiles(lens_q, lens_k, 64, causal=False)
-    assert list(zip(seq.tolist(), blk.tolist())) == [(1, 0), (2, 0), (2, 1), (2, 2), (4, 0)]
-    seq, blk, work = sched.kv_tiles(lens_q, lens_k, 64, causal=True)
-    assert list(zip(seq.tolist(), blk.tolist())) == [(2, 0), (2, 1), (2, 2), (2, 3), (4, 0)]
-    b = sched.split_batches_by_work([5, 1, 1, 1, 9, 1], 3)
-    assert b[0] == 0 and b[-1] == 6 and np.all(np.diff(b) > 0)
-
-
-def test_sequence_major_items_group_each_sequence_and_head():
-    lens = np.array([300, 0, 513, 129, 513, 1])
-    seq, blk, work = sched.forward_tiles(lens, lens, 128, True)
-    seq, blk, work = sched.sort_by_work(seq, blk, work=work)
-    items = sched.sequence_major_items(seq, work, 3)
-    assert sorted(items.tolist()) == list(range(seq.shape[0] * 3))
-    pair = seq[items // 3] * 3 + items % 3
-    # each (sequence, head) pair is one contiguous run, heaviest tile first within it
-    runs = [pair[0]] + [b for a, b in zip(pair[:-1], pair[1:]) if a != b]
-    assert len(runs) == len(set(runs)) == 5 * 3
-    for p in set(runs):
-        w = work[items[pair == p] // 3]
-        assert (np.diff(w) <= 0).all()
-    # sequences by total work: the two 513-long ones (equal work, lower index first), then 300, 129, 1
-    assert [r // 3 for r in runs[::3]] == [2, 4, 0, 3, 5]
-
-    def pairs_in_flight(order, window=4):  # distinct (sequence, head) pairs per window of resident programs
-        p = seq[order // 3] * 3 + order % 3
-        return np.mean([np.unique(p[i:i + window]).shape[0] for i in range(0, p.shape[0], window)])
-    # heaviest tile first across the batch keeps the same q block of every pair side by side: more pairs
-    assert pairs_in_flight(items) < pairs_in_flight(np.arange(seq.shape[0] * 3))
-
-
-def test_sequence_major_items_of_nothing():
-    assert sched.sequence_major_items([], [], 4).shape == (0,)
-    assert sched.sequence_major_items([0, 0], [5, 3], 0).shape == (0,)
 
 
 # ---------------------------------------------------------------------------

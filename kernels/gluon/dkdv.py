@@ -284,11 +284,12 @@ def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, k
 @gluon.jit
 def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS,
                 COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, qk_scale,
-                HKV, GROUP, n_items, CU_COLS, dk_desc, dv_desc,
+                HKV, GROUP, N_ITEMS, CU_COLS, dk_desc, dv_desc,
                 BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                 STAGES: gl.constexpr, DYNAMIC: gl.constexpr = False):
     # work items: (128-key block, kv head) in ITEMS' order; program p runs the launch positions p, then
     # p + P, ... (DYNAMIC: those it claims from COUNTER)
+    n_items = gl.load(N_ITEMS)  # the item count, written on the device by the schedule's builder
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DV], do_desc.layout)
     # per stage: the block's log2-domain LSE, then its delta (the backward statistics buffer)
@@ -330,7 +331,7 @@ def compile_sm90(head_d=128, head_dv=128, stages=STAGES, causal=False, broadcast
              "stats_desc": f"tensordesc<fp32[1, {m}],{STATS_LAYOUT!r}>", "DK": "*" + dtype, "DV": "*" + dtype,
              "CU_Q": "*i32", "CU_K": "*i32", "TILE_SEQ": "*i32", "TILE_BLK": "*i32", "ITEMS": "*i32",
              "COUNTER": "*i32", "stride_dkt": "i32", "stride_dkh": "i32", "stride_dvt": "i32", "stride_dvh": "i32",
-             "sm_scale": "fp32", "qk_scale": "fp32", "HKV": "i32", "GROUP": "i32", "n_items": "i32",
+             "sm_scale": "fp32", "qk_scale": "fp32", "HKV": "i32", "GROUP": "i32", "N_ITEMS": "*i32",
              "CU_COLS": "*i32", "dk_desc": desc_type(dtype, n, head_d), "dv_desc": desc_type(dtype, n, head_dv)}
     return _compile(dkdv_kernel, types, dict(BROADCAST=broadcast, CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv,
                                              STAGES=stages, DYNAMIC=dynamic))

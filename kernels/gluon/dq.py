@@ -268,12 +268,13 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_rea
 
 @gluon.jit
 def dq_kernel(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS, COUNTER,
-              stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, H, GROUP, n_items, dq_desc,
+              stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, H, GROUP, N_ITEMS, dq_desc,
               O, STATS, COLS, stride_ot, stride_oh, stride_sh,
               CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
               DYNAMIC: gl.constexpr = False):
     # work items: (128-row query tile, query head) in ITEMS' order; program p runs the launch positions p,
     # then p + P, ... (DYNAMIC: those it claims from COUNTER)
+    n_items = gl.load(N_ITEMS)  # the item count, written on the device by the schedule's builder
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [4, HALF_M, HEAD_D], q_desc.layout)  # 2 buffers x 2 halves
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [4, HALF_M, HEAD_DV], do_desc.layout)
     KS: gl.constexpr = STAGES + 1  # as DqFlags.K_STAGES
@@ -320,7 +321,7 @@ def compile_sm90(head_d=128, head_dv=128, stages=STAGES, causal=False, dtype="bf
              "LSE": "*fp32", "DELTA": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "TILE_SEQ": "*i32",
              "TILE_BLK": "*i32", "ITEMS": "*i32", "COUNTER": "*i32", "stride_dqt": "i32", "stride_dqh": "i32",
              "stride_lh": "i32", "sm_scale": "fp32", "qk_scale": "fp32", "H": "i32", "GROUP": "i32",
-             "n_items": "i32", "dq_desc": desc_type(dtype, m, head_d), "O": "*" + dtype, "STATS": "*fp32",
+             "N_ITEMS": "*i32", "dq_desc": desc_type(dtype, m, head_d), "O": "*" + dtype, "STATS": "*fp32",
              "COLS": "*i32", "stride_ot": "i32", "stride_oh": "i32", "stride_sh": "i32"}
     return _compile(dq_kernel, types, dict(CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages,
                                            DYNAMIC=dynamic))

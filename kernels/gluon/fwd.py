@@ -265,12 +265,13 @@ def _consumer(q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_rea
 
 @gluon.jit
 def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS, COUNTER,
-               stride_ot, stride_oh, stride_lh, qk_scale, H, GROUP, n_items, o_desc,
+               stride_ot, stride_oh, stride_lh, qk_scale, H, GROUP, N_ITEMS, o_desc,
                BROADCAST: gl.constexpr, CAUSAL: gl.constexpr,
                BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                STAGES: gl.constexpr, DYNAMIC: gl.constexpr = False, TMA_STORE: gl.constexpr = False):
     # work items: (128-row query tile, query head) in ITEMS' order; program p runs the launch positions p,
     # p + P, ... (DYNAMIC: p, then those it claims from COUNTER, a zeroed int32)
+    n_items = gl.load(N_ITEMS)  # the item count, written on the device by the schedule's builder
     gl.static_assert(not TMA_STORE or HEAD_D == HEAD_DV, "TMA_STORE sends O out through a Q buffer")
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [4, 64, HEAD_D], q_desc.layout)  # 2 buffers x 2 halves
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
@@ -315,6 +316,6 @@ def compile_sm90(block_n=BLOCK_N, head_d=128, head_dv=128, stages=STAGES, causal
              "v_desc": desc_type(dtype, block_n, head_dv), "O": "*" + dtype, "LSE": "*fp32", "CU_Q": "*i32",
              "CU_K": "*i32", "TILE_SEQ": "*i32", "TILE_BLK": "*i32", "ITEMS": "*i32", "COUNTER": "*i32",
              "stride_ot": "i32", "stride_oh": "i32", "stride_lh": "i32", "qk_scale": "fp32", "H": "i32",
-             "GROUP": "i32", "n_items": "i32", "o_desc": desc_type(dtype, HALF_M, head_dv)}
+             "GROUP": "i32", "N_ITEMS": "*i32", "o_desc": desc_type(dtype, HALF_M, head_dv)}
     return _compile(fwd_kernel, types, dict(BROADCAST=broadcast, CAUSAL=causal, BLOCK_N=block_n, HEAD_D=head_d,
                                             HEAD_DV=head_dv, STAGES=stages, DYNAMIC=dynamic, TMA_STORE=tma_store))

@@ -1,0 +1,250 @@
+"""Tests for the tile schedule built on the device (kernels/schedule.py).
+
+Each builder's output is compared, entry by entry, with a numpy statement of the launch order written
+here; the builders run under the Triton interpreter on machines without CUDA (TRITON_INTERPRET=1, set
+below before triton is imported), on the GPU elsewhere.
+"""
+import os
+
+try:  # decide before triton is imported anywhere in this process
+    import torch as _torch_probe
+
+    _HAS_CUDA = _torch_probe.cuda.is_available()
+except Exception:  # pragma: no cover
+    _HAS_CUDA = False
+if not _HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from kernels import Config, JaggedPlan, jagged_flash_attention
+from kernels import launch
+from kernels import plan as kplan
+from kernels import schedule as sched
+from kernels import tl
+
+DEVICE = "cuda" if _HAS_CUDA else "cpu"
+pytestmark = pytest.mark.skipif(not (_HAS_CUDA or tl.INTERPRET), reason="needs CUDA or TRITON_INTERPRET=1")
+
+
+def _cu(lens, dtype=torch.int32):
+    return torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=dtype, device=DEVICE)
+
+
+def expected_order(lens_q, lens_k, causal):
+    """The sequences heaviest first, as the module docstring states it (numpy, from the lengths)."""
+    lq = np.asarray(lens_q, dtype=np.int64)
+    lk = np.asarray(lens_k, dtype=np.int64)
+    if causal:
+        pairs = np.where(lk >= lq, lq * (lk - lq) + lq * (lq + 1) // 2, lk * (lk + 1) // 2)
+    else:
+        pairs = lq * lk
+    idx = np.arange(lk.shape[0])
+    return idx[np.lexsort((idx, -pairs))].tolist()
+
+
+def expected_list(lens_q, lens_k, spec: sched.ListSpec, causal):
+    """(seq, blk, items) of one list in the stated launch order."""
+    lq = np.asarray(lens_q, dtype=np.int64)
+    lk = np.asarray(lens_k, dtype=np.int64)
+    nblk = -(-(lk if spec.kv else lq) // spec.block)
+    if not spec.kv and spec.side == sched.KEYS_AT_LEAST:
+        nblk = np.where(lk >= spec.split, nblk, 0)
+    if not spec.kv and spec.side == sched.KEYS_BELOW:
+        nblk = np.where(lk < spec.split, nblk, 0)
+    seq, blk, items = [], [], []
+    for s in expected_order(lens_q, lens_k, causal):
+        t0 = len(seq)
+        n = int(nblk[s])
+        seq += [s] * n
+        blk += list(range(n - 1, -1, -1)) if causal and not spec.kv else list(range(n))
+        items += [(t0 + j) * spec.heads + h for h in range(spec.heads) for j in range(n)]
+    return seq, blk, items
+
+
+def _built(t: sched.TileList):
+    n_items, n_tiles = int(t.counts[0]), int(t.counts[1])
+    assert n_items == n_tiles * t.heads and n_items <= t.n_items  # the count within the host's bound
+    return t.seq[:n_tiles].tolist(), t.blk[:n_tiles].tolist(), t.items[:n_items].tolist()
+
+
+def build(lens_q, lens_k, specs, *, causal=False, broadcast=False, dtype=torch.int32, **kwargs):
+    cu_q = torch.tensor([0, lens_q[0] if lens_q else 0], dtype=dtype, device=DEVICE) if broadcast else \
+        _cu(lens_q, dtype)
+    rows_q = (lens_q[0] if lens_q else 0) if broadcast else sum(lens_q)
+    return sched.order_and_lists(cu_q, _cu(lens_k, dtype), rows_q, sum(lens_k), specs, causal=causal,
+                                 broadcast=broadcast, **kwargs)
+
+
+lengths = st.lists(st.integers(0, 300), min_size=0, max_size=40)
+SPECS = st.builds(sched.ListSpec, block=st.sampled_from([16, 64, 128]), heads=st.integers(1, 3), kv=st.booleans(),
+                  side=st.sampled_from([sched.ALL, sched.KEYS_AT_LEAST, sched.KEYS_BELOW]), split=st.just(100))
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), lens_k=lengths, specs=st.lists(SPECS, min_size=1, max_size=2), causal=st.booleans(),
+       broadcast=st.booleans(), offsets_dtype=st.sampled_from([torch.int32, torch.int64]))
+def test_tile_lists_follow_the_stated_launch_order(data, lens_k, specs, causal, broadcast, offsets_dtype):
+    n = len(lens_k)
+    if broadcast:
+        lens_q = [data.draw(st.integers(0, 300), label="Lq")] * n
+    else:
+        lens_q = data.draw(st.lists(st.integers(0, 300), min_size=n, max_size=n), label="lens_q")
+    order, lists = build(lens_q, lens_k, specs, causal=causal, broadcast=broadcast, dtype=offsets_dtype)
+    assert order.order.tolist() == expected_order(lens_q, lens_k, causal)
+    for spec, t in zip(specs, lists):
+        assert _built(t) == expected_list(lens_q, lens_k, spec, causal)
+    # the backward's lists, from this order, are the lists a fresh order gives
+    _, again = build(lens_q, lens_k, specs[::-1], causal=causal, broadcast=broadcast, order=order)
+    assert [_built(t) for t in again] == [_built(t) for t in lists[::-1]]
+
+
+def test_sequences_go_heaviest_first_and_each_sequence_and_head_is_one_run():
+    lens = [300, 0, 513, 129, 513, 1]
+    _, (t,) = build(lens, lens, [sched.ListSpec(128, 3)], causal=True)
+    seq, blk, items = _built(t)
+    pair = [seq[i // 3] * 3 + i % 3 for i in items]
+    runs = [pair[0]] + [b for a, b in zip(pair[:-1], pair[1:]) if a != b]
+    assert len(runs) == len(set(runs)) == 5 * 3  # (sequence 1 has no queries, so no tiles)
+    # the two 513-long sequences (equal work: the lower index first), then 300, 129, 1
+    assert [r // 3 for r in runs[::3]] == [2, 4, 0, 3, 5]
+    # causal: a sequence's last query block (the one that sees the most keys) first
+    assert [blk[i] for i in range(len(seq)) if seq[i] == 2] == [4, 3, 2, 1, 0]
+
+
+@pytest.mark.parametrize("n_seqs", [300, 4097])
+def test_every_batch_size_takes_the_same_order(n_seqs):
+    # up to 4,096 sequences are sorted in registers; more by torch.sort
+    rng = np.random.default_rng(n_seqs)
+    lens_q, lens_k = rng.integers(0, 4, size=n_seqs).tolist(), rng.integers(0, 4, size=n_seqs).tolist()
+    spec = sched.ListSpec(16, 1)
+    order, (t,) = build(lens_q, lens_k, [spec], causal=True)
+    assert order.order.tolist() == expected_order(lens_q, lens_k, True)
+    assert _built(t) == expected_list(lens_q, lens_k, spec, True)
+
+
+def test_key_lists_keep_sequences_without_queries():
+    # their dK / dV are zeros, and with no tile of their own no kernel would write them
+    _, (t,) = build([0, 5, 0], [7, 0, 130], [sched.ListSpec(64, 2, kv=True)], causal=True)
+    seq, blk, _ = _built(t)
+    assert sorted(zip(seq, blk)) == [(0, 0), (2, 0), (2, 1), (2, 2)]
+
+
+def test_nothing_to_schedule():
+    _, (t,) = build([], [], [sched.ListSpec(64, 4)])
+    assert _built(t) == ([], [], [])
+    _, (t,) = build([0, 0], [3, 0], [sched.ListSpec(64, 4)], causal=True)
+    assert _built(t) == ([], [], [])
+
+
+def test_the_bound_holds_for_every_layout():
+    # at most cdiv(rows, block) + B tiles: one partial block per sequence at worst
+    for lens in ([1] * 50, [63, 65, 1, 0, 127], [64] * 7, [1000]):
+        _, lists = build(lens, lens, [sched.ListSpec(64, 3), sched.ListSpec(64, 2, kv=True)])
+        assert all(int(t.counts[0]) <= t.n_items for t in lists)
+
+
+@pytest.mark.parametrize("raw, rows, want", [
+    ([0, 5, 3, 9], 9, [0, 5, 5, 9]),  # decreasing: held at the largest entry so far
+    ([2, 5, 9], 9, [0, 5, 9]),  # not starting at 0
+    ([0, 5, 50], 9, [0, 5, 9]),  # past the rows
+    ([0, -4, 3], 9, [0, 0, 3]),  # negative
+    ([0, 4, 6], 9, [0, 4, 6]),  # not ending at the rows: kept (its rows past 6 are never read)
+])
+def test_the_kernels_read_clamped_offsets(raw, rows, want):
+    cu = torch.tensor(raw, dtype=torch.int64, device=DEVICE)
+    order, _ = sched.order_and_lists(cu, cu, rows, rows, [sched.ListSpec(16, 1)], causal=False, broadcast=False)
+    assert order.cu_q.tolist() == want and order.cu_k.tolist() == want and order.cu_q.dtype == torch.int32
+
+
+def test_a_call_with_malformed_offsets_computes_what_their_clamped_form_gives():
+    # unchecked offsets (the GPU default) cannot send a kernel outside the call's tensors: the call is the
+    # call on the clamped offsets
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(12, 2, 16, generator=g).to(DEVICE)
+    k = torch.randn(10, 1, 16, generator=g).to(DEVICE)
+    v = torch.randn(10, 1, 16, generator=g).to(DEVICE)
+    bad_q, bad_k = torch.tensor([3, 8, 2, 40], device=DEVICE), torch.tensor([0, 6, 99, 4], device=DEVICE)
+    good_q, good_k = torch.tensor([0, 8, 8, 12], device=DEVICE), torch.tensor([0, 6, 10, 10], device=DEVICE)
+    for causal in (False, True):
+        args = (None, None, causal, None, False, Config())
+        *_, cu_q, cu_k, plan = kplan.prepare(q, k, v, bad_q, bad_k, *args, check_offsets=False)
+        assert cu_q.tolist() == good_q.tolist() and cu_k.tolist() == good_k.tolist()
+        out, lse = launch.forward(q, k, v, cu_q, cu_k, plan)
+        want_out, want_lse = jagged_flash_attention(q, k, v, good_q, good_k, None, None, causal=causal)
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
+def test_offsets_on_the_cpu_are_checked_and_the_config_can_ask_for_it_anywhere():
+    q = torch.zeros(4, 1, 16, device=DEVICE)
+    bad = torch.tensor([0, 3, 2], device=DEVICE)
+    good = torch.tensor([0, 2, 4], device=DEVICE)
+    with pytest.raises(ValueError, match="cu_seqlens_k must be non-decreasing"):
+        jagged_flash_attention(q, q[:4], q[:4], good, bad, None, None, config=Config(check_offsets=True))
+    with pytest.raises(ValueError, match="max_seqlen_q=1 is smaller"):
+        JaggedPlan(q, q, q, good, good, 1, None)  # a plan checks, wherever the offsets are
+    if DEVICE == "cpu":
+        with pytest.raises(ValueError, match="cu_seqlens_k must be non-decreasing"):
+            jagged_flash_attention(q, q, q, good, bad, None, None)
+
+
+def test_statistics_columns_start_each_sequence_at_a_multiple_of_four():
+    for broadcast, lens_q, lens_k in ((False, [7, 1, 0, 5], [3, 0, 9, 4]), (True, [5] * 3, [2, 8, 0])):
+        n_out = sum(lens_q)
+        cu_q = torch.tensor([0, 5], dtype=torch.int32, device=DEVICE) if broadcast else _cu(lens_q)
+        columns = sched.columns_for(len(lens_k), n_out, DEVICE)
+        order, _ = sched.order_and_lists(cu_q, _cu(lens_k), 5 if broadcast else n_out, sum(lens_k),
+                                         [sched.ListSpec(64, 1)], causal=False, broadcast=broadcast)
+        sched.order_and_lists(order.cu_q, order.cu_k, order.rows_q, order.rows_k, [sched.ListSpec(128, 2, kv=True)],
+                              causal=False, broadcast=broadcast, order=order, columns=columns)
+        cu = np.concatenate([[0], np.cumsum((np.asarray(lens_q) + 3) // 4 * 4)])
+        assert columns.cu.tolist() == cu.tolist()
+        want = [int(cu[b]) + r for b, n in enumerate(lens_q) for r in range(n)]
+        assert columns.cols.tolist() == want and columns.n_cols % 4 == 0 and columns.n_cols >= cu[-1]
+
+
+@pytest.mark.parametrize("lens_k, n_chunks", [([5, 1, 1, 1, 9, 1], 3), ([0] * 5, 5), ([400, 1, 1, 1], 3),
+                                              (list(range(50)), 7), ([3], 1)])
+def test_broadcast_chunks_cut_the_batch_into_non_empty_runs_heaviest_first(lens_k, n_chunks):
+    n_mblk = 2
+    c = sched.broadcast_chunks(_cu(lens_k), len(lens_k), n_chunks, n_mblk)
+    assert c.n_slots == n_chunks and c.n_tiles == n_chunks * n_mblk
+    lo, hi, blk, slot = (x[:c.n_tiles].tolist() for x in (c.b_lo, c.b_hi, c.blk, c.slot))
+    chunks = sorted(set(zip(slot, lo, hi)))
+    assert [k for k, _, _ in chunks] == list(range(n_chunks))
+    assert chunks[0][1] == 0 and chunks[-1][2] == len(lens_k)
+    assert all(a < b for _, a, b in chunks) and all(chunks[i][2] == chunks[i + 1][1] for i in range(n_chunks - 1))
+    work = [sum(x + 16 for x in lens_k[a:b]) for _, a, b in chunks]
+    tile_work = [work[s] for s in slot]
+    assert tile_work == sorted(tile_work, reverse=True)  # heaviest chunk first
+    assert sorted(zip(slot, blk)) == [(k, m) for k in range(n_chunks) for m in range(n_mblk)]
+    if lens_k == list(range(50)):  # about equal work per chunk
+        assert max(work) < 2 * sum(work) / n_chunks
+
+
+def test_the_forward_is_split_between_the_gluon_and_tl_lists_by_keys():
+    lens_q, lens_k = [40, 0, 33, 7, 64, 19, 1], [9, 50, 33, 0, 64, 80, 200]
+    _, (on, off) = build(lens_q, lens_k, [sched.ListSpec(128, 2, side=sched.KEYS_AT_LEAST, split=33),
+                                          sched.ListSpec(32, 2, side=sched.KEYS_BELOW, split=33)], causal=True)
+    assert {s for s in _built(on)[0]} == {2, 4, 5, 6}
+    assert {s for s in _built(off)[0]} == {0, 3}
+
+
+def _seed_work():
+    rng = np.random.default_rng(1)
+    work = rng.integers(32, 512, size=48).astype(np.int64)
+    work[0], work[1], work[2] = 480, 450, 40
+    return work
+
+
+def test_schedule_seed_imbalance():
+    work = _seed_work()
+    _, rr = sched.round_robin_assign(work, 8)
+    _, zz = sched.zigzag_assign(work, 8)
+    assert round(sched.imbalance(rr), 3) == 1.234
+    assert round(sched.imbalance(zz), 3) == 1.022
+    assert rr.tolist() == [1937, 1604, 1087, 1569, 1485, 1493, 1468, 1913]
+    assert zz.tolist() == [1604, 1563, 1569, 1573, 1583, 1557, 1545, 1562]
