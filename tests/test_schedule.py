@@ -248,3 +248,40 @@ def test_schedule_seed_imbalance():
     assert round(sched.imbalance(zz), 3) == 1.022
     assert rr.tolist() == [1937, 1604, 1087, 1569, 1485, 1493, 1468, 1913]
     assert zz.tolist() == [1604, 1563, 1569, 1573, 1583, 1557, 1545, 1562]
+
+
+def test_an_unchecked_call_never_reads_the_offsets_on_the_host(monkeypatch):
+    # everything from the offsets to the outputs stays on the device: the host-side reader is never called
+    from kernels import validation
+
+    def refuse(*args):
+        raise AssertionError("the offsets were read on the host")
+    monkeypatch.setattr(validation, "_offsets_values", refuse)
+    q = torch.randn(9, 2, 16, device=DEVICE)
+    cu = torch.tensor([0, 4, 9], device=DEVICE)
+    *_, cu_q, cu_k, plan = kplan.prepare(q, q, q, cu, cu, None, None, True, None, False, Config(),
+                                         check_offsets=False)
+    out, lse = launch.forward(q, q, q, cu_q, cu_k, plan)
+    assert out.shape == (9, 2, 16) and bool(torch.isfinite(lse).all())
+
+
+@pytest.mark.skipif(not _HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_a_plain_call_is_captured_in_a_cuda_graph_and_replays_new_offsets(dtype):
+    # a call that waited for the GPU could not be captured at all; this one is, and a replay after new offsets
+    # are written into the captured tensor computes the new layout (same rows)
+    lens1, lens2 = [100, 3, 700, 0, 221], [500, 24, 0, 300, 200]
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    q, k, v = (torch.randn(1024, 4, 128, device=DEVICE, generator=g).to(dtype) for _ in range(3))
+    cu = _cu(lens1)
+    jagged_flash_attention(q, k, v, cu, cu, None, None, causal=True)  # compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = jagged_flash_attention(q, k, v, cu, cu, None, None, causal=True)
+    for lens in (lens1, lens2):
+        cu.copy_(_cu(lens))
+        graph.replay()
+        want_out, want_lse = jagged_flash_attention(q, k, v, _cu(lens), _cu(lens), None, None, causal=True)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
