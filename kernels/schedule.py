@@ -14,7 +14,8 @@ A *tile* is one (sequence, block) pair: a block of ``block`` query rows of one s
 Programs in flight then read the same few (sequence, head) pairs' K/V (or Q/dO), which L2 serves, and the
 hardware block scheduler (or a Gluon kernel's item counter) deals the items to SMs as they free up, the
 longest first.  The sort key packs (2**41 - 1 - pairs) above the sequence index (22 bits), so one integer
-sort orders both; up to 4,096 sequences are sorted in the builder's registers, more by ``torch.sort``.
+sort orders both; on a GPU up to 4,096 sequences are sorted in the builder's registers, more (and every
+batch under the interpreter, whose sort is slow) by ``torch.sort``.
 
 Launches: the order and the first lists' tiles in one program, then one grid writing the lists (two
 launches; more sequences than the register sort takes: four); the backward's lists, from the forward's
@@ -24,8 +25,9 @@ The host knows only bounds: at most ``cdiv(rows, block) + B`` tiles.  The actual
 ``TileList.counts`` ([items, tiles], int32, on the device); the kernels read the item count from there,
 and launch positions past it do nothing.
 
-Offsets are read *clamped*: entry 0 as 0, every entry into ``[0, rows]`` and not below the entries before
-it.  The order's builder writes these offsets (``Order.cu_q`` / ``cu_k``) and the kernels read only them,
+Offsets are read *clamped*: each sequence's length is ``max(0, min(cu[i + 1], rows) - max(cu[i], 0))``
+(entry 0 read as 0) and the clamped offsets are the running sums of these lengths, capped at ``rows``:
+non-decreasing, within ``[0, rows]``, and the offsets themselves when they are well formed.  The order's builder writes these offsets (``Order.cu_q`` / ``cu_k``) and the kernels read only them,
 so even malformed offsets (which the host checks only on request, validation.py) cannot send a kernel
 outside q, k, v or the outputs.
 
@@ -44,6 +46,7 @@ import triton.language as tl
 
 _REGISTER_SORTS = (256, 1024, 4096)  # sizes of the in-register sort (compiled once each)
 MAX_SEQS = (1 << 22) - 1  # the sort key's index field
+_EXPAND_SEQS = 32  # sequences per program of the grid writing the lists
 MAX_CHUNKS = 1023  # broadcast-Q dQ chunks (one histogram bin stays free for padding)
 
 # which sequences a forward list takes, by their key count against the split (the Gluon forward's side)
@@ -101,8 +104,8 @@ class Columns(NamedTuple):
 
 
 class Chunks(NamedTuple):
-    """Broadcast-Q's tl dQ tiles: each covers one query block over a contiguous chunk of batches, whose fp32
-    partial goes to the chunk's slot; tiles of the heaviest chunks first."""
+    """Broadcast-Q's tl dQ tiles: each covers one query block over a contiguous chunk of batches (about equal
+    work each), whose fp32 partial goes to the chunk's slot; chunk after chunk."""
     b_lo: torch.Tensor
     b_hi: torch.Tensor
     blk: torch.Tensor
@@ -128,15 +131,15 @@ def _flag(like, value):
 
 @triton.jit
 def _clamped_ends(CU, idx, ok, rows, carry):
-    # clamped, non-decreasing offsets of entries idx and idx + 1 (entry 0 read as 0), given carry = the
-    # largest clamped entry before idx[0]
+    # the clamped offsets of sequences idx (their first and end rows): lengths max(0, min(cu[i + 1], rows) -
+    # max(cu[i], 0)) (entry 0 read as 0), summed from ``carry`` (the lengths before idx[0]), capped at rows.
+    # (For well-formed offsets: the offsets themselves.)
     lo = tl.load(CU + idx, mask=ok, other=0).to(tl.int64)
-    lo = tl.where(idx == 0, 0, tl.minimum(tl.maximum(lo, 0), rows))
-    hi = tl.load(CU + idx + 1, mask=ok, other=0).to(tl.int64)
-    hi = tl.minimum(tl.maximum(hi, 0), rows)
-    lo = tl.maximum(tl.associative_scan(lo, 0, _max), carry)
-    hi = tl.maximum(tl.associative_scan(hi, 0, _max), carry)
-    return lo, hi
+    lo = tl.where(idx == 0, 0, tl.maximum(lo, 0))
+    hi = tl.minimum(tl.load(CU + idx + 1, mask=ok, other=0).to(tl.int64), rows)
+    n = tl.where(ok, tl.maximum(hi - lo, 0), 0)
+    end = carry + tl.cumsum(n, 0)
+    return tl.minimum(end - n, rows), tl.minimum(end, rows), carry + tl.sum(n, 0)
 
 
 @triton.jit
@@ -154,12 +157,10 @@ def _lengths(CU_Q, CU_K, seq, ok, broadcast):
 def _sort_keys(CU_Q, CU_K, CU_Q_OUT, CU_K_OUT, idx, ok, carry_q, carry_k, lq_all, rows_q, rows_k, causal,
                broadcast):
     # sequences idx: lengths from the clamped offsets (written out), their sort keys; the new carries
-    k_lo, k_hi = _clamped_ends(CU_K, idx, ok, rows_k, carry_k)
+    k_lo, k_hi, carry_k = _clamped_ends(CU_K, idx, ok, rows_k, carry_k)
     lk = k_hi - k_lo
-    carry_k = tl.maximum(carry_k, tl.max(tl.where(ok, k_hi, 0), 0))
     tl.store(CU_K_OUT + idx + 1, k_hi.to(CU_K_OUT.dtype.element_ty), mask=ok)
-    q_lo, q_hi = _clamped_ends(CU_Q, idx, ok & ~broadcast, rows_q, carry_q)
-    carry_q = tl.maximum(carry_q, tl.max(tl.where(ok, q_hi, 0), 0))
+    q_lo, q_hi, carry_q = _clamped_ends(CU_Q, idx, ok & ~broadcast, rows_q, carry_q)
     tl.store(CU_Q_OUT + idx + 1, q_hi.to(CU_Q_OUT.dtype.element_ty), mask=ok & ~broadcast)
     lq = tl.where(broadcast, lq_all, q_hi - q_lo)
     # visible (query, key) pairs: every pair, or under bottom-right causal masking row i sees
@@ -290,50 +291,48 @@ def _lists_kernel(CU_Q, CU_K, ORDER, KEYS, B, broadcast, from_keys,
 
 
 @triton.jit
-def _expand_one(s, p, NBLK, START, SEQ, BLK, ITEMS, heads, reverse, BLOCK: tl.constexpr):
-    # one list's tiles and items of sequence s, at sorted position p
-    n = tl.load(NBLK + p)
-    t0 = tl.load(START + p)
-    offs = tl.arange(0, BLOCK)
-    for j0 in range(0, n, BLOCK):
-        j = j0 + offs
-        ok = j < n
-        tl.store(SEQ + t0 + j, tl.zeros([BLOCK], tl.int32) + s, mask=ok)
-        tl.store(BLK + t0 + j, tl.where(_flag(j, reverse), n - 1 - j, j), mask=ok)
+def _expand_one(s, pos, ok, NBLK, START, SEQ, BLK, ITEMS, heads, reverse, TILES: tl.constexpr):
+    # one list's tiles and items of the sequences s at sorted positions pos: a [sequences, TILES] block at a
+    # time, as far as the group's longest tile run
+    n = tl.load(NBLK + pos, mask=ok, other=0)
+    t0 = tl.load(START + pos, mask=ok, other=0)
+    n2, t2, s2 = n[:, None], t0[:, None], s[:, None]
+    rev = _flag(n2, reverse)
+    for j0 in range(0, tl.max(n, 0), TILES):
+        j = j0 + tl.arange(0, TILES)[None, :]
+        m = j < n2
+        tl.store(SEQ + t2 + j, s2 + j * 0, mask=m)
+        tl.store(BLK + t2 + j, tl.where(rev, n2 - 1 - j, j), mask=m)
         for h in range(heads):
-            tl.store(ITEMS + t0 * heads + h * n + j, (t0 + j) * heads + h, mask=ok)
+            tl.store(ITEMS + t2 * heads + h * n2 + j, (t2 + j) * heads + h, mask=m)
 
 
 @triton.jit
-def _expand_kernel(ORDER, NBLK_A, START_A, SEQ_A, BLK_A, ITEMS_A, heads_a, reverse_a,
+def _expand_kernel(ORDER, B, NBLK_A, START_A, SEQ_A, BLK_A, ITEMS_A, heads_a, reverse_a,
                    NBLK_B, START_B, SEQ_B, BLK_B, ITEMS_B, heads_b, reverse_b, two,
-                   CU_Q, CU_COLS, COLS, broadcast, write_columns, BLOCK: tl.constexpr):
-    # program p: the lists' tiles and items of the sequence at sorted position p, and its rows' statistics
-    # columns
-    p = tl.program_id(0)
-    s = tl.load(ORDER + p)
-    _expand_one(s, p, NBLK_A, START_A, SEQ_A, BLK_A, ITEMS_A, heads_a, reverse_a, BLOCK)
-    if two != 0:
-        _expand_one(s, p, NBLK_B, START_B, SEQ_B, BLK_B, ITEMS_B, heads_b, reverse_b, BLOCK)
-    if write_columns != 0:
-        if broadcast != 0:
-            lq = tl.load(CU_Q + 1).to(tl.int32)
-            start = lq.to(tl.int64) * s
-        else:
-            start = tl.load(CU_Q + s).to(tl.int64)
-            lq = (tl.load(CU_Q + s + 1).to(tl.int64) - start).to(tl.int32)
-        col0 = tl.load(CU_COLS + s)
-        offs = tl.arange(0, BLOCK)
-        for r0 in range(0, lq, BLOCK):
-            r = r0 + offs
-            tl.store(COLS + start + r, col0 + r, mask=r < lq)
+                   CU_Q, CU_COLS, COLS, broadcast, write_columns, SEQS: tl.constexpr, TILES: tl.constexpr):
+    # program p: the lists' tiles and items of the sequences at sorted positions [p * SEQS, (p + 1) * SEQS),
+    # and their rows' statistics columns
+    pos = tl.program_id(0) * SEQS + tl.arange(0, SEQS)
+    ok = pos < B
+    s = tl.load(ORDER + pos, mask=ok, other=0)
+    _expand_one(s, pos, ok, NBLK_A, START_A, SEQ_A, BLK_A, ITEMS_A, heads_a, reverse_a, TILES)
+    _expand_one(s, pos, ok & _flag(pos, two), NBLK_B, START_B, SEQ_B, BLK_B, ITEMS_B, heads_b, reverse_b, TILES)
+    wc = ok & _flag(pos, write_columns)
+    lq, _ = _lengths(CU_Q, CU_Q, s, wc, _flag(pos, broadcast))
+    start = tl.where(_flag(pos, broadcast), lq * s, tl.load(CU_Q + s, mask=wc, other=0).to(tl.int64))
+    col0 = tl.load(CU_COLS + s, mask=wc, other=0)
+    lq = tl.where(wc, lq, 0)
+    for r0 in range(0, tl.max(lq, 0), TILES):
+        r = r0 + tl.arange(0, TILES)[None, :]
+        tl.store(COLS + start[:, None] + r, col0[:, None] + r, mask=r < lq[:, None])
 
 
 @triton.jit
 def _chunk_kernel(CU_K, PREFIX, B_LO, B_HI, BLK, SLOT, B, n_chunks, n_mblk,
                   SEQS: tl.constexpr, CHUNKS: tl.constexpr):
     # broadcast-Q dQ chunks: batches cut into n_chunks contiguous, non-empty chunks of about equal work
-    # (keys + 16 per batch), the chunks' tiles heaviest chunk first
+    # (keys + 16 per batch), the tiles chunk by chunk (about equal work already: no sort)
     offs = tl.arange(0, SEQS)
     tl.store(PREFIX + offs, tl.zeros([SEQS], tl.int64), mask=offs == 0)
     total = tl.full([], 0, tl.int64)
@@ -361,22 +360,12 @@ def _chunk_kernel(CU_K, PREFIX, B_LO, B_HI, BLK, SLOT, B, n_chunks, n_mblk,
     b_hi = tl.minimum(tl.maximum(lo_run, incl - ks - 1) + ks + 1, B - n_chunks + ks + 1)
     b_hi = tl.where(ks == n_chunks - 1, B, b_hi)
     real = ks < n_chunks
-    w = tl.load(PREFIX + b_hi, mask=real, other=0) - tl.load(PREFIX + b_lo, mask=real, other=0)
-    key = ((2199023255551 - tl.minimum(w, 2199023255551)) << 22) | ks.to(tl.int64)
-    key = tl.sort(tl.where(real, key, 9223372036854775807))
-    k = (key & 4194303).to(tl.int32)
-    tl.debug_barrier()
-    tl.store(PREFIX + ks, b_lo, mask=real)  # (PREFIX reused: first batch, then end batch, of chunk k)
-    tl.store(PREFIX + CHUNKS + ks, b_hi, mask=real)
-    tl.debug_barrier()
-    lo_k = tl.load(PREFIX + k, mask=real, other=0).to(tl.int32)
-    hi_k = tl.load(PREFIX + CHUNKS + k, mask=real, other=0).to(tl.int32)
     for m in range(0, n_mblk):
         t = ks * n_mblk + m
-        tl.store(B_LO + t, lo_k, mask=real)
-        tl.store(B_HI + t, hi_k, mask=real)
+        tl.store(B_LO + t, b_lo.to(tl.int32), mask=real)
+        tl.store(B_HI + t, b_hi.to(tl.int32), mask=real)
         tl.store(BLK + t, tl.zeros([CHUNKS], tl.int32) + m, mask=real)
-        tl.store(SLOT + t, k, mask=real)
+        tl.store(SLOT + t, ks, mask=real)
 
 
 def offsets_dtype(rows: int):
@@ -413,10 +402,13 @@ def _list_args(a: _Arrays, spec: ListSpec):
 
 
 def order_and_lists(cu_q, cu_k, rows_q, rows_k, specs: Sequence[ListSpec], *, causal, broadcast,
-                    order: Optional[Order] = None, columns: Optional[Columns] = None):
+                    order: Optional[Order] = None, columns: Optional[Columns] = None,
+                    register_sort: Optional[bool] = None):
     """The call's Order (built here from the caller's offsets, or the one given) and the TileLists of one or
     two ``specs`` (module docstring).  ``rows_q``: query rows (broadcast-Q: Lq).  ``columns``: a Columns to
-    fill (columns_for).  Returns (order, [TileList, ...])."""
+    fill (columns_for).  ``register_sort``: sort in the builder's registers (the default on a GPU, up to
+    4,096 sequences) or by torch.sort (the default on the CPU, where the interpreter's sort is slow).
+    Returns (order, [TileList, ...])."""
     assert 1 <= len(specs) <= 2 and all(sp.split == specs[0].split for sp in specs)
     device = cu_k.device
     n_seqs = cu_k.shape[0] - 1
@@ -435,7 +427,9 @@ def order_and_lists(cu_q, cu_k, rows_q, rows_k, specs: Sequence[ListSpec], *, ca
                       torch.empty(cu_q.shape, device=device, dtype=dtype),
                       torch.empty(cu_k.shape, device=device, dtype=dtype), rows_q, rows_k, bool(causal),
                       bool(broadcast))
-        in_registers = n_seqs <= _REGISTER_SORTS[-1]
+        if register_sort is None:
+            register_sort = device.type == "cuda"
+        in_registers = register_sort and n_seqs <= _REGISTER_SORTS[-1]
         sort = next((n for n in _REGISTER_SORTS if n_seqs <= n), 1024)
         keys = None if in_registers else torch.empty(n_seqs, device=device, dtype=torch.int64)
         _order_kernel[(1,)](cu_q, cu_k, order.cu_q, order.cu_k, order.order, keys if keys is not None else order.cu_k,
@@ -452,12 +446,12 @@ def order_and_lists(cu_q, cu_k, rows_q, rows_k, specs: Sequence[ListSpec], *, ca
                             BLOCK=1024, num_warps=4)
     if n_seqs > 0:
         reverse = [int(bool(causal) and not sp.kv) for sp in specs]
-        _expand_kernel[(n_seqs,)](
-            order.order, a.nblk, a.start, a.seq, a.blk, a.items, specs[0].heads, reverse[0],
+        _expand_kernel[(_cdiv(n_seqs, _EXPAND_SEQS),)](
+            order.order, n_seqs, a.nblk, a.start, a.seq, a.blk, a.items, specs[0].heads, reverse[0],
             b.nblk, b.start, b.seq, b.blk, b.items, specs[-1].heads, reverse[-1], int(two),
             order.cu_q, columns.cu if columns is not None else a.counts,
             columns.cols if columns is not None else a.counts, flags[1], int(columns is not None),
-            BLOCK=128, num_warps=4)
+            SEQS=_EXPAND_SEQS, TILES=64, num_warps=4)
     return order, [TileList(x.seq, x.blk, x.items, x.counts, sp.heads, x.n_items) for x, sp in zip(arrays, specs)]
 
 
@@ -479,7 +473,7 @@ def broadcast_chunks(cu_k, n_seqs, n_chunks, n_mblk) -> Chunks:
     tiles = torch.empty(4 * t4, **i32)
     b_lo, b_hi, blk, slot = (tiles[i * t4:(i + 1) * t4] for i in range(4))
     if n_seqs > 0 and n_tiles > 0:
-        prefix = torch.empty(max(n_seqs + 1, 2048), device=cu_k.device, dtype=torch.int64)
+        prefix = torch.empty(n_seqs + 1, device=cu_k.device, dtype=torch.int64)
         _chunk_kernel[(1,)](cu_k, prefix, b_lo, b_hi, blk, slot, n_seqs, n_chunks, n_mblk,
                             SEQS=1024, CHUNKS=1024, num_warps=8)
     return Chunks(b_lo, b_hi, blk, slot, n_tiles if n_seqs > 0 else 0, n_chunks)
