@@ -91,7 +91,7 @@ def test_rounds_are_interleaved_and_reported_as_median_and_spread(monkeypatch, t
 
 def test_unknown_impl_or_shape_is_refused_before_any_timing(tmp_path, capsys):
     for argv, bad in ((["--impls", "triton-plan,triton-plan-gluon-fused"], "triton-plan-gluon-fused"),
-                      (["--shapes", "S1,S5"], "S5"), (["--impls", "triton", "--once", "flexx"], "flexx"),
+                      (["--shapes", "S1,S9"], "S9"), (["--impls", "triton", "--once", "flexx"], "flexx"),
                       (["--shapes", "S3s7"], "S3s7")):
         with pytest.raises(SystemExit):
             bench.main(["--out", str(tmp_path)] + argv)
@@ -156,3 +156,12 @@ def test_gpu_check_names_only_known_impls_and_shapes():
     shapes = bench.make_shapes([int(x) for x in named["seeds"]])
     assert [n for n in named["shapes"] if n not in shapes] == []
     assert sum(n.startswith("S3") for n in named["shapes"]) >= 3  # S3 on three Pareto draws
+
+
+def test_the_head_dim_64_shape_is_timed_at_its_head_dim_and_leaves_the_others_unchanged():
+    shapes = bench.make_shapes()
+    assert shapes["S5"].get("D") == 64 and len(shapes["S5"]["lk"]) == 1024
+    assert all("D" not in shapes[n] for n in ("S1", "S1c", "S2", "S3", "S4a", "S4b"))
+    # its lengths come from a generator of its own: S1-S3's draws are what they were
+    assert int(shapes["S1"]["lk"].sum()) == int(bench._uniform_lens(np.random.default_rng(bench.SEED), 1024, 1,
+                                                                      1024).sum())

@@ -47,6 +47,7 @@ def make_shapes(s3_seeds=()):
     s1 = _uniform_lens(rng, 1024, 1, 1024)
     s2k = _uniform_lens(rng, 1024, 1, 1024)
     s3 = _pareto_lens(rng, 512)
+    s5 = _uniform_lens(np.random.default_rng(SEED + 5), 1024, 1, 1024)
     shapes = {
         "S1": dict(desc="jagged self-attn B=1024 U[1,1024) H=4", lq=s1, lk=s1, H=4, causal=False, bq=False),
         "S1c": dict(desc="jagged self-attn B=1024 U[1,1024) H=4 causal", lq=s1, lk=s1, H=4, causal=True, bq=False),
@@ -57,6 +58,7 @@ def make_shapes(s3_seeds=()):
                     causal=False, bq=False),
         "S4b": dict(desc="dense B=8 L=4096 H=16 causal", lq=np.full(8, 4096), lk=np.full(8, 4096), H=16,
                     causal=True, bq=False),
+        "S5": dict(desc="jagged head dim 64 B=1024 U[1,1024) H=8", lq=s5, lk=s5, H=8, causal=False, bq=False, D=64),
     }
     for seed in s3_seeds:
         lens = _pareto_lens(np.random.default_rng(seed), 512)
@@ -104,7 +106,7 @@ def _triton_args(shape, q, k, v, cu_q, cu_k):
 
 
 def impl_triton(shape, q, k, v, cu_q, cu_k, config=None):
-    """A plain call: validation, offsets read on the host (one sync), the cached schedule, the launches."""
+    """A plain call: validation, the tile lists built on the device (no wait for the GPU), the launches."""
     from kernels import jagged_flash_attention
     args, kw = _triton_args(shape, q, k, v, cu_q, cu_k)
 
@@ -278,7 +280,7 @@ def main(argv=None):
     print(f"device: {dev}; torch {torch.__version__}", flush=True)
     for sname in args.shapes.split(","):
         shape = shapes[sname]
-        D, H = 128, shape["H"]
+        D, H = shape.get("D", 128), shape["H"]
         pairs = visible_pairs(shape["lq"], shape["lk"], shape["causal"], shape["bq"])
         flops_f = 4.0 * D * H * pairs
         tensors = build(shape, D)
