@@ -1,8 +1,8 @@
 """Tests for the Triton jagged flash attention (kernels/).
 
-On machines without CUDA the tl kernels run under the Triton interpreter (TRITON_INTERPRET=1, set below
-before triton is imported); the tests named ``test_gpu_*`` need a GPU, and those of the Gluon kernels an
-sm_90 one.  Every result is compared with a float64 per-sequence PyTorch reference written here.  Which
+On machines without CUDA the tl kernels run under the Triton interpreter (TRITON_INTERPRET=1, set by the
+root conftest.py before triton is imported); the tests named ``test_gpu_*`` need a GPU, and those of the
+Gluon kernels an sm_90 one.  Every result is compared with a float64 per-sequence PyTorch reference written here.  Which
 kernels a call ran is read from ``JaggedPlan(...).paths`` on the same inputs: a plain call plans the same.
 """
 import ast
@@ -13,14 +13,6 @@ import re
 import subprocess
 import sys
 
-try:  # decide before triton is imported anywhere in this process
-    import torch as _torch_probe
-
-    _HAS_CUDA = _torch_probe.cuda.is_available()
-except Exception:  # pragma: no cover
-    _HAS_CUDA = False
-if not _HAS_CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import numpy as np
 import pytest
@@ -31,6 +23,7 @@ from kernels import plan as kplan
 from kernels import schedule as sched
 from kernels import tl
 
+_HAS_CUDA = torch.cuda.is_available()  # (without one, the root conftest.py set TRITON_INTERPRET=1)
 DEVICE = "cuda" if _HAS_CUDA else "cpu"
 INTERPRET = tl.INTERPRET
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -569,14 +562,6 @@ def test_gluon_grid_is_one_program_per_sm_claiming_items(n_items, config, want, 
     # Config), the counter only when some program gets a second item
     monkeypatch.setattr(kplan, "num_sms", lambda device: 132)
     assert kplan.gluon_programs(n_items, torch.device("cpu"), config) == want
-
-
-def _gluon_available():
-    try:
-        import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
-    except Exception as exc:
-        return str(exc)
-    return ""
 
 
 @needs_kernels

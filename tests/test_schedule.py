@@ -1,20 +1,9 @@
 """Tests for the tile schedule built on the device (kernels/schedule.py).
 
 Each builder's output is compared, entry by entry, with a numpy statement of the launch order written
-here; the builders run under the Triton interpreter on machines without CUDA (TRITON_INTERPRET=1, set
-below before triton is imported), on the GPU elsewhere.
+here; the builders run under the Triton interpreter on machines without CUDA (TRITON_INTERPRET=1, set by
+the root conftest.py before triton is imported), on the GPU elsewhere.
 """
-import os
-
-try:  # decide before triton is imported anywhere in this process
-    import torch as _torch_probe
-
-    _HAS_CUDA = _torch_probe.cuda.is_available()
-except Exception:  # pragma: no cover
-    _HAS_CUDA = False
-if not _HAS_CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import numpy as np
 import pytest
 import torch
@@ -26,6 +15,7 @@ from kernels import plan as kplan
 from kernels import schedule as sched
 from kernels import tl
 
+_HAS_CUDA = torch.cuda.is_available()  # (without one, the root conftest.py set TRITON_INTERPRET=1)
 DEVICE = "cuda" if _HAS_CUDA else "cpu"
 pytestmark = pytest.mark.skipif(not (_HAS_CUDA or tl.INTERPRET), reason="needs CUDA or TRITON_INTERPRET=1")
 
