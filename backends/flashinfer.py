@@ -10,24 +10,34 @@ Conventions, from its sources (``flashinfer/prefill.py``, ``include/flashinfer/a
   so they are handed over as contiguous int32 CPU tensors (a strided indptr gives wrong results,
   flashinfer-ai/flashinfer#5260; int32 also keeps one compiled module per configuration, the index type
   being part of it).
-- Causal is bottom-right (the mask drops ``kv_idx + qo_len > kv_len + q_idx``), but FlashInfer does not
-  support causal rows with more queries than keys: its single-request prefill raises "kv_len must be greater
-  than or equal to qo_len" and its batch tests skip the case. Refused here; so is an empty batch
-  (``plan()`` takes the maximum of the per-request lengths).
-- LSE: ``run(..., return_lse=True)`` returns base 2, ``[total_q, Hq]`` (``max * scale * log2(e) +
-  log2(sum)``; 0.7.2 names this default ``lse_base="log2"``, ``lse_layout="NH"``), converted here.
+- Causal is bottom-right (the mask drops ``kv_idx + qo_len > kv_len + q_idx``; cuDNN is built with
+  ``use_causal_mask_bottom_right``). Causal sequences with more queries than keys, whose first
+  ``qo_len - kv_len`` rows see no key, are outside what FlashInfer tests: its test suites skip
+  ``causal and qo_len > kv_len`` ("qo_len > kv_len not supported for causal attention"). Refused here; so is
+  an empty batch (``plan()`` takes the maximum of the per-request lengths, which fails on none).
+- LSE: ``run(..., return_lse=True)`` returns ``(out, lse)`` with lse base 2, ``[total_q, Hq]``
+  (``max * scale * log2(e) + log2(sum)``; the defaults ``lse_base="log2"``, ``lse_layout="NH"``; cuDNN's
+  natural-log stats are multiplied by log2(e) inside FlashInfer to match), converted here.
+- cuDNN: the wrapper raises NotImplementedError for an LSE request when every sequence has at most one
+  query and Hq != Hkv (cuDNN writes that LSE for one head per group only, NVBug 6783545 in FlashInfer's
+  message). Refused by ``flashinfer-cudnn``. Its graph path needs the cuDNN frontend to import and load
+  libcudnn; without it FlashInfer falls back to a cubin path that this call cannot use.
 - float16 / bfloat16 only, head dims 64, 128, 256 with Dv == D: the dims FlashInfer's tests cover and,
   with (192, 128), the only ones FA3's prefill kernels are built for. FA2 would compile others, each
   (dtype, D, Dv) a build of minutes, so all four names keep to the common set.
 - Forward only (inference kernels: no backward); broadcast-Q is emulated (q's rows must equal
-  ``qo_indptr[-1]``; there is no dense-q form).
+  ``qo_indptr[-1]``; there is no dense-q form). The FA2/FA3 kernels take the token and head strides of
+  q, k and v and assume a unit stride along the head dim, so a tensor without one is copied first.
 
 Kernels of ``auto``/``fa2``/``fa3`` are compiled by FlashInfer's JIT (nvcc and ninja) at the first call of
 each (implementation, dtype, head dims); later calls in any process load them from its cache
-(``FLASHINFER_WORKSPACE_BASE``). ``tools/flashinfer-bundle.sh`` packs it all for an offline runner.
+(``FLASHINFER_WORKSPACE_BASE``). The JIT runs ``$FLASHINFER_NVCC`` when set, else nvcc under the CUDA
+home it finds (``CUDA_HOME``, ``CUDA_PATH``, the nvcc on PATH, ``/usr/local/cuda``), and ``ninja`` from
+PATH. ``tools/flashinfer-bundle.sh`` packs it all for an offline runner.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import math
 import os
@@ -50,21 +60,46 @@ def natural_log_lse(lse_log2: torch.Tensor) -> torch.Tensor:
 
 
 def _nvcc() -> str:
-    """The nvcc FlashInfer's JIT runs: $CUDA_HOME or $CUDA_PATH, else the one on PATH, else /usr/local/cuda."""
+    """The nvcc FlashInfer's JIT runs: $FLASHINFER_NVCC, else bin/nvcc under $CUDA_HOME or $CUDA_PATH, else
+    the one on PATH, else /usr/local/cuda's."""
+    override = os.environ.get("FLASHINFER_NVCC")
+    if override:
+        return override
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     if home:
         return os.path.join(home, "bin", "nvcc")
     return shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
 
 
+def _runnable(command: str) -> bool:
+    if os.sep in command:
+        return os.path.isfile(command)
+    return shutil.which(command) is not None
+
+
 def jit_tools_missing() -> str | None:
     """Why FlashInfer's JIT could not build a kernel here, or None."""
-    found = {"nvcc": os.path.isfile(_nvcc()), "ninja": shutil.which("ninja") is not None}
+    found = {"nvcc": _runnable(_nvcc()), "ninja": shutil.which("ninja") is not None}
     missing = [tool for tool, there in found.items() if not there]
     if not missing:
         return None
     return (f"FlashInfer compiles its kernels at first use and cannot find {' or '.join(missing)} "
-            "(nvcc from CUDA_HOME, CUDA_PATH or PATH; ninja on PATH)")
+            "(nvcc from FLASHINFER_NVCC, CUDA_HOME, CUDA_PATH or PATH; ninja on PATH)")
+
+
+def cudnn_load_error() -> str | None:
+    """Why the cuDNN frontend cannot serve FlashInfer's cuDNN prefill here, or None.
+
+    FlashInfer takes its cuDNN graph path only when ``import cudnn`` succeeds; the frontend loads libcudnn at
+    import and answers ``backend_version()`` from it."""
+    try:
+        cudnn = importlib.import_module("cudnn")
+        version = int(cudnn.backend_version())
+    except Exception as exc:  # noqa: BLE001 - any failure here is the reason to report
+        return f"the cuDNN frontend ('cudnn' module) cannot load cuDNN: {type(exc).__name__}: {exc}"
+    if version <= 0:
+        return f"the cuDNN frontend ('cudnn' module) reports no cuDNN library (backend_version() = {version})"
+    return None
 
 
 def _version() -> str:
@@ -119,7 +154,7 @@ class FlashInfer(Backend):
             reasons.append("an empty batch is refused by FlashInfer's plan() (it takes the maximum request length)")
         if problem.causal == "bottom_right" and any(lq > lk for lq, lk in zip(problem.seqlens_q, problem.seqlens_k)):
             reasons.append("FlashInfer does not support causal attention with more queries than keys in a sequence "
-                           "(its single prefill raises on qo_len > kv_len; its batch tests skip the case)")
+                           "(its tests skip causal with qo_len > kv_len as not supported)")
         return reasons
 
     def _workspace(self, device: torch.device) -> torch.Tensor:
@@ -153,7 +188,8 @@ class FlashInfer(Backend):
     def forward(self, args: AttentionArgs) -> Output:
         if args.causal not in ("none", "bottom_right"):
             raise NotImplementedError(f"FlashInfer's causal mask is bottom-right; '{args.causal}' is not expressible")
-        out, lse = self._planned(args).run(args.q, args.k, args.v, return_lse=True)
+        q, k, v = (t.contiguous() for t in (args.q, args.k, args.v))  # unit head-dim stride, see above
+        out, lse = self._planned(args).run(q, k, v, return_lse=True)
         return Output(out, natural_log_lse(lse))
 
 
@@ -183,3 +219,16 @@ class FlashInferCudnn(FlashInfer):
     implementation = "cudnn"
     requires = ("flashinfer", "cudnn")
     compiled_at_first_use = False
+
+    def unavailable_reason(self, device: str) -> str | None:
+        reason = super().unavailable_reason(device)
+        if reason is None:
+            reason = cudnn_load_error()
+        return reason
+
+    def not_supported_reasons(self, problem: Problem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        if problem.heads_q != problem.heads_kv and max(problem.seqlens_q, default=0) == 1:
+            reasons.append("FlashInfer's cuDNN path refuses the LSE of grouped-query attention when no sequence "
+                           "has more than one query (cuDNN writes it for one head per group, NVBug 6783545)")
+        return reasons
