@@ -21,7 +21,10 @@ Conventions, from its sources (``flashinfer/prefill.py``, ``include/flashinfer/a
 - cuDNN: the wrapper raises NotImplementedError for an LSE request when every sequence has at most one
   query and Hq != Hkv (cuDNN writes that LSE for one head per group only, NVBug 6783545 in FlashInfer's
   message). Refused by ``flashinfer-cudnn``. Its graph path needs the cuDNN frontend to import and load
-  libcudnn; without it FlashInfer falls back to a cubin path that this call cannot use.
+  libcudnn; without it FlashInfer falls back to a cubin path that this call cannot use. Which engine runs
+  is the frontend's choice: cudnn-frontend 1.32 ranks its own CuTe-DSL SDPA engines (one for sm_90, on by
+  default) with libcudnn's when ``cutlass`` (nvidia-cutlass-dsl) imports, and offers libcudnn's alone
+  when it does not, as in the bundle.
 - float16 / bfloat16 only, head dims 64, 128, 256 with Dv == D: the dims FlashInfer's tests cover and,
   with (192, 128), the only ones FA3's prefill kernels are built for. FA2 would compile others, each
   (dtype, D, Dv) a build of minutes, so all four names keep to the common set.
