@@ -2,6 +2,8 @@
 switch to the custom operators inside torch.compile (torch_ops.py)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from . import launch
@@ -28,14 +30,16 @@ class _JaggedFlashAttention(torch.autograd.Function):
 
 
 def _compiled_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-                   broadcast_q, config: Config):
+                   broadcast_q, config: Optional[Config]):
     """A call inside torch.compile: the host side (validation, paths, launching the schedule's builders) is
     Python dynamo should not trace, so the graph gets one opaque custom operator that runs it when the
-    graph runs (torch_ops.py), with the Config as a string."""
+    graph runs (torch_ops.py), with the Config as a string; no Config is "" (the environment's, read when
+    the operator runs: dynamo cannot trace reading it)."""
     scale = None if softmax_scale is None else float(softmax_scale)
+    text = "" if config is None else str(default_config(config))
     return torch.ops.jfa_conformance.jagged_attention_forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen("max_seqlen_q", max_seqlen_q),
-        max_seqlen("max_seqlen_k", max_seqlen_k), bool(causal), scale, bool(broadcast_q), str(config))
+        max_seqlen("max_seqlen_k", max_seqlen_k), bool(causal), scale, bool(broadcast_q), text)
 
 
 def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
@@ -53,12 +57,11 @@ def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     are (schedule.py).  So the offsets' values are not checked unless they are on the CPU or
     ``Config.check_offsets`` is on; a JaggedPlan checks them once.
     """
-    config = default_config(config)
     if torch.compiler.is_compiling():
         return _compiled_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                               broadcast_q, config)
     return _JaggedFlashAttention.apply(*prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                                                softmax_scale, broadcast_q, config))
+                                                softmax_scale, broadcast_q, default_config(config)))
 
 
 class JaggedPlan:

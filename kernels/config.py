@@ -2,8 +2,8 @@
 once, at the first call that gives none.
 
 The forward and its backward run under the same Config: autograd keeps the plan made at the forward, and
-inside torch.compile the Config travels into both custom operators as a string (``str(config)``), so a
-compiled run does what an eager one does.  Every field is also an environment variable, ``JFA_`` and the
+inside torch.compile the Config travels into both custom operators as a string (``str(config)``, or ""
+for the environment's, read when the operators run), so a compiled run does what an eager one does.  Every field is also an environment variable, ``JFA_`` and the
 field's name in capitals (``JFA_GLUON=0``); ``Config.from_env`` reads them, and a value it cannot take is a
 ValueError naming the variable.
 """

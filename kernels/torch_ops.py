@@ -13,10 +13,15 @@ from typing import Optional, Tuple
 import torch
 
 from . import launch
-from .config import Config
+from .config import Config, default
 from .plan import prepare
 
 Tensor = torch.Tensor
+
+
+def _config(text: str) -> Config:
+    """The Config a traced call passed: its string, or "" for the environment's (config.default)."""
+    return default() if text == "" else Config.from_string(text)
 
 
 @torch.library.custom_op("jfa_conformance::jagged_attention_forward", mutates_args=())
@@ -24,7 +29,7 @@ def jagged_attention_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tens
                              max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], causal: bool,
                              softmax_scale: Optional[float], broadcast_q: bool, config: str) -> Tuple[Tensor, Tensor]:
     return launch.forward(*prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                                   softmax_scale, broadcast_q, Config.from_string(config)))
+                                   softmax_scale, broadcast_q, _config(config)))
 
 
 @jagged_attention_forward.register_fake
@@ -41,7 +46,7 @@ def jagged_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor,
                               max_seqlen_k: Optional[int], causal: bool, softmax_scale: Optional[float],
                               broadcast_q: bool, config: str) -> Tuple[Tensor, Tensor, Tensor]:
     q, k, v, cu_q, cu_k, plan = prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                                        softmax_scale, broadcast_q, Config.from_string(config))
+                                        softmax_scale, broadcast_q, _config(config))
     return launch.backward(grad_out, q, k, v, out, lse, cu_q, cu_k, plan)
 
 

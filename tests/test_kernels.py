@@ -390,6 +390,24 @@ def test_torch_compile_gives_the_eager_answers_and_gradients(entry, broadcast):
 
 
 @needs_kernels
+def test_torch_compile_with_the_environment_config_traces_no_configuration_code():
+    # no config= given: the graph carries "" and the operator reads the environment's Config when it runs
+    # (dynamo cannot trace reading it: dataclasses.fields is a graph break, an error under fullgraph=True)
+    torch._dynamo.reset()
+    (q, k, v, cu_q, cu_k), mq, mk = _small(False, d=16)
+
+    def model(a, b, c):
+        out, lse = jagged_flash_attention(a, b, c, cu_q, cu_k, mq, mk, causal=True)
+        return (out.float() * out.float()).sum()
+    runs = []
+    for fn in (model, torch.compile(model, backend="aot_eager", fullgraph=True)):
+        a, b, c = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        loss = fn(a, b, c)
+        runs.append((loss,) + torch.autograd.grad(loss, (a, b, c)))
+    assert all(torch.equal(x, y) for x, y in zip(*runs))
+
+
+@needs_kernels
 @pytest.mark.parametrize("broadcast", [False, True])
 def test_custom_operators_pass_torch_library_opcheck(broadcast):
     # schema, fake (shape-only) implementation and autograd registration agree with what the operator does
