@@ -95,7 +95,7 @@ class JaggedPlan:
                 plan.schedule[name] = entry.known()
         fwd_gluon, fwd_tl = (plan.schedule[name] for name in ("fwd_gluon", "fwd"))
         ran = [name for name, t in (("gluon", fwd_gluon), ("tl", fwd_tl)) if t is not None and t.n_items > 0]
-        plan = plan._replace(paths=plan.paths._replace(forward="+".join(ran) or plan.paths.forward.split("+")[-1]))
+        plan = plan._replace(paths=plan.paths._replace(forward="+".join(ran) or "tl"))  # (no rows: "tl")
         self._cu_q, self._cu_k, self._plan = cu_q, cu_k, plan
         self._layout = tuple(self._layout_of(name, t) for name, t in zip("qkv", (q, k, v)))
 

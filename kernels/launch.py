@@ -121,7 +121,7 @@ def _dq_tl(q, k, v, do, lse, delta, cu_q, cu_k, s, plan):
         dq_buf = torch.empty((c.n_slots,) + tuple(q.shape), device=q.device, dtype=torch.float32)
     else:
         t = s["q"]
-        # (the kernel reads one sequence per tile from the first array, the next two unused)
+        # (one sequence per tile, in TILE_BLO; TILE_BHI and TILE_SLOT are not read)
         tiles, n_programs, counts = (t.seq, t.seq, t.blk, t.blk, t.items), t.n_items, t.counts
         dq_buf = torch.empty(q.shape, device=q.device, dtype=q.dtype).unsqueeze(0)
     if n_programs > 0 and q.shape[0] > 0:

@@ -60,8 +60,6 @@ class Order(NamedTuple):
     cu_k: torch.Tensor
     rows_q: int  # query rows (broadcast-Q: Lq)
     rows_k: int
-    causal: bool
-    broadcast: bool
 
     @property
     def n_seqs(self) -> int:
@@ -425,8 +423,7 @@ def order_and_lists(cu_q, cu_k, rows_q, rows_k, specs: Sequence[ListSpec], *, ca
         dtype = offsets_dtype(max(rows_q, rows_k))
         order = Order(torch.empty(max(n_seqs, 1), device=device, dtype=torch.int32)[:n_seqs],
                       torch.empty(cu_q.shape, device=device, dtype=dtype),
-                      torch.empty(cu_k.shape, device=device, dtype=dtype), rows_q, rows_k, bool(causal),
-                      bool(broadcast))
+                      torch.empty(cu_k.shape, device=device, dtype=dtype), rows_q, rows_k)
         if register_sort is None:
             register_sort = device.type == "cuda"
         in_registers = register_sort and n_seqs <= _REGISTER_SORTS[-1]
@@ -437,7 +434,7 @@ def order_and_lists(cu_q, cu_k, rows_q, rows_k, specs: Sequence[ListSpec], *, ca
                             num_warps=4 if sort <= 1024 else 8)
         if in_registers:
             lists_done = True
-        else:  # (torch's sort: sorting more keys in registers would compile for minutes)
+        else:  # past 4,096 keys a register sort compiles for minutes; the interpreter's is a Python loop
             keys = torch.sort(keys).values
     if not lists_done or columns is not None:
         _lists_kernel[(1,)](order.cu_q, order.cu_k, order.order, keys if keys is not None else order.cu_k, n_seqs,

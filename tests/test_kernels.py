@@ -363,6 +363,16 @@ def test_plan_gives_the_plain_call_bit_for_bit(causal, broadcast):
     assert torch.equal(plan(q, k, v)[0], runs[1][0])
 
 
+def _assert_compiled_matches_eager(model, q, k, v):
+    # the loss and its gradients, eager and compiled as one graph (fullgraph=True), to the bit
+    runs = []
+    for fn in (model, torch.compile(model, backend="aot_eager", fullgraph=True)):
+        a, b, c = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        loss = fn(a, b, c)
+        runs.append((loss,) + torch.autograd.grad(loss, (a, b, c)))
+    assert all(torch.equal(x, y) for x, y in zip(*runs))
+
+
 @needs_kernels
 @pytest.mark.parametrize("broadcast", [False, True])
 @pytest.mark.parametrize("entry", ["call", "plan"])
@@ -381,12 +391,7 @@ def test_torch_compile_gives_the_eager_answers_and_gradients(entry, broadcast):
     def model(a, b, c):
         out, lse = attend(a * 2, b, c)
         return (out.float() * out.float()).sum() + lse[lse.isfinite()].sum()
-    runs = []
-    for fn in (model, torch.compile(model, backend="aot_eager", fullgraph=True)):
-        a, b, c = (t.detach().clone().requires_grad_() for t in (q, k, v))
-        loss = fn(a, b, c)
-        runs.append((loss,) + torch.autograd.grad(loss, (a, b, c)))
-    assert all(torch.equal(x, y) for x, y in zip(*runs))
+    _assert_compiled_matches_eager(model, q, k, v)
 
 
 @needs_kernels
@@ -399,12 +404,7 @@ def test_torch_compile_with_the_environment_config_traces_no_configuration_code(
     def model(a, b, c):
         out, lse = jagged_flash_attention(a, b, c, cu_q, cu_k, mq, mk, causal=True)
         return (out.float() * out.float()).sum()
-    runs = []
-    for fn in (model, torch.compile(model, backend="aot_eager", fullgraph=True)):
-        a, b, c = (t.detach().clone().requires_grad_() for t in (q, k, v))
-        loss = fn(a, b, c)
-        runs.append((loss,) + torch.autograd.grad(loss, (a, b, c)))
-    assert all(torch.equal(x, y) for x, y in zip(*runs))
+    _assert_compiled_matches_eager(model, q, k, v)
 
 
 @needs_kernels
