@@ -6,6 +6,12 @@ as ``[H, total_q]`` since 2.6.0 and as a padded ``[B, H, max_seqlen_q]`` before;
 spec's ``[Hq, total_q]``. A row with no visible key gets LSE **+inf** from FA2's non-split kernel (its
 output is 0); the spec's convention is -inf, so +inf is mapped to -inf. There is no dense-q option, so
 broadcast-Q is emulated by replicating q.
+
+Tensor layouts (Dao-AILab/flash-attention, ``csrc/flash_attn/flash_api.cpp`` ``mha_varlen_fwd`` and
+``mha_varlen_bwd``): ``cu_seqlens`` must be int32 and ``is_contiguous()`` (checked), so they are converted
+to that. q, k, v and dout go through ``maybe_contiguous`` in ``flash_attn/flash_attn_interface.py``
+(a copy only when the last stride is not 1) and the kernels take row and head strides, so they are
+passed as they come.
 """
 from __future__ import annotations
 
@@ -48,7 +54,7 @@ class FlashAttn2(Backend):
 
         out, lse, _ = flash_attn_varlen_func(
             args.q, args.k, args.v,
-            args.cu_seqlens_q.to(torch.int32), args.cu_seqlens_k.to(torch.int32),
+            args.cu_seqlens_q.to(torch.int32).contiguous(), args.cu_seqlens_k.to(torch.int32).contiguous(),
             args.max_seqlen_q, args.max_seqlen_k,
             dropout_p=0.0, softmax_scale=args.softmax_scale, causal=args.causal == "bottom_right",
             return_attn_probs=True,

@@ -18,6 +18,9 @@ returns no LSE and has no backward, so there the adapter runs flex's eager imple
 evaluates ``mask_mod`` over the full score matrix (the BlockMask's sparsity is not used) and has no
 backward either: on CPU this checks the adapter's conventions, not the fused kernel, so it runs only
 when ``JFA_FLEX_CPU=1`` asks for it.
+
+Tensor layouts: flex_attention takes tensors of any strides, so nothing is converted for it. The offsets
+(int32 or int64, any strides) are read only here, to build the BlockMask and the mask_mod's lookup tables.
 """
 from __future__ import annotations
 
@@ -189,7 +192,8 @@ class Flex(Backend):
             return Output(args.q.new_zeros(total_q, hq, dv), lse)
         rows = (total_q, total_k) if on_cpu else (bucket(total_q), bucket(total_k))
         block_mask = document_block_mask(args.cu_seqlens_q, args.cu_seqlens_k, args.causal, rows=rows)
-        padded = [torch.nn.functional.pad(t, (0, 0, 0, 0, 0, n - t.shape[0]))
+        # Padded to the bucket where need be; otherwise q, k, v reach flex as the views they are.
+        padded = [t if n == t.shape[0] else torch.nn.functional.pad(t, (0, 0, 0, 0, 0, n - t.shape[0]))
                   for t, n in ((args.q, rows[0]), (args.k, rows[1]), (args.v, rows[1]))]
         q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in padded)  # (1, H, rows, D)
         flex = flex_module.flex_attention if on_cpu else _compiled_flex()

@@ -8,6 +8,12 @@ would be top-left and has no NJT backward; math refuses ``is_causal`` for NJTs).
 q/k/v head dims, no zero-length sequences (the NJT flash path refuses them). NJT SDPA needs equal head
 counts (no GQA) and takes no mask; no LSE comes back. An empty batch fails inside SDPA's NJT path
 (torch 2.11 on an H200: "min(): Expected reduction dim to be specified for input.numel() == 0").
+
+Tensor layouts: the offsets are made int64, the jagged layout's stated index type ("Jagged layout
+specifies that offsets are stored as int64", ``torch/nested/_internal/nested_tensor.py``); their strides
+are left alone. q, k and v become NJTs as views, whatever their row and head strides: SDPA's NJT path
+(``torch/nested/_internal/sdpa.py``) copies what its kernels cannot read and converts the offsets to the
+int32 the flash kernel takes. The upstream gradient reaches PyTorch's backward as autograd gives it.
 """
 from __future__ import annotations
 
@@ -43,6 +49,8 @@ class NjtSdpa(Backend):
         "no GQA, no zero-length sequences, no LSE",
     )
 
+    kernel_name = "FLASH_ATTENTION"  # the SDPA kernel allowed (see above)
+
     def not_supported_reasons(self, problem: Problem) -> list[str]:
         reasons = super().not_supported_reasons(problem)
         if problem.batch == 0:
@@ -53,6 +61,6 @@ class NjtSdpa(Backend):
         q = _nested(args.q, args.cu_seqlens_q, args.max_seqlen_q)
         k = _nested(args.k, args.cu_seqlens_k, args.max_seqlen_k)
         v = _nested(args.v, args.cu_seqlens_k, args.max_seqlen_k)
-        with only_kernel("FLASH_ATTENTION"):
+        with only_kernel(self.kernel_name):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=args.causal == "bottom_right", scale=args.softmax_scale)
         return Output(out.transpose(1, 2).values())

@@ -9,6 +9,13 @@ The signature changed between releases, so it is read at run time: causal is ``i
 first release and ``window_size=(-1, 0)`` later; GQA exists only where ``enable_gqa`` does (torch 2.11
 has ``scale`` and ``window_size`` but no ``enable_gqa``). An empty batch is refused ("batch size must be
 positive").
+
+Tensor layouts: the vendored ``mha_varlen_fwd`` / ``mha_varlen_bwd`` (pytorch/pytorch,
+``aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp``) check that ``cu_seq_*`` are int32 and
+``is_contiguous()`` and that q, k and v have a unit last stride; ``varlen_attn`` hands its arguments over
+unchanged, so the adapter converts exactly that and passes row and head strides through (the kernel takes
+them). The upstream gradient needs nothing: ``_flash_attention_backward`` (``attention_backward.cu``) makes
+it contiguous itself.
 """
 from __future__ import annotations
 
@@ -75,8 +82,9 @@ class VarlenAttn(Backend):
                 options["window_size"] = (-1, 0)
         if args.q.shape[1] != args.k.shape[1]:
             options["enable_gqa"] = True
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (args.q, args.k, args.v))
         out, lse = varlen_attn(
-            args.q, args.k, args.v, args.cu_seqlens_q.to(torch.int32), args.cu_seqlens_k.to(torch.int32),
+            q, k, v, args.cu_seqlens_q.to(torch.int32).contiguous(), args.cu_seqlens_k.to(torch.int32).contiguous(),
             args.max_seqlen_q, args.max_seqlen_k, **options,
         )
         hq, rows = args.q.shape[1], args.q.shape[0]
