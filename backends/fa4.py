@@ -18,6 +18,13 @@ difference reaches this adapter: the dedicated sm_100/sm_110 head-dim-256 forwar
 asserts that jagged K comes with ``cu_seqlens_q``, so broadcast-Q at (256, 256) on Blackwell is refused
 there; that refusal is reported as unsupported rather than as a failure (b29 and b30 run that case without
 the check, and their result is judged like any other).
+
+Tensor layouts: the forward of every release listed asserts that ``cu_seqlens_q`` / ``cu_seqlens_k`` are
+int32 with ``stride(0) == 1`` (``_flash_attn_fwd`` in ``flash_attn/cute/interface.py``, Dao-AILab/
+flash-attention), so the offsets are handed over that way (:func:`fa4_offsets`; ``contiguous()`` alone
+would keep the stride of a one-element view). q, k, v and the upstream gradient are passed as they come:
+FA4's ``maybe_contiguous`` keeps any layout whose last stride is 1 and whose other strides are 16-byte
+multiples (stride 0 included) and copies the rest itself, in the forward and in the backward.
 """
 from __future__ import annotations
 
@@ -27,6 +34,12 @@ from conformance.backend import Backend, Capabilities
 from conformance.problem import AttentionArgs, Output, Problem
 
 _BLACKWELL_PAIRS = ((192, 128), (256, 256))
+
+
+def fa4_offsets(offsets: torch.Tensor) -> torch.Tensor:
+    """``offsets`` as FA4 asserts them: int32 with unit stride; values and device unchanged."""
+    offsets = offsets.to(torch.int32)
+    return offsets if offsets.stride(0) == 1 else offsets.clone(memory_format=torch.contiguous_format)
 
 
 def _arch_major() -> int | None:
@@ -82,7 +95,7 @@ class FA4(Backend):
             raise NotImplementedError("FA4's sm_90 backward requires head_dim == head_dim_v under GQA")
 
         common = dict(
-            cu_seqlens_k=args.cu_seqlens_k.to(torch.int32),
+            cu_seqlens_k=fa4_offsets(args.cu_seqlens_k),
             max_seqlen_k=args.max_seqlen_k,
             softmax_scale=args.softmax_scale,
             causal=args.causal == "bottom_right",
@@ -101,7 +114,7 @@ class FA4(Backend):
             lse = lse.permute(1, 0, 2).reshape(hq, args.batch * lq)  # (B, H, Lq) -> [H, B*Lq]
             return Output(out, lse)
         out, lse = flash_attn_varlen_func(
-            args.q, args.k, args.v, cu_seqlens_q=args.cu_seqlens_q.to(torch.int32), max_seqlen_q=args.max_seqlen_q,
+            args.q, args.k, args.v, cu_seqlens_q=fa4_offsets(args.cu_seqlens_q), max_seqlen_q=args.max_seqlen_q,
             **common,
         )
         return Output(out, lse)

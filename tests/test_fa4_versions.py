@@ -3,7 +3,8 @@
 Each stand-in ``flash_attn.cute`` has that release's ``flash_attn_varlen_func`` parameters (names, order,
 defaults) and binds every call against them, so a keyword the release lacks fails with a TypeError as it
 would there. Its body is plain torch with FA4's conventions: packed q with ``cu_seqlens_q``, or dense q
-``(B, Lq, H, D)`` with ``cu_seqlens_q=None``; int32 offsets; bottom-right causal; natural-log LSE
+``(B, Lq, H, D)`` with ``cu_seqlens_q=None``; int32 offsets with unit stride (asserted, as every release's
+``_flash_attn_fwd`` asserts them); bottom-right causal; natural-log LSE
 ``[H, total_q]`` (packed) or ``(B, H, Lq)`` (dense); ``(out, lse)`` returned, lse None unless asked for or
 needed by autograd. It also makes the refusals that this adapter can meet: the head-dim rules of sm_90
 and sm_100, the sm_90 backward's GQA rule, and 4.0.0b31's dedicated sm_100 head-dim-256 forward, which
@@ -23,6 +24,7 @@ import torch
 from backends import fa4
 from conformance.harness import Unsupported, judge_forward, judge_gradients, run_backend
 from conformance.problem import Problem
+from test_adapter_layouts import LAYOUTS, assert_meets_oracle, laid_out, run_as_laid_out
 
 # flash_attn_varlen_func's parameters in 4.0.0b29, b30 and b31 (identical in the three), with defaults.
 _REQUIRED = object()
@@ -93,7 +95,11 @@ def _attend(call: dict, arch: int, release: Release):
         if name not in _ADAPTER_SETS:
             assert call[name] == default, f"{name} left at {default!r} by this adapter, got {call[name]!r}"
     assert q.dtype == k.dtype == v.dtype and v.dtype in (torch.float16, torch.bfloat16)
-    assert cu_k is not None and cu_k.dtype == torch.int32 and (cu_q is None or cu_q.dtype == torch.int32)
+    assert cu_k is not None
+    for t in (cu_q, cu_k):
+        if t is not None:
+            assert t.dtype == torch.int32, "cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k must be int32"
+            assert t.stride(0) == 1, "cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k must be contiguous"
     dense = cu_q is None
     batch = q.shape[0] if dense else cu_q.shape[0] - 1
     heads, d = q.shape[-2:]
@@ -252,3 +258,54 @@ def test_other_assertions_are_not_turned_into_refusals(install):
     problem = Problem((3, 3), (4, 6), head_dim=64, dtype="bfloat16", broadcast_q=True)
     with pytest.raises(AssertionError, match="lse must have shape"):
         run_backend(fa4.FA4(), problem, "cpu")
+
+
+# -- the caller's layouts -------------------------------------------------------------------------------
+
+LAYOUT_PROBLEMS = {
+    "jagged": CASES["jagged_causal"].replace(heads_q=4, heads_kv=2),
+    "broadcast_q": CASES["broadcast_q"],
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("case", list(LAYOUT_PROBLEMS))
+@pytest.mark.parametrize("version", ["4.0.0b29", "4.0.0b36"])
+def test_caller_layouts(install, version, case, layout):
+    """int64 and strided offsets reach FA4 as the int32 unit-stride tensors it asserts; q, k, v and dO of any
+    strides pass through (FA4's own maybe_contiguous deals with them), and the result meets the oracle."""
+    install(version)
+    args, grad = laid_out(LAYOUT_PROBLEMS[case], LAYOUTS[layout])
+    assert_meets_oracle(args, run_as_laid_out(fa4.FA4(), args, grad), grad)
+
+
+def test_q_k_v_reach_fa4_as_given(install, monkeypatch):
+    install("4.0.0b36")
+    module = sys.modules["flash_attn.cute"]
+    seen, real = [], module.flash_attn_varlen_func
+    monkeypatch.setattr(module, "flash_attn_varlen_func", lambda *a, **kw: seen.append((a, kw)) or real(*a, **kw))
+    args, _ = laid_out(LAYOUT_PROBLEMS["jagged"], LAYOUTS["all_at_once"])
+    fa4.FA4().forward(args)
+    (positional, keywords), = seen
+    assert all(given is passed for given, passed in zip((args.q, args.k, args.v), positional))
+    assert keywords["cu_seqlens_q"].tolist() == args.cu_seqlens_q.tolist()
+
+
+def test_offsets_of_one_element_get_a_unit_stride():
+    """A one-element view counts as contiguous yet keeps its stride: FA4's stride(0) == 1 assertion needs a copy."""
+    view = torch.zeros(2, dtype=torch.int32)[::2]
+    assert view.is_contiguous() and view.contiguous().stride(0) == 2
+    converted = fa4.fa4_offsets(view)
+    assert converted.stride(0) == 1 and converted.dtype == torch.int32 and converted.tolist() == [0]
+    contiguous = torch.tensor([0, 3, 5], dtype=torch.int32)
+    assert fa4.fa4_offsets(contiguous) is contiguous  # nothing to convert: handed over as it is
+
+
+def test_the_stand_ins_assert_int32_unit_stride_offsets():
+    func = stand_in(RELEASES["4.0.0b36"], 9).flash_attn_varlen_func
+    q = torch.zeros(2, 1, 8, dtype=torch.float16)
+    good = torch.tensor([0, 2], dtype=torch.int32)
+    with pytest.raises(AssertionError, match="must be int32"):
+        func(q, q, q, cu_seqlens_q=good, cu_seqlens_k=good.long())
+    with pytest.raises(AssertionError, match="must be contiguous"):
+        func(q, q, q, cu_seqlens_q=torch.tensor([0, 0, 2, 2], dtype=torch.int32)[::2], cu_seqlens_k=good)
