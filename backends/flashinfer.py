@@ -6,10 +6,14 @@ the head dims FA3 is built for, ``fa2`` otherwise), ``fa2`` (sm_80+), ``fa3`` (s
 Conventions, from its sources (``flashinfer/prefill.py``, ``include/flashinfer/attention/``):
 
 - Layout: q ``[total_q, Hq, D]`` and k/v ``[total_k, Hkv, D]`` (``kv_layout="NHD"``) with token offsets
-  ``qo_indptr`` / ``kv_indptr``: the spec's packed layout as it is. ``plan()`` reads the offsets on the host,
-  so they are handed over as contiguous int32 CPU tensors (a strided indptr gives wrong results,
-  flashinfer-ai/flashinfer#5260; int32 also keeps one compiled module per configuration, the index type
-  being part of it).
+  ``qo_indptr`` / ``kv_indptr``: the spec's packed layout as it is. The offsets are handed over as the
+  caller gives them (device, int32 or int64, strides): ``plan()`` accepts host or device indptrs of either
+  index type and documents no other requirement. One thing is structural: a compiled module has a single
+  index type, taken from ``kv_indptr.dtype`` (``get_module_args`` in ``plan()``), and its planner reads
+  ``qo_indptr`` as that type too, so ``qo_indptr`` is converted to ``kv_indptr``'s dtype when they differ.
+  The planner and kernels read an indptr through its data pointer as if it were contiguous, with no check:
+  a strided indptr gives wrong results (flashinfer-ai/flashinfer#5260), which the spec is there to see.
+  An int64 indptr compiles a module of its own (the index type is part of the JIT module's name).
 - Causal is bottom-right (the mask drops ``kv_idx + qo_len > kv_len + q_idx``; cuDNN is built with
   ``use_causal_mask_bottom_right``). Causal sequences with more queries than keys, whose first
   ``qo_len - kv_len`` rows see no key, are outside what FlashInfer tests: its test suites skip
@@ -30,7 +34,9 @@ Conventions, from its sources (``flashinfer/prefill.py``, ``include/flashinfer/a
   (dtype, D, Dv) a build of minutes, so all four names keep to the common set.
 - Forward only (inference kernels: no backward); broadcast-Q is emulated (q's rows must equal
   ``qo_indptr[-1]``; there is no dense-q form). The FA2/FA3 kernels take the token and head strides of
-  q, k and v and assume a unit stride along the head dim, so a tensor without one is copied first.
+  q, k and v (``csrc/batch_prefill.cu`` reads ``stride(0)`` and ``stride(1)``) and have no parameter for a
+  head-dim stride, so only a tensor whose last stride is not 1 is copied; the others pass as they are
+  (the cuDNN path declares all three strides to its graph).
 
 Kernels of ``auto``/``fa2``/``fa3`` are compiled by FlashInfer's JIT (nvcc and ninja) at the first call of
 each (implementation, dtype, head dims); later calls in any process load them from its cache
@@ -169,13 +175,16 @@ class FlashInfer(Backend):
         """A wrapper planned for this call's layout and options: from the cache, else made and planned."""
         from flashinfer import BatchPrefillWithRaggedKVCacheWrapper
 
-        cu_q = args.cu_seqlens_q.to("cpu", torch.int32).contiguous()
-        cu_k = args.cu_seqlens_k.to("cpu", torch.int32).contiguous()
+        cu_k = args.cu_seqlens_k
+        cu_q = args.cu_seqlens_q.to(cu_k.dtype)  # one index type per module, see above
         heads_q, head_dim = args.q.shape[1:]
         heads_kv, head_dim_v = args.k.shape[1], args.v.shape[2]
         causal = args.causal == "bottom_right"
-        key = (args.q.device, tuple(cu_q.tolist()), tuple(cu_k.tolist()), heads_q, heads_kv, head_dim, head_dim_v,
-               args.q.dtype, args.k.dtype, causal, args.softmax_scale)
+        # The indptrs' layout is part of the key: a plan made from other strides would hide how FlashInfer
+        # reads these.
+        layout = tuple((t.device, t.dtype, t.stride()) for t in (cu_q, cu_k))
+        key = (args.q.device, tuple(cu_q.tolist()), tuple(cu_k.tolist()), layout, heads_q, heads_kv, head_dim,
+               head_dim_v, args.q.dtype, args.k.dtype, causal, args.softmax_scale)
         wrapper = self._plans.pop(key, None)
         if wrapper is None:
             wrapper = BatchPrefillWithRaggedKVCacheWrapper(self._workspace(args.q.device), "NHD",
@@ -191,7 +200,7 @@ class FlashInfer(Backend):
     def forward(self, args: AttentionArgs) -> Output:
         if args.causal not in ("none", "bottom_right"):
             raise NotImplementedError(f"FlashInfer's causal mask is bottom-right; '{args.causal}' is not expressible")
-        q, k, v = (t.contiguous() for t in (args.q, args.k, args.v))  # unit head-dim stride, see above
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (args.q, args.k, args.v))  # see above
         out, lse = self._planned(args).run(q, k, v, return_lse=True)
         return Output(out, natural_log_lse(lse))
 

@@ -9,6 +9,12 @@ grouped-query LSE); ``run()`` computes from what was planned (bottom-right causa
 returns ``(out, lse)`` with the LSE FlashInfer's way, base 2 and ``[rows, Hq]`` unless ``lse_base`` /
 ``lse_layout`` ask otherwise. So a wrong argument, a skipped conversion or a stale plan shows up as an
 error or an oracle failure.
+
+Index tensors are read as FlashInfer reads them: ``plan()`` takes host or device indptrs of either index
+type, compiles for ``kv_indptr``'s type and reads ``qo_indptr`` as that type too (the stand-in asserts the
+two agree), and its planner and kernels index every indptr through its data pointer, ignoring the stride
+(flashinfer-ai/flashinfer#5260): the stand-in computes from what that reading gives and leaves the rows it
+does not reach unwritten (NaN).
 """
 from __future__ import annotations
 
@@ -26,8 +32,9 @@ import torch
 from backends import flashinfer as fi
 from conformance import registry
 from conformance import cli, oracle
-from conformance.harness import Unsupported, judge_forward, run_backend
+from conformance.harness import Run, Unsupported, judge_forward, run_backend
 from conformance.problem import AttentionArgs, Problem, make_inputs
+from test_adapter_layouts import CONTIGUOUS_OFFSETS, LAYOUTS, assert_meets_oracle, kernel_reads, laid_out, verdicts
 
 NAMES = {"flashinfer": "auto", "flashinfer-fa2": "fa2", "flashinfer-fa3": "fa3", "flashinfer-cudnn": "cudnn"}
 INF = float("inf")
@@ -77,6 +84,8 @@ class StandInWrapper:
             raise ValueError("The kv_indptr length should be equal to mask_indptr length.")
         if pos_encoding_mode not in POS_ENCODING_MODES:
             raise KeyError(pos_encoding_mode)
+        assert qo_indptr.dtype == kv_indptr.dtype, "one index type per module: qo_indptr is read as kv_indptr's"
+        assert qo_indptr.dtype in (torch.int32, torch.int64)
         qo_host, kv_host = qo_indptr.to("cpu"), kv_indptr.to("cpu")
         max_kv_len = int(torch.diff(kv_host).max())  # the real plan() takes these maxima: an empty batch fails
         max_qo_len = int(torch.diff(qo_host).max())
@@ -95,7 +104,8 @@ class StandInWrapper:
                             pos_encoding_mode=pos_encoding_mode, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
                             q_data_type=q_data_type, kv_data_type=kv_data_type, o_data_type=o_data_type,
                             window_left=window_left, max_token_per_sequence=max_token_per_sequence,
-                            qo_indptr_last=int(qo_host[-1]), max_kv_len=max_kv_len)
+                            qo_indptr_last=int(qo_host[-1]), max_kv_len=max_kv_len,
+                            qo_read=kernel_reads(qo_indptr).to("cpu"), kv_read=kernel_reads(kv_indptr).to("cpu"))
         self.log.append(("plan", self))
 
     def run(self, q, k, v, *args, q_scale=None, k_scale=None, v_scale=None, o_scale=None, out=None, lse=None,
@@ -119,18 +129,32 @@ class StandInWrapper:
         assert k.shape[0] == int(p["kv_indptr"][-1])
         assert (q.shape[1], k.shape[1], q.shape[2], v.shape[2]) == \
             (p["num_qo_heads"], p["num_kv_heads"], p["head_dim_qk"], p["head_dim_vo"])
+        self.log.append(("run", (q, k, v)))
         scale = p["sm_scale"] if p["sm_scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
-        cu_q, cu_k = p["qo_indptr"].to(q.device), p["kv_indptr"].to(q.device)
-        args = AttentionArgs(q, k, v, cu_q, cu_k, int(torch.diff(cu_q).max()), int(torch.diff(cu_k).max()),
-                             "bottom_right" if p["causal"] else "none", scale)
-        exact = oracle.attention(args)
-        out = exact.out.to(p["o_data_type"])
+        out, lse = _attention_as_read(q, k, v, p["qo_read"], p["kv_read"], p["causal"], scale)
+        out = out.to(p["o_data_type"])
         if not return_lse:
             return out
-        lse = exact.lse.float().transpose(0, 1).contiguous()  # natural log, [rows, Hq]
+        lse = lse.float().transpose(0, 1).contiguous()  # natural log, [rows, Hq]
         if lse_base == "log2":
             lse = lse / math.log(2.0)
         return out, (lse if lse_layout == "NH" else lse.transpose(0, 1).contiguous())
+
+
+def _attention_as_read(q, k, v, cu_q, cu_k, causal: bool, scale: float):
+    """(out, natural-log lse [Hq, rows]) of a kernel driven by the offsets ``cu_q`` / ``cu_k`` as it read them:
+    the rows they cover get attention, the others stay unwritten (NaN); offsets past the tensors would be an
+    illegal memory access."""
+    rows, covered, keys = q.shape[0], int(cu_q[-1]), int(cu_k[-1])
+    if not (0 <= covered <= rows and 0 <= keys <= k.shape[0]) or (cu_q.diff() < 0).any() or (cu_k.diff() < 0).any():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    args = AttentionArgs(q[:covered], k[:keys], v[:keys], cu_q.to(q.device), cu_k.to(q.device),
+                         int(cu_q.diff().max()), int(cu_k.diff().max()), "bottom_right" if causal else "none", scale)
+    exact = oracle.attention(args)
+    out = torch.full((rows, q.shape[1], v.shape[2]), float("nan"), dtype=exact.out.dtype)
+    lse = torch.full((q.shape[1], rows), float("nan"), dtype=exact.lse.dtype)
+    out[:covered], lse[:, :covered] = exact.out, exact.lse
+    return out, lse
 
 
 @pytest.fixture
@@ -390,6 +414,50 @@ def test_inputs_without_a_unit_head_stride_are_copied(stand_in):
     assert torch.equal(got.out, expected.out) and torch.equal(got.lse, expected.lse)
 
 
+# -- the caller's layouts ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", CONTIGUOUS_OFFSETS)
+def test_caller_layouts(stand_in, layout):
+    """int64 offsets and q, k, v of any row and head strides: what FlashInfer takes, handed over as they are."""
+    args, _ = laid_out(CASES["jagged_gqa_causal"], LAYOUTS[layout])
+    output = fi.FlashInfer().forward(args)
+    assert_meets_oracle(args, Run(output.out, output.lse))
+    (plan,) = _plans(stand_in)
+    assert plan["qo_indptr"] is args.cu_seqlens_q and plan["kv_indptr"] is args.cu_seqlens_k
+    ((_, given),) = [entry for entry in stand_in if entry[0] == "run"]
+    assert all(passed is caller for passed, caller in zip(given, (args.q, args.k, args.v)))
+
+
+def test_qo_indptr_takes_the_index_type_of_kv_indptr(stand_in):
+    args, _ = laid_out(CASES["cross_attention"], LAYOUTS["int64_offsets"])
+    args = args.replace(cu_seqlens_q=args.cu_seqlens_q.int())
+    fi.FlashInfer().forward(args)
+    (plan,) = _plans(stand_in)
+    assert plan["qo_indptr"].dtype == torch.int64 and plan["qo_indptr"].tolist() == args.cu_seqlens_q.tolist()
+    assert plan["kv_indptr"] is args.cu_seqlens_k
+
+
+@pytest.mark.parametrize("layout", ["strided_offsets", "strided_int64_offsets"])
+def test_strided_offsets_reach_flashinfer_as_given(stand_in, layout):
+    """FlashInfer documents no contiguity requirement for its indptrs and reads them ignoring the stride
+    (flashinfer-ai/flashinfer#5260): the adapter hands the views over, so the spec sees that reading fail."""
+    args, _ = laid_out(CASES["jagged_gqa_causal"], LAYOUTS[layout])
+    output = fi.FlashInfer().forward(args)
+    (plan,) = _plans(stand_in)
+    assert plan["qo_indptr"] is args.cu_seqlens_q and plan["kv_indptr"] is args.cu_seqlens_k
+    assert not all(v.ok for v in verdicts(args, Run(output.out, output.lse)))
+
+
+def test_plans_are_cached_per_indptr_layout(stand_in):
+    backend = fi.FlashInfer()
+    contiguous, _ = laid_out(CASES["jagged_gqa_causal"], LAYOUTS["int64_offsets"])
+    strided, _ = laid_out(CASES["jagged_gqa_causal"], LAYOUTS["strided_int64_offsets"])
+    backend.forward(contiguous)
+    backend.forward(strided)  # equal values, other strides: its own plan
+    backend.forward(contiguous)
+    assert len(_plans(stand_in)) == 2
+
+
 def test_lse_conversion_by_value():
     log2_rows_heads = torch.tensor([[1.0, -INF], [2.0, 0.5], [0.0, -3.0]])  # [rows=3, Hq=2]
     lse = fi.natural_log_lse(log2_rows_heads)
@@ -516,4 +584,30 @@ def test_real_adapters_meet_the_oracle(name):
             continue
         if not verdicts or not all(v.ok for v in verdicts):
             failures.append((problem, [str(v) for v in verdicts if not v.ok]))
+    assert not failures, failures
+
+
+@needs_real_flashinfer
+@pytest.mark.parametrize("name", list(NAMES))
+def test_real_adapters_under_caller_layouts(name):
+    """int64 offsets on the device and row- or head-strided q, k, v, handed to the real library as they are.
+    (Strided offsets are left out here: flashinfer-ai/flashinfer#5260 reports illegal memory accesses.)"""
+    backend = registry.resolve(name)
+    reason = backend.unavailable_reason("cuda")
+    if reason is not None:
+        pytest.skip(reason)
+    failures = []
+    for layout in CONTIGUOUS_OFFSETS:
+        for problem in (CASES["jagged_gqa_causal"], CASES["cross_attention"]):
+            if backend.not_supported_reasons(problem):
+                continue
+            args, _ = laid_out(problem, LAYOUTS[layout], "cuda")
+            try:
+                output = backend.forward(args)
+            except Exception as exc:  # noqa: BLE001 - every layout runs, so one GPU run names every failure
+                failures.append((layout, problem, f"{type(exc).__name__}: {exc}"))
+                continue
+            failed = [str(v) for v in verdicts(args, Run(output.out, output.lse)) if not v.ok]
+            if failed:
+                failures.append((layout, problem, failed))
     assert not failures, failures
