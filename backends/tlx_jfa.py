@@ -20,6 +20,14 @@ Declared limits from the source: head dim <= 128 and D == Dv (asserted); fp16/bf
 accumulated with atomics (not deterministic). Inferred, not run: a sequence with queries but no keys
 would hang (the MMA warp waits for a softmax barrier that zero iterations never arrive at), and head
 dims that are not powers of two read a neighbouring head through the ``next_pow2(D)``-wide TMA tile.
+
+Tensor layouts, from the op's source: the forward copies non-contiguous q, k, v itself
+(``expect_contiguous``) but saves the caller's tensors for the backward, whose entry asserts
+``do.is_contiguous()`` and ``q.stride() == k.stride() == v.stride() == o.stride() == do.stride()`` (o is
+allocated contiguous). So when gradients are wanted q, k, v are handed over contiguous and the upstream
+gradient is made contiguous on its way into the op (:class:`ContiguousGrad`); a forward-only call passes
+them as they are. The offsets are passed as given (int32 or int64): the kernels load them through typed
+pointers, and read them as contiguous without a check, which the spec is there to see.
 """
 from __future__ import annotations
 
@@ -49,6 +57,18 @@ def _module_found(name: str) -> bool:
         return name in sys.modules or importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
+
+
+class ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward hands on a contiguous gradient (TLX's backward asserts ``do.is_contiguous()``)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
 
 
 class TlxJfa(Backend):
@@ -91,24 +111,29 @@ class TlxJfa(Backend):
 
     def forward(self, args: AttentionArgs) -> Output:
         hq, hkv = args.q.shape[1], args.k.shape[1]
-        if hq != hkv and any(t.requires_grad for t in (args.q, args.k, args.v)):
+        wants_grad = any(t.requires_grad for t in (args.q, args.k, args.v))
+        if hq != hkv and wants_grad:
             raise NotImplementedError("TLX JFA has no GQA backward (it asserts G == 1)")
         rows = args.batch * args.q.shape[0] if args.broadcast_q else args.q.shape[0]
         if rows == 0:  # no query row: nothing to launch
             return Output(args.q.new_zeros(0, hq, args.v.shape[2]), torch.zeros(hq, 0, device=args.q.device))
         _add_source_path()
         kernel = importlib.import_module(MODULE).tlx_jagged_flash_attention
-        query_offset = args.cu_seqlens_q.to(torch.int32)
-        key_offset = args.cu_seqlens_k.to(torch.int32)
+        query_offset, key_offset = args.cu_seqlens_q, args.cu_seqlens_k
         output_offset = None
         max_seq_len_q = max(args.seqlens_q, default=0)
-        if args.broadcast_q:
+        if args.broadcast_q:  # offsets made here take the caller's index type
             lq = args.q.shape[0]
-            query_offset = torch.tensor([0, lq], dtype=torch.int32, device=args.q.device)
-            output_offset = torch.arange(0, rows + 1, lq, dtype=torch.int32, device=args.q.device)
+            query_offset = torch.tensor([0, lq], dtype=key_offset.dtype, device=args.q.device)
+            output_offset = torch.arange(0, rows + 1, lq, dtype=key_offset.dtype, device=args.q.device)
+        q, k, v = args.q, args.k, args.v
+        if wants_grad:  # the backward asserts equal, contiguous strides (see above)
+            q, k, v = (t.contiguous() for t in (q, k, v))
         out, m = kernel(
-            args.q, args.k, args.v, query_offset, key_offset, max_seq_len_q, max(args.seqlens_k, default=0),
+            q, k, v, query_offset, key_offset, max_seq_len_q, max(args.seqlens_k, default=0),
             output_offset=output_offset, sm_scale=args.softmax_scale, window_size=None,
             broadcast_q=args.broadcast_q,
         )
+        if wants_grad:
+            out = ContiguousGrad.apply(out)
         return Output(out, m * math.log(2.0))

@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from conformance import registry
@@ -21,10 +21,12 @@ from backends.flex import Flex, document_blocks, document_mask_mod
 from backends.sdpa_kernels import SdpaCudnn, SdpaEfficient, SdpaFlash, SdpaMath, only_kernel
 from backends.tlx_jfa import MODULE as TLX_MODULE
 from backends.tlx_jfa import TlxJfa
-from conformance.harness import Unsupported, judge_forward, judge_gradients, run_backend
-from conformance.problem import Problem, offsets
+from conformance.harness import Run, Unsupported, judge_forward, judge_gradients, run_backend
+from conformance.problem import Problem, make_inputs, offsets
 from conformance.spec.edge_cases import EDGE_CASES
 from conformance.strategies import problems
+from test_adapter_layouts import (CONTIGUOUS_OFFSETS, LAYOUTS, assert_meets_oracle, kernel_reads, laid_out,
+                                  run_as_laid_out, verdicts)
 
 VENDOR_ADAPTERS = ("fa4", "flash-attn", "tlx-jfa", "flex", "varlen-attn", "njt-sdpa",
                    "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math")
@@ -173,28 +175,14 @@ def test_sdpa_flash_grouping_on_the_cpu_flash_kernel(case):
 
 # -- TLX JFA against a stand-in ------------------------------------------------------------------------
 
-def _stand_in_tlx(query, key, value, query_offset, key_offset, max_seq_len_q: int, max_seq_len_kv: int,
-                  output_offset=None, sm_scale=None, window_size=None, broadcast_q=False, use_on_device_tma=False,
-                  cpu_query_offset=None, cpu_key_offset=None, ad_to_request_offset=None):
-    """The contract of tlx_jagged_flash_attention in plain torch: (o, M) with M the base-2 LSE [H, rows]."""
-    assert query.shape[-1] == key.shape[-1] == value.shape[-1] <= 128
-    assert query_offset.dtype == key_offset.dtype == torch.int32
-    assert ad_to_request_offset is None and window_size is None
+def _tlx_math(query, key, value, qo: list[int], ko: list[int], max_seq_len_q: int, scale: float, broadcast_q: bool):
+    """The op's result in plain torch (differentiable): o, and M the base-2 LSE [H, rows]; rows the grid does
+    not reach stay NaN."""
     heads, group = query.shape[1], query.shape[1] // key.shape[1]
-    assert heads % key.shape[1] == 0
-    batch = key_offset.numel() - 1 if broadcast_q else query_offset.numel() - 1
-    wants_grad = any(t.requires_grad for t in (query, key, value))
-    assert not (wants_grad and group != 1), "the backward asserts G == 1"
-    if broadcast_q:
-        assert query_offset.tolist() == [0, query.shape[0]]
-        if wants_grad:  # the backward reads o and dO through output_offset
-            assert output_offset is not None
-            assert output_offset.tolist() == list(range(0, batch * query.shape[0] + 1, query.shape[0]))
+    batch = len(ko) - 1
     rows = batch * query.shape[0] if broadcast_q else query.shape[0]
-    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(query.shape[-1])
     o = torch.full((rows, heads, value.shape[-1]), float("nan"), dtype=torch.float32)  # unwritten rows stay NaN
     m = torch.full((heads, rows), float("nan"), dtype=torch.float32)
-    qo, ko = query_offset.tolist(), key_offset.tolist()
     for b in range(batch):
         q_begin, q_end = (qo[0], qo[1]) if broadcast_q else (qo[b], qo[b + 1])
         qlen = min(q_end - q_begin, max_seq_len_q)  # the grid truncates silently
@@ -203,6 +191,8 @@ def _stand_in_tlx(query, key, value, query_offset, key_offset, max_seq_len_q: in
         v = value[ko[b]:ko[b + 1]].float().repeat_interleave(group, dim=1)
         if qlen and not k.shape[0]:
             raise RuntimeError("the kernel would hang on a sequence with queries and no keys")
+        if not qlen:  # no query tile: nothing is launched for this sequence
+            continue
         s = torch.einsum("qhd,khd->hqk", query[q_begin:q_begin + qlen].float(), k) * (scale * math.log2(math.e))
         row_max = s.amax(-1, keepdim=True)
         p = torch.exp2(s - row_max)
@@ -212,10 +202,60 @@ def _stand_in_tlx(query, key, value, query_offset, key_offset, max_seq_len_q: in
     return o.to(query.dtype), m
 
 
+class _TlxOp(torch.autograd.Function):
+    """The op's autograd contract: the forward saves the caller's q, k, v (it computes on contiguous copies) and
+    a contiguous o; the backward's entry asserts what ``tlx_jagged_flash_attention_backward`` asserts."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, qo, ko, max_seq_len_q, scale, broadcast_q):
+        with torch.no_grad():
+            o, m = _tlx_math(query, key, value, qo, ko, max_seq_len_q, scale, broadcast_q)
+        ctx.save_for_backward(query, key, value, o)
+        ctx.math_args = (qo, ko, max_seq_len_q, scale, broadcast_q)
+        ctx.mark_non_differentiable(m)
+        return o, m
+
+    @staticmethod
+    def backward(ctx, do, _dm):
+        query, key, value, o = ctx.saved_tensors
+        assert do.is_contiguous(), "the backward asserts do.is_contiguous()"
+        assert query.stride() == key.stride() == value.stride() == o.stride() == do.stride(), \
+            "the backward asserts q.stride() == k.stride() == v.stride() == o.stride() == do.stride()"
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in (query, key, value)]
+            recomputed, _ = _tlx_math(*leaves, *ctx.math_args)
+            grads = torch.autograd.grad(recomputed, leaves, do)
+        return (*grads, None, None, None, None, None)
+
+
+def _stand_in_tlx(query, key, value, query_offset, key_offset, max_seq_len_q: int, max_seq_len_kv: int,
+                  output_offset=None, sm_scale=None, window_size=None, broadcast_q=False, use_on_device_tma=False,
+                  cpu_query_offset=None, cpu_key_offset=None, ad_to_request_offset=None):
+    """The contract of tlx_jagged_flash_attention in plain torch: (o, M) with M the base-2 LSE [H, rows]. Its
+    kernels load the offsets through typed pointers (int32 or int64) and ignore their strides; so does this."""
+    assert query.shape[-1] == key.shape[-1] == value.shape[-1] <= 128
+    assert query_offset.dtype in (torch.int32, torch.int64) and key_offset.dtype in (torch.int32, torch.int64)
+    assert ad_to_request_offset is None and window_size is None
+    group = query.shape[1] // key.shape[1]
+    assert query.shape[1] % key.shape[1] == 0
+    qo, ko = kernel_reads(query_offset).tolist(), kernel_reads(key_offset).tolist()
+    batch = len(ko) - 1 if broadcast_q else len(qo) - 1
+    wants_grad = any(t.requires_grad for t in (query, key, value))
+    assert not (wants_grad and group != 1), "the backward asserts G == 1"
+    if broadcast_q:
+        assert qo == [0, query.shape[0]]
+        if wants_grad:  # the backward reads o and dO through output_offset
+            assert output_offset is not None
+            assert output_offset.tolist() == list(range(0, batch * query.shape[0] + 1, query.shape[0]))
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    return _TlxOp.apply(query, key, value, qo, ko, max_seq_len_q, scale, broadcast_q)
+
+
 @pytest.fixture
 def tlx_stand_in(monkeypatch):
     module = types.ModuleType(TLX_MODULE)
-    module.tlx_jagged_flash_attention = _stand_in_tlx
+    module.calls = []  # (positional, keyword) arguments of each call
+    module.tlx_jagged_flash_attention = lambda *a, **kw: module.calls.append((a, kw)) or _stand_in_tlx(*a, **kw)
     monkeypatch.setitem(sys.modules, TLX_MODULE, module)
     return module
 
@@ -268,12 +308,67 @@ def test_tlx_lse_conversion_is_what_makes_it_pass(tlx_stand_in):
 def test_tlx_adapter_on_drawn_problems(tlx_stand_in, data):
     backend = TlxJfa()
     problem = data.draw(problems(backend.capabilities), label="problem")
+    # Offsets that are strided views are read stride-blind by the op, as its kernels do (see
+    # test_tlx_strided_offsets_reach_the_kernel_as_given); the drawn examples check everything else.
+    assume(make_inputs(problem).cu_seqlens_k.stride(0) == 1)
     gradients = problem.heads_q == problem.heads_kv
     try:
         run = run_backend(backend, problem, "cpu", gradients=gradients)
     except Unsupported:
         return
     _assert_passes(problem, run, gradients)
+
+
+# -- TLX JFA under the caller's layouts -----------------------------------------------------------------
+
+TLX_LAYOUT_PROBLEMS = {
+    "jagged": Problem((5, 0, 9), (7, 3, 9), heads_q=2, heads_kv=2, head_dim=32, dtype="bfloat16", seed=6),
+    "broadcast_q": Problem((4, 4, 4), (3, 11, 7), heads_q=2, heads_kv=2, head_dim=16, dtype="float16",
+                           broadcast_q=True, seed=7),
+}
+
+
+@pytest.mark.parametrize("layout", CONTIGUOUS_OFFSETS)
+@pytest.mark.parametrize("case", list(TLX_LAYOUT_PROBLEMS))
+def test_tlx_caller_layouts(tlx_stand_in, case, layout):
+    """int64 offsets, strided q, k, v and a non-contiguous dO: with gradients the op gets contiguous q, k, v
+    and a contiguous dO, which its backward asserts; the result meets the oracle."""
+    args, grad = laid_out(TLX_LAYOUT_PROBLEMS[case], LAYOUTS[layout])
+    assert_meets_oracle(args, run_as_laid_out(TlxJfa(), args, grad), grad)
+
+
+def test_tlx_forward_hands_over_the_callers_tensors(tlx_stand_in):
+    """Without gradients nothing is converted: the op copies strided q, k, v itself and takes int64 offsets."""
+    args, _ = laid_out(TLX_LAYOUT_PROBLEMS["jagged"], LAYOUTS["all_at_once"])
+    args = args.replace(cu_seqlens_q=args.cu_seqlens_q.contiguous(), cu_seqlens_k=args.cu_seqlens_k.contiguous())
+    TlxJfa().forward(args)
+    ((positional, _),) = tlx_stand_in.calls
+    assert all(passed is given for passed, given in
+               zip(positional, (args.q, args.k, args.v, args.cu_seqlens_q, args.cu_seqlens_k)))
+
+
+@pytest.mark.parametrize("layout", ["strided_offsets", "strided_int64_offsets"])
+def test_tlx_strided_offsets_reach_the_kernel_as_given(tlx_stand_in, layout):
+    """The op neither checks nor copies its offsets and its kernels ignore their stride: handed over as they
+    are, a strided view is misread, and the spec sees it."""
+    args, _ = laid_out(TLX_LAYOUT_PROBLEMS["jagged"], LAYOUTS[layout])
+    output = TlxJfa().forward(args)
+    ((positional, _),) = tlx_stand_in.calls
+    assert positional[3] is args.cu_seqlens_q and positional[4] is args.cu_seqlens_k
+    assert not all(v.ok for v in verdicts(args, Run(output.out, output.lse)))
+
+
+def test_tlx_stand_in_backward_asserts_what_the_op_asserts():
+    """Without the adapter's conversions the backward would fail: a non-contiguous dO, or saved q, k, v whose
+    strides differ from o's."""
+    q = torch.randn(4, 2, 16, dtype=torch.float16)
+    offsets = torch.tensor([0, 4])
+    for query, grad in ((q, torch.ones(2, 4, 16, dtype=torch.float16).transpose(0, 1)),
+                        (torch.randn(4, 2, 24, dtype=torch.float16)[..., :16], torch.ones_like(q))):
+        leaf = query.detach().requires_grad_()
+        out, _ = _stand_in_tlx(leaf, q, q, offsets, offsets, 4, 4)
+        with pytest.raises(AssertionError, match="the backward asserts"):
+            torch.autograd.grad(out, leaf, grad)
 
 
 # -- flex ----------------------------------------------------------------------------------------------
