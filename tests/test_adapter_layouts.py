@@ -25,7 +25,7 @@ from backends.flash_attn2 import FlashAttn2
 from backends.flex import Flex
 from backends.njt_sdpa import NjtSdpa
 from backends.sdpa import Sdpa
-from backends.sdpa_kernels import SdpaFlash
+from backends.sdpa_kernels import SdpaFlash, SdpaMath
 from backends.varlen_attn import VarlenAttn
 from conformance import oracle
 from conformance.harness import Run, oracle_call
@@ -195,9 +195,11 @@ SDPA_PROBLEMS = {
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("case", list(SDPA_PROBLEMS))
-def test_sdpa(case, layout):
+@pytest.mark.parametrize("adapter", [Sdpa, SdpaMath], ids=["sdpa", "sdpa-math"])
+def test_sdpa(adapter, case, layout):
+    """The padded path, unpinned and pinned to the math kernel (the pinned kernel a CPU has)."""
     args, grad = laid_out(SDPA_PROBLEMS[case], LAYOUTS[layout])
-    assert_meets_oracle(args, run_as_laid_out(Sdpa(), args, grad), grad)
+    assert_meets_oracle(args, run_as_laid_out(adapter(), args, grad), grad)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
