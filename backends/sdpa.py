@@ -3,6 +3,10 @@
 Padding and the boolean mask are built from the spec's masking convention; rows with no visible key
 get one dummy visible key (SDPA would return NaN for them) and are then zeroed, which also zeroes their
 gradients. SDPA returns no LSE. The GPU kernel variants (sdpa-flash, ...) pin SDPA's kernel choice.
+
+Layouts: the offsets (int32 or int64, any strides) are read by value, and the padded batch is gathered
+from q, k, v by row index, so every layout the caller may pass is read as it is and SDPA gets the padded
+copies; the upstream gradient reaches SDPA's backward as autograd shapes it.
 """
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ dispatcher's own warning, so checks never silently run a different kernel.
 The efficient, cuDNN and math kernels take the padded batch with an explicit boolean mask
 (:func:`backends.sdpa.sdpa_packed`). The flash kernel takes no mask at all, so ``sdpa-flash`` calls it
 once per group of equally long sequences, unpadded; its ``is_causal`` is top-left, which equals
-bottom-right only when Lq == Lk. None of them returns an LSE through the public API.
+bottom-right only when Lq == Lk. None of them returns an LSE through the public API. Offsets and q, k, v
+of any layout are read by value (each kernel gets gathered rows, :mod:`backends.sdpa`).
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Vendor adapters on a CPU machine: their stated reasons, their declarations, and their conversions.
 
 The TLX adapter runs against a stand-in module with the real op's signature and contract (base-2 M,
-broadcast-Q through output_offset, no causal flag, G == 1 backward); the flex BlockMask builder is
-compared block for block with ``create_block_mask`` over a dense document mask.
+broadcast-Q through output_offset, no causal flag, G == 1 backward, the backward's assertions that dO is
+contiguous and that q, k, v, o and dO share strides, offsets loaded ignoring their stride); the flex
+BlockMask builder is compared block for block with ``create_block_mask`` over a dense document mask.
 """
 from __future__ import annotations
 
