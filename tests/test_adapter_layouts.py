@@ -8,7 +8,7 @@ they are, and out, LSE and dq/dk/dv are judged against the float64 oracle by the
 Adapters that run on the CPU run for real (sdpa; sdpa-flash on PyTorch's CPU flash kernel; njt-sdpa's
 nested tensors through SDPA's math kernel, the CPU having no NJT flash kernel; flex's eager path). flash-attn
 and varlen-attn run against stand-ins that check what their real entry points check. FA4, FlashInfer and
-TLX have their layout tests next to their stand-ins and use the helpers of this file.
+TLX have their layout tests next to their stand-ins and use the layout builders and judges of this file.
 """
 from __future__ import annotations
 
