@@ -420,21 +420,20 @@ CATALOG: tuple[BugClass, ...] = (
          pull(FA, 2875, "fix: the swapped GQA fast path requires total_q == batch")),
         "GQA, max_seqlen_q == 1, some Lq = 0",
         BUG + "zero-length sequences are valid",
-        "mutant", (META,),
-        "caught today only by the metamorphic relations, which build decode batches with empty query sequences "
-        "(inserted empty sequences, permutations); the decode length law above, with zero-length queries, would "
-        "let test_forward meet it directly"),
-    # -- pending: the drawing does not produce the trigger yet ------------------------------------------------
+        "mutant", (EDGE, META),
+        "the gqa_decode_empty_query edge case (MQA 8:1, Lq 1, 0, 1, 1) meets it in every run; the metamorphic "
+        "relations that insert empty sequences into decode batches meet it too"),
+
+    # -- what the caller passes, and values far from the usual range -------------------------------------------
     BugClass(
         "dq-uses-qk-head-dim-for-values", "dQ sizes its V / dO tiles with the q/k head dim",
         (issue("XunhaoLai/native-sparse-attention-triton", 27, "backward_dq declared the V and dO tiles with "
             "qk_head_dim: with qk_head_dim < v_head_dim value channels drop out of dP and dQ is silently wrong"),),
         "head_dim < head_dim_v, gradients",
         BUG,
-        "pending", (GRAD,),
-        "a named edge case with head_dim < head_dim_v (e.g. D 32, Dv 64) so every run's gradient check meets it; "
-        "the covering set holds such a configuration but the ci gradient check does not draw it "
-        "(ValueDimNarrowedInDq survives)"),
+        "mutant", (EDGE, GRAD),
+        "the value_dim_wider edge case (D 32, Dv 64) meets it in every run, in every dtype"),
+
     BugClass(
         "finite-running-max-sentinel", "Online softmax running max starts at a finite sentinel",
         (issue(FI, 4267, "FA2 initialises the running max to -5e4 (math::inf is finite): rows whose every logit is "
@@ -442,10 +441,12 @@ CATALOG: tuple[BugClass, ...] = (
          issue(FI, 4451, "ragged FA2 prefill returns zeros for a one-key row whose score is below the -5e4 sentinel")),
         "scores below about -5e4 (large-magnitude activations without QK-norm)",
         BUG,
-        "pending", (FWD, LSE),
-        "a magnitude axis: q and k scaled so |scale * q . k| reaches 1e4-1e5 (float32 and bfloat16; float16 "
-            "overflows), "
-        "e.g. inputs x300 or a softmax scale of 1e3"),
+        "mutant", (EDGE, FWD, LSE),
+        "the values axis: scores_low moves every score of a row to about -6.5e4 (channel 0 of q is +a, of k -a, a "
+        "constant per row that leaves softmax unchanged), drawn for float32 problems and run in every run by the "
+        "scores_far_below_zero edge case (float16 cannot hold such scores; in bfloat16 the low-precision "
+        "reference rounds them to steps of 256 and calibrates nothing)"),
+
     BugClass(
         "running-max-reset-to-zero", "Running max reset to 0 after a fully masked block",
         (issue(FA, 2082, "CuTe sm90 forward: a fully masked first block resets the running max to 0; if later scores "
@@ -454,16 +455,20 @@ CATALOG: tuple[BugClass, ...] = (
         "causal with a fully masked first-processed block and all scores far below 0 (GQA 7:1, Lq 88, Lk 448 in the "
             "report)",
         BUG,
-        "pending", (),
-        "the magnitude axis above, crossed with causal masks whose first key block is fully masked"),
+        "mutant", (EDGE, FWD, LSE),
+        "the scores_far_below_zero edge case: causal rows whose last key tile is fully masked, every score near "
+        "-6.5e4 (float32)"),
+
     BugClass(
         "fixed-max-subtraction-overflow", "A fixed constant subtracted instead of the row max",
         (issue("HabanaAI/vllm-fork", 275, "block_softmax subtracted a hard-coded max of 10; scores above ~2000 "
             "overflowed exp"),),
         "scores far above 0",
         BUG,
-        "pending", (),
-        "the magnitude axis above, positive side"),
+        "mutant", (EDGE, FWD, LSE),
+        "the values axis, scores_high (every score near +6.5e4, float32), and the scores_far_above_zero edge "
+        "case"),
+
     BugClass(
         "backward-padded-keys-overflow", "Backward scores padded keys 0: exp(0 - lse) overflows",
         (issue(PT, 196678, "cuDNN SDPA backward: NaN grad_q when seq_len % 128 == 64 and a row's LSE is below -88.7: "
@@ -472,8 +477,10 @@ CATALOG: tuple[BugClass, ...] = (
              "block_mask and score_mod")),
         "lengths not a multiple of the 128 tile and rows with LSE below ln(FLT_MIN)",
         BUG,
-        "pending", (),
-        "the magnitude axis above (negative side), with lengths just past a 128 multiple (tile edges 129, 192)"),
+        "mutant", (EDGE, GRAD),
+        "the scores_far_below_zero edge case: key lengths 9 and 40 (not tile multiples) with LSEs near -6.5e4; "
+        "drawn float32 problems with scores_low meet it at other tile edges"),
+
     BugClass(
         "non-contiguous-grad-out", "Backward assumes a contiguous dO",
         (issue(FA, 355, "FA2 computed incorrect gradients for non-contiguous output gradients"),
@@ -482,8 +489,11 @@ CATALOG: tuple[BugClass, ...] = (
          pull("flagos-ai/FlagAttention", 1, "the backward preprocess assumed o and do were contiguous (B, H, T, D)")),
         "dO that is expanded (stride 0, from .sum()), transposed or sliced",
         BUG + "the harness backpropagates whatever gradient the caller has",
-        "pending", (GRAD,),
-        "a grad_out layout axis: contiguous, expanded (stride 0) and transposed views of the upstream gradient"),
+        "mutant", (EDGE, GRAD),
+        "the grad_layout axis: dO contiguous, expanded (stride 0, what out.sum() hands the backward) or transposed "
+        "(a permuted dense view), drawn for every gradient check; the fused_views_strided_offsets edge case runs "
+        "the expanded one in every run"),
+
     BugClass(
         "token-stride-assumed-packed", "Kernels assume the packed token stride Hq * D",
         (issue(CUDNN, 538, "the cu_seq_len ragged form derives offsets from the packed stride h*d: wider token "
@@ -492,16 +502,23 @@ CATALOG: tuple[BugClass, ...] = (
          pull(FA, 2777, "FA2 backward failed for non-contiguous q/k/v (dq must have a contiguous last dimension)")),
         "q, k or v passed as views with a row stride larger than H * D (slices of a fused qkv projection)",
         BUG + "inputs are tensors of the stated shape; strides are the caller's",
-        "pending", (FWD,),
-        "an input layout axis: q/k/v as slices of one fused [rows, 3, H, D] buffer, and head-sliced views"),
+        "mutant", (EDGE, FWD),
+        "the layout axis: q, k, v packed, row_strided (rows of a fused projection, storage offset and row stride "
+        "past H*D) or head_strided (heads of a wider buffer), NaN in the gaps; drawn for every check and run by the "
+        "fused_views_strided_offsets edge case"),
+
     BugClass(
         "offsets-not-contiguous", "Strided offset tensors read as contiguous",
         (issue(FI, 5260, "ragged prefill plan() accepts a stride-2 view of the indptr and returns wrong results (or "
             "faults)"),),
         "cu_seqlens given as a non-contiguous view",
         BUG + "an offsets tensor is any int32/int64 tensor of the right values",
-        "pending", (FWD,),
-        "an offsets layout axis: cu_seqlens as a strided view (e.g. every other element of a longer tensor)"),
+        "mutant", (EDGE, FWD),
+        "the offsets_layout axis: cu_seqlens contiguous or every other element of a buffer whose fillers repeat "
+        "the entry before (a stride-ignoring reader sees well-formed, wrong offsets); drawn for every check and "
+        "run by the fused_views_strided_offsets edge case. It caught this project's own tile-list builder, which "
+        "read the caller's offsets with unit stride"),
+
     BugClass(
         "offsets-int64-read-as-int32", "int64 offsets read as int32",
         (issue(FI, 1654, "an int64 last_page_len where int32 was expected: the second sequence returned zeros, no "
@@ -509,8 +526,10 @@ CATALOG: tuple[BugClass, ...] = (
          issue(FI, 5347, "with int64 indices the kernel read pairs of int32 thresholds as one int64")),
         "offsets of dtype int64",
         BUG + "SPEC.md allows int32 or int64 offsets",
-        "pending", (FWD,),
-        "an offsets dtype axis (int32, int64): make_inputs always builds int32 offsets today"),
+        "mutant", (EDGE, FWD),
+        "the offsets_dtype axis (int32, int64): a kernel-configuration axis, so every run's configurations "
+        "include both and drawn problems of every check meet int64 offsets"),
+
     BugClass(
         "head-dims-past-the-drawn-set", "Head dims the drawing never uses (80, 96, 192, MLA 192/128)",
         (issue(FI, 4299, "head dims that are multiples of 16 but not of 64 (80, 96, 112) cause an illegal memory "
@@ -520,18 +539,21 @@ CATALOG: tuple[BugClass, ...] = (
          issue(FI, 4976, "fa2 prefill wrong for head_dim_qk 192 / head_dim_vo 128 with an fp8 KV cache")),
         "head dims 80, 96 (Phi-2/3), 160, 192 and the (192, 128) pair",
         BUG,
-        "pending", (),
-        "HEAD_DIMS gains 96 and 192 (and the (192, 128) value-dim pair); the faults are GPU-only, the harness "
-            "records them as crashes"),
+        "gpu-only", (),
+        "the spec's head dims include 96 and 192 (besides 16, 32, 40, 64, 72, 128, 256), so a backend declaring "
+        "them meets each in every run through its kernel configurations; the reported faults and unwritten "
+        "outputs happen on GPUs, where the harness records them as crashes or failures"),
+
     BugClass(
         "outlier-activation-inputs", "Failures only real activations trigger",
         (issue("NVIDIA/TransformerEngine", 3216, "FA4 4.0.0b11 backward wrong at head_dim 256 on B200 with GQA and "
             "batch >= 2; random Gaussian inputs do not trigger it, real activations do"),),
         "heavy-tailed inputs (outlier channels, massive activations)",
         BUG,
-        "pending", (),
-        "a value-distribution axis: besides Gaussian inputs, a few channels or tokens scaled up 10-100x; GPU runs "
-            "only"),
+        "gpu-only", (),
+        "the values axis draws outliers (two channels of q and k and one key row in sixteen of v scaled x16) for "
+        "every dtype and check; the reported failure needs FA4 on Blackwell, so only a GPU run can meet it"),
+
     # -- GPU only ---------------------------------------------------------------------------------------------
     BugClass(
         "int32-offset-overflow", "32-bit offset arithmetic overflows",

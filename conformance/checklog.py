@@ -20,9 +20,9 @@ class CheckLog:
         self.axes: dict[str, dict[str, int]] = {}  # coverage: axis -> value -> examples run
         self.configs: dict[str, int] = {}  # kernel configuration key -> examples run
 
-    def exercised(self, problem: Problem) -> None:
-        """Count one example that ran on ``problem`` in the coverage tallies."""
-        for axis, value in problem_axes(problem).items():
+    def exercised(self, problem: Problem, gradients: bool = False) -> None:
+        """Count one example that ran on ``problem`` (with ``gradients``: backpropagated) in the tallies."""
+        for axis, value in problem_axes(problem, gradients).items():
             counts = self.axes.setdefault(axis, {})
             counts[value] = counts.get(value, 0) + 1
         key = KernelConfig.of(problem).key
@@ -41,7 +41,7 @@ class CheckLog:
     def verify(self, problem: Problem, verdicts: list[Verdict]) -> None:
         """Record the verdicts of one example, then fail if any verdict fails."""
         self.examples += 1
-        self.exercised(problem)
+        self.exercised(problem, any(v.quantity in ("dq", "dk", "dv") for v in verdicts))
         self.last_problem, self.last_verdicts = problem, list(verdicts)
         for v in verdicts:
             if v.quantity not in self.worst or v.budget_used > self.worst[v.quantity].budget_used:

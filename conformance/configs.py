@@ -20,10 +20,10 @@ import random
 from dataclasses import dataclass
 
 from .backend import Capabilities
-from .problem import Problem
+from .problem import GRAD_LAYOUTS, LAYOUTS, OFFSETS_DTYPES, OFFSETS_LAYOUTS, Problem, value_laws
 
 # Every value the spec may draw on each kernel axis (a backend's capabilities narrow them).
-HEAD_DIMS = (16, 32, 40, 64, 72, 128, 256)
+HEAD_DIMS = (16, 32, 40, 64, 72, 96, 128, 192, 256)
 # (Hq, Hkv): MHA, GQA ratios 2, 3, 7, 8, and MQA.
 HEAD_LAYOUTS = ((1, 1), (2, 2), (4, 2), (3, 1), (6, 2), (7, 1), (8, 1), (8, 4), (16, 2))
 SCALES = (None, 0.05, 0.3, 1.0)  # None: 1/sqrt(head_dim)
@@ -44,17 +44,18 @@ class KernelConfig:
     causal: str
     broadcast_q: bool
     scale: float | None
+    offsets_dtype: str = "int32"  # the offsets' element type is a kernel argument's type (a compile key)
 
     @classmethod
     def of(cls, problem: Problem) -> KernelConfig:
         return cls(problem.dtype, problem.head_dim, problem.head_dim_v, problem.heads_q, problem.heads_kv,
-                   problem.causal, problem.broadcast_q, problem.scale)
+                   problem.causal, problem.broadcast_q, problem.scale, problem.offsets_dtype)
 
     def problem(self, seqlens_q, seqlens_k, **fields) -> Problem:
         """A problem of this configuration with the given lengths (``fields``: seed, length_law)."""
         return Problem(tuple(seqlens_q), tuple(seqlens_k), heads_q=self.heads_q, heads_kv=self.heads_kv,
                        head_dim=self.head_dim, head_dim_v=self.head_dim_v, dtype=self.dtype, causal=self.causal,
-                       broadcast_q=self.broadcast_q, scale=self.scale, **fields)
+                       broadcast_q=self.broadcast_q, scale=self.scale, offsets_dtype=self.offsets_dtype, **fields)
 
     @property
     def key(self) -> str:
@@ -65,6 +66,8 @@ class KernelConfig:
             parts.append("bq")
         if self.scale is not None:
             parts.append(f"s{self.scale:g}")
+        if self.offsets_dtype != "int32":
+            parts.append("i64")
         return " ".join(parts)
 
     def as_dict(self) -> dict:
@@ -103,6 +106,7 @@ def axis_values(caps: Capabilities) -> dict[str, tuple]:
         "causal": tuple(caps.causal_modes),
         "broadcast_q": (False, True) if caps.broadcast_q != "none" else (False,),
         "scale": SCALES,
+        "offsets_dtype": tuple(OFFSETS_DTYPES),
     }
 
 
@@ -138,6 +142,7 @@ def covered(configs, caps: Capabilities) -> dict[str, set]:
         seen["causal"].add(c.causal)
         seen["broadcast_q"].add(c.broadcast_q)
         seen["scale"].add(c.scale)
+        seen["offsets_dtype"].add(c.offsets_dtype)
     return seen
 
 
@@ -177,7 +182,8 @@ def kernel_configs(caps: Capabilities, seed: int, *, seeds=(), extra: int = 0, s
                 dtype=columns["dtype"][i], head_dim=head_dim,
                 head_dim_v=_value_dim(columns["head_dim_v"][i], head_dim, values["head_dim"]),
                 heads_q=heads_q, heads_kv=heads_kv, causal=columns["causal"][i],
-                broadcast_q=columns["broadcast_q"][i], scale=columns["scale"][i]))
+                broadcast_q=columns["broadcast_q"][i], scale=columns["scale"][i],
+                offsets_dtype=columns["offsets_dtype"][i]))
         return made
 
     def missing() -> dict[str, list]:
@@ -250,8 +256,9 @@ def _bucket(n: int, edges: tuple[int, ...]) -> str:
     return f"{low}+"
 
 
-def problem_axes(problem: Problem) -> dict[str, str]:
-    """The value each coverage axis takes in ``problem`` (the report's coverage table counts these)."""
+def problem_axes(problem: Problem, gradients: bool = False) -> dict[str, str]:
+    """The value each coverage axis takes in ``problem`` (the report's coverage table counts these);
+    ``grad_layout`` counts only where the check backpropagated (``gradients``)."""
     config = KernelConfig.of(problem)
     lens = problem.seqlens_q + problem.seqlens_k
     return {
@@ -267,7 +274,20 @@ def problem_axes(problem: Problem) -> dict[str, str]:
         "max_length": _bucket(max(lens, default=0), (0, 1, 16, 64, 128, 256)),
         "zero_length": str(0 in lens).lower(),
         "cross_attention": str(not problem.broadcast_q and problem.seqlens_q != problem.seqlens_k).lower(),
+        "offsets_dtype": problem.offsets_dtype,
+        "layout": problem.layout,
+        "offsets_layout": problem.offsets_layout,
+        "values": problem.values,
+        **({"grad_layout": problem.grad_layout} if gradients else {}),
     }
+
+
+def tensor_axis_values(caps: Capabilities) -> dict[str, tuple[str, ...]]:
+    """Every value the spec draws on the axes that need no new kernel: how the caller lays the tensors out
+    and what values they hold (``grad_layout`` only for a backend with a backward)."""
+    values = tuple(v for v in value_laws("float32") if any(v in value_laws(d) for d in caps.dtypes))
+    return {"layout": LAYOUTS, "offsets_layout": OFFSETS_LAYOUTS, "values": values,
+            **({"grad_layout": GRAD_LAYOUTS} if caps.backward else {})}
 
 
 def coverage_of(records) -> dict[str, dict[str, dict[str, int]]]:

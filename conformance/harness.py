@@ -15,7 +15,7 @@ import torch
 from . import oracle
 from .backend import Backend
 from .poison import poison_free_memory
-from .problem import AttentionArgs, Output, Problem, make_grad_out, make_inputs
+from .problem import AttentionArgs, Output, Problem, make_grad_out, make_inputs, same_layout_copy
 from .tolerance import FORWARD_FACTOR, GRADIENT_FACTOR, Verdict, allowed_error, judge, magnitude, max_error
 from .validation import validate_packed_inputs
 
@@ -106,7 +106,8 @@ def call_backend(backend: Backend, args: AttentionArgs, grad_out: torch.Tensor |
         args.q, args.k, args.v, args.cu_seqlens_q, args.cu_seqlens_k, args.max_seqlen_q, args.max_seqlen_k,
         broadcast_q=args.broadcast_q, softmax_scale=args.softmax_scale,
     )
-    leaves = [t.detach().clone().requires_grad_(grad_out is not None) for t in (args.q, args.k, args.v)]
+    # copies with the caller's strides (a strided view stays one): the layout is part of the problem
+    leaves = [same_layout_copy(t.detach()).requires_grad_(grad_out is not None) for t in (args.q, args.k, args.v)]
     call = args.replace(q=leaves[0], k=leaves[1], v=leaves[2])
     if call.broadcast_q and backend.capabilities.broadcast_q == "emulated":
         call = call.with_broadcast_q_expanded()
@@ -169,8 +170,10 @@ def judge_forward(problem: Problem, run: Run) -> list[Verdict]:
     return verdicts
 
 
-def _gradient_floor_terms(problem: Problem, exact: Run) -> tuple[int, float]:
-    return max(problem.head_dim, problem.value_dim), max(magnitude(exact.dq), magnitude(exact.dk), magnitude(exact.dv))
+def _gradient_floor_terms(problem: Problem, exact: Run) -> tuple[int, float, float]:
+    """The gradient floor's terms (tolerance.py): dot length, largest gradient, largest |LSE|."""
+    gradient_scale = max(magnitude(exact.dq), magnitude(exact.dk), magnitude(exact.dv))
+    return max(problem.head_dim, problem.value_dim), gradient_scale, magnitude(exact.lse)
 
 
 def judge_gradients(problem: Problem, run: Run) -> list[Verdict]:

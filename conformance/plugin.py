@@ -149,10 +149,10 @@ def backend_configs(backend, config) -> tuple[KernelConfig, ...] | None:
 
 def configs_for(backend, seed: int, extra: int = 0) -> tuple[KernelConfig, ...]:
     """The edge cases' configurations in every declared dtype, then a covering set (configs.py)."""
-    from .spec.edge_cases import EDGE_CASES
+    from .spec.edge_cases import EDGE_CASES, in_dtype
 
     caps = backend.capabilities
-    seeds = [KernelConfig.of(p.replace(dtype=d)) for p in EDGE_CASES.values() for d in caps.dtypes]
+    seeds = [KernelConfig.of(p) for p in (in_dtype(case, d) for case in EDGE_CASES for d in caps.dtypes) if p]
 
     def supported(c: KernelConfig) -> bool:
         lengths_k = (6, 9)

@@ -18,6 +18,24 @@ CAUSAL_MODES: tuple[str, ...] = ("none", "bottom_right", "top_left")
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
+# Tensor-level axes: how the caller hands the same numbers over (SPEC.md, "What the caller may pass").
+# The first value of each is the plain form, which a shrunk counterexample falls back to.
+LAYOUTS = ("packed", "row_strided", "head_strided")  # q, k, v: contiguous, or views of wider buffers
+OFFSETS_DTYPES = {"int32": torch.int32, "int64": torch.int64}
+OFFSETS_LAYOUTS = ("contiguous", "strided")  # cu_seqlens: contiguous, or every other element of a buffer
+GRAD_LAYOUTS = ("contiguous", "expanded", "transposed")  # the upstream gradient dO
+# Values of q, k, v: Gaussian; a few outlier channels; or every score of a row shifted far below / above 0
+# (by SCORE_SHIFT, which leaves softmax unchanged in exact arithmetic). Shifted scores need float32: float16
+# cannot hold them and in bfloat16 the low-precision reference rounds them to steps of 256, which calibrates
+# no tolerance.
+VALUE_LAWS = ("normal", "outliers", "scores_low", "scores_high")
+WIDE_RANGE_VALUES = ("scores_low", "scores_high")
+SCORE_SHIFT = 6.5e4  # past the -5e4 sentinels some kernels start their running max at (BUGS.md)
+OUTLIER_GAIN = 16.0  # a power of two: the scaled channels stay exact in every dtype
+# Padding of the strided layouts, in elements: a multiple of 8, so every row and head still starts on a
+# 16-byte boundary in every dtype (what TMA and vectorised loads ask for). It holds NaN.
+LAYOUT_PAD = 16
+
 
 def key_visible(q_pos: torch.Tensor, k_pos: torch.Tensor, len_q, len_k, causal: str) -> torch.Tensor:
     """The masking convention, elementwise and broadcastable: may query ``q_pos`` see key ``k_pos``?
@@ -55,6 +73,11 @@ class Problem:
     scale: float | None = None
     seed: int = 0
     length_law: str = "given"
+    offsets_dtype: str = "int32"
+    layout: str = "packed"
+    offsets_layout: str = "contiguous"
+    grad_layout: str = "contiguous"
+    values: str = "normal"
 
     def __post_init__(self):
         if len(self.seqlens_q) != len(self.seqlens_k):
@@ -73,6 +96,13 @@ class Problem:
             raise ValueError(f"causal must be one of {CAUSAL_MODES}, got {self.causal!r}")
         if self.scale is not None and not (math.isfinite(self.scale) and self.scale > 0):
             raise ValueError(f"scale must be finite and positive, got {self.scale}")
+        for name, allowed in (("offsets_dtype", tuple(OFFSETS_DTYPES)), ("layout", LAYOUTS),
+                              ("offsets_layout", OFFSETS_LAYOUTS), ("grad_layout", GRAD_LAYOUTS),
+                              ("values", VALUE_LAWS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.values in WIDE_RANGE_VALUES and self.dtype != "float32":
+            raise ValueError(f"values {self.values!r} need dtype float32 (scores of {SCORE_SHIFT:g}), got {self.dtype}")
 
     # -- derived quantities -------------------------------------------------------------------------
     @property
@@ -194,6 +224,11 @@ class Output:
     lse: torch.Tensor | None = None
 
 
+def value_laws(dtype: str) -> tuple[str, ...]:
+    """The value laws a problem of ``dtype`` may use."""
+    return VALUE_LAWS if dtype == "float32" else tuple(v for v in VALUE_LAWS if v not in WIDE_RANGE_VALUES)
+
+
 def offsets(lengths, dtype=torch.int32) -> torch.Tensor:
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int64)
     if lengths:
@@ -201,40 +236,117 @@ def offsets(lengths, dtype=torch.int32) -> torch.Tensor:
     return cu.to(dtype)
 
 
+def strided_offsets(cu: torch.Tensor) -> torch.Tensor:
+    """``cu`` as every other element of a buffer twice as long; each filler repeats the entry before it,
+    so an offsets reader that ignores the stride sees well-formed but wrong offsets (silent, not a fault)."""
+    buffer = torch.empty(2 * cu.shape[0], dtype=cu.dtype, device=cu.device)
+    buffer[0::2] = cu
+    buffer[1::2] = cu
+    return buffer[0::2]
+
+
+def laid_out(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """``t`` [rows, H, D] as a view with ``layout``, equal values; the padding around it holds NaN, so a
+    kernel that ignores a stride or the storage offset reads NaN.
+
+    ``row_strided``: the rows of a wider buffer, as q, k and v sliced from one fused projection (row stride
+    H*D + pad, storage offset pad). ``head_strided``: heads sliced from wider heads, as k and v split out of
+    one [rows, H, Dk + Dv] buffer (head stride D + pad).
+    """
+    if layout == "packed":
+        return t
+    rows, heads, dim = t.shape
+    if layout == "row_strided":
+        buffer = torch.full((rows, heads * dim + LAYOUT_PAD), float("nan"), dtype=t.dtype, device=t.device)
+        view = buffer[:, LAYOUT_PAD:].view(rows, heads, dim)
+    elif layout == "head_strided":
+        buffer = torch.full((rows, heads, dim + LAYOUT_PAD), float("nan"), dtype=t.dtype, device=t.device)
+        view = buffer[:, :, LAYOUT_PAD // 2 : LAYOUT_PAD // 2 + dim]
+    else:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    view.copy_(t)
+    return view
+
+
+def same_layout_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` with the same sizes, strides and storage offset over a copy of its whole storage
+    (``clone`` makes a non-dense view contiguous). The copy is a leaf: ``requires_grad_`` works on it."""
+    if t.is_contiguous() and t.storage_offset() == 0:
+        return t.detach().clone()
+    storage = t.untyped_storage().clone()
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, t.storage_offset(), t.size(), t.stride())
+
+
+def _values(problem: Problem, q, k, v, gen):
+    """q, k, v (float32) after ``problem.values``."""
+    if problem.values == "outliers":  # two channels of q and k and one key row in sixteen of v, scaled up
+        for t in (q, k):
+            if t.shape[-1] and t.shape[0]:
+                t[..., torch.randperm(t.shape[-1], generator=gen)[:2]] *= OUTLIER_GAIN
+        if v.shape[0]:
+            v[torch.randperm(v.shape[0], generator=gen)[: max(1, v.shape[0] // 16)]] *= OUTLIER_GAIN
+    elif problem.values in WIDE_RANGE_VALUES:
+        # Channel 0 of q is +a, of k -a (or +a): every score of a row moves by -SCORE_SHIFT (+SCORE_SHIFT)
+        # after the softmax scale, a constant per row, so out is that of the other channels alone.
+        a = math.sqrt(SCORE_SHIFT / problem.softmax_scale)
+        q[..., 0] = a
+        k[..., 0] = -a if problem.values == "scores_low" else a
+    return q, k, v
+
+
 def make_inputs(problem: Problem, device: str | torch.device = "cpu") -> AttentionArgs:
-    """Random inputs for ``problem``, identical for a given seed on every machine (drawn on CPU)."""
+    """Random inputs for ``problem``, identical for a given seed on every machine (drawn on CPU), laid
+    out on ``device`` as the problem's tensor-level axes say (the same numbers in every layout)."""
     gen = torch.Generator().manual_seed(problem.seed)
     dtype = problem.torch_dtype
     rows_q = problem.dense_lq if problem.broadcast_q else problem.out_rows
     rows_k = sum(problem.seqlens_k)
 
     def rand(*shape):
-        return torch.randn(*shape, generator=gen, dtype=torch.float32).to(dtype)
+        return torch.randn(*shape, generator=gen, dtype=torch.float32)
 
     q = rand(rows_q, problem.heads_q, problem.head_dim)
     k = rand(rows_k, problem.heads_kv, problem.head_dim)
     v = rand(rows_k, problem.heads_kv, problem.value_dim)
-    cu_q = offsets([rows_q] if problem.broadcast_q else list(problem.seqlens_q))
-    args = AttentionArgs(
+    if problem.values != "normal":
+        q, k, v = _values(problem, q, k, v, gen)
+    index = OFFSETS_DTYPES[problem.offsets_dtype]
+    cu_q = offsets([rows_q] if problem.broadcast_q else list(problem.seqlens_q), index)
+    cu_k = offsets(list(problem.seqlens_k), index)
+    q, k, v, cu_q, cu_k = (t.to(device) for t in (q.to(dtype), k.to(dtype), v.to(dtype), cu_q, cu_k))
+    if problem.layout != "packed":
+        q, k, v = (laid_out(t, problem.layout) for t in (q, k, v))
+    if problem.offsets_layout == "strided":
+        cu_q, cu_k = strided_offsets(cu_q), strided_offsets(cu_k)
+    return AttentionArgs(
         q=q,
         k=k,
         v=v,
         cu_seqlens_q=cu_q,
-        cu_seqlens_k=offsets(list(problem.seqlens_k)),
+        cu_seqlens_k=cu_k,
         max_seqlen_q=max(problem.seqlens_q, default=0),
         max_seqlen_k=max(problem.seqlens_k, default=0),
         causal=problem.causal,
         softmax_scale=problem.softmax_scale,
         broadcast_q=problem.broadcast_q,
     )
-    return args.to(device)
 
 
 def make_grad_out(problem: Problem, device: str | torch.device = "cpu") -> torch.Tensor:
-    """The upstream gradient dO used by gradient checks (seeded apart from the inputs)."""
+    """The upstream gradient dO used by gradient checks (seeded apart from the inputs), in the problem's
+    ``grad_layout``: contiguous; ``expanded`` (one row broadcast over all rows, stride 0, as ``out.sum()``
+    and other reductions produce); ``transposed`` (a dense permuted view, same values as contiguous)."""
     gen = torch.Generator().manual_seed(problem.seed + 7919)
-    g = torch.randn(problem.out_rows, problem.heads_q, problem.value_dim, generator=gen)
-    return g.to(problem.torch_dtype).to(device)
+    rows, heads, dim = problem.out_rows, problem.heads_q, problem.value_dim
+    if problem.grad_layout == "expanded":
+        g = torch.randn(1, heads, dim, generator=gen).to(problem.torch_dtype).to(device)
+        return g.expand(rows, heads, dim)
+    g = torch.randn(rows, heads, dim, generator=gen).to(problem.torch_dtype).to(device)
+    if problem.grad_layout == "transposed":
+        view = torch.empty(dim, heads, rows, dtype=g.dtype, device=g.device).permute(2, 1, 0)
+        view.copy_(g)
+        return view
+    return g
 
 
 def problem_of_args(args) -> Problem:
@@ -246,4 +358,5 @@ def problem_of_args(args) -> Problem:
         dtype=str(args.q.dtype).removeprefix("torch."), causal=args.causal, broadcast_q=args.broadcast_q,
         # The seed is unknown (the inputs may have been transformed); 0 keeps the problem replayable.
         scale=args.softmax_scale, seed=0, length_law="observed",
+        offsets_dtype=str(args.cu_seqlens_k.dtype).removeprefix("torch."),
     )

@@ -430,11 +430,14 @@ def describe_inputs(args) -> list[str]:
     """The packed call's tensors and options, as one would write them into a bug report."""
     def tensor(name, t):
         dtype = str(t.dtype).removeprefix("torch.")
-        return f"{name}: shape {tuple(t.shape)}, {dtype}, stride {tuple(t.stride())}"
+        offset = f", storage offset {t.storage_offset()}" if t.storage_offset() else ""
+        return f"{name}: shape {tuple(t.shape)}, {dtype}, stride {tuple(t.stride())}{offset}"
 
     def listed(t):
         values = t.tolist()
-        return str(values) if len(values) <= 24 else f"{values[:12]} ... {values[-4:]} ({len(values)} entries)"
+        shown = str(values) if len(values) <= 24 else f"{values[:12]} ... {values[-4:]} ({len(values)} entries)"
+        kind = str(t.dtype).removeprefix("torch.") + ("" if t.stride(0) == 1 else f", stride {t.stride(0)}")
+        return f"{shown} ({kind})"
 
     return [tensor("q", args.q), tensor("k", args.k), tensor("v", args.v),
             f"cu_seqlens_q: {listed(args.cu_seqlens_q)}", f"cu_seqlens_k: {listed(args.cu_seqlens_k)}",

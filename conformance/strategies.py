@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from .backend import Capabilities
 from .configs import HEAD_DIMS, HEAD_LAYOUTS, SCALES, SLOW_PATH_MAX_HEADS, KernelConfig, pinned
-from .problem import Problem
+from .problem import GRAD_LAYOUTS, LAYOUTS, OFFSETS_DTYPES, OFFSETS_LAYOUTS, Problem, value_laws
 
 __all__ = ["HEAD_DIMS", "HEAD_LAYOUTS", "LENGTH_LAWS", "lengths", "problems"]
 
@@ -85,7 +85,8 @@ def _free_config(draw, caps: Capabilities, broadcast_q, causal, dtype) -> Kernel
     return KernelConfig(
         dtype=dtype or draw(st.sampled_from(caps.dtypes), label="dtype"), head_dim=head_dim, head_dim_v=head_dim_v,
         heads_q=heads_q, heads_kv=heads_kv, causal=causal or draw(st.sampled_from(caps.causal_modes), label="causal"),
-        broadcast_q=broadcast_q, scale=draw(st.sampled_from(SCALES), label="scale"))
+        broadcast_q=broadcast_q, scale=draw(st.sampled_from(SCALES), label="scale"),
+        offsets_dtype=draw(st.sampled_from(tuple(OFFSETS_DTYPES)), label="offsets_dtype"))
 
 
 @st.composite
@@ -135,4 +136,12 @@ def problems(
 
     if caps.max_drawn_rows is not None:
         seqlens_q, seqlens_k = _shrink_to(caps.max_drawn_rows, seqlens_q, seqlens_k, config.broadcast_q)
-    return config.problem(seqlens_q, seqlens_k, seed=draw(st.integers(0, 2**16), label="seed"), length_law=law)
+    # How the caller hands the numbers over, and what they are: cheap to vary (no new kernel), so free.
+    tensors = dict(
+        layout=draw(st.sampled_from(LAYOUTS), label="layout"),
+        offsets_layout=draw(st.sampled_from(OFFSETS_LAYOUTS), label="offsets_layout"),
+        grad_layout=draw(st.sampled_from(GRAD_LAYOUTS), label="grad_layout"),
+        values=draw(st.sampled_from(value_laws(config.dtype)), label="values"),
+    )
+    return config.problem(seqlens_q, seqlens_k, seed=draw(st.integers(0, 2**16), label="seed"), length_law=law,
+                          **tensors)

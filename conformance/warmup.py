@@ -13,6 +13,10 @@ kernels (the versions of Python, torch, Triton and the vendor packages, the GPU,
 project's adapters and kernels). A run whose caches are warm skips those jobs; their checks load the
 kernels from the caches on first use. Delete the cache directory and everything is compiled again.
 
+The manifest also keeps each job's last compile seconds, whatever the fingerprint: a run that has to
+compile again (after an upgrade or an edit) starts the longest jobs first, so the slowest backend's
+compiles do not all land at the end of the warm-up.
+
 A job that outlives ``budget_s`` is stopped with its process (a fresh one takes its place) and reported
 as ``timeout``; the backend's remaining jobs are skipped, and the checks phase starts that backend as
 *suspect* (see containment.py): a short probe decides whether its checks run at all. A process that dies
@@ -176,8 +180,11 @@ def _kill(worker: _Worker) -> None:
     worker.proc.wait()
 
 
-def order(jobs: list[Job]) -> list[Job]:
-    """Backends interleaved (one job of each in turn), so every backend's compiles start early."""
+def order(jobs: list[Job], seconds: dict[str, float] | None = None) -> list[Job]:
+    """Longest expected compile first, from ``seconds`` (job key -> seconds an earlier run took; a job
+    not listed is expected to take its backend's mean, or the mean of all); equal estimates, and every job
+    when nothing is known, keep backends interleaved (one job of each in turn), so that every backend's
+    compiles start early."""
     by_backend: dict[str, list[Job]] = {}
     for job in jobs:
         by_backend.setdefault(job.backend, []).append(job)
@@ -187,17 +194,33 @@ def order(jobs: list[Job]) -> list[Job]:
         for q in queues:
             if q:
                 ordered.append(q.pop(0))
-    return ordered
+    if not seconds:
+        return ordered
+    per_backend: dict[str, list[float]] = {}
+    for key, s in seconds.items():
+        per_backend.setdefault(key.split(" | ", 1)[0], []).append(s)
+    overall = sum(seconds.values()) / len(seconds)
+
+    def expected(job: Job) -> float:
+        known = seconds.get(_job_key(job))
+        if known is not None:
+            return known
+        same = per_backend.get(job.backend)
+        return sum(same) / len(same) if same else overall
+
+    return sorted(ordered, key=lambda job: -expected(job))  # stable: ties stay interleaved
 
 
 def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float, log_path: Path,
-             on_result=None, on_start=None, deadline: float | None = None) -> list[Result]:
-    """Run ``jobs`` on ``len(envs)`` worker processes (one environment each, e.g. a pinned GPU).
+             on_result=None, on_start=None, deadline: float | None = None,
+             seconds: dict[str, float] | None = None) -> list[Result]:
+    """Run ``jobs`` on ``len(envs)`` worker processes (one environment each, e.g. a pinned GPU), in the
+    order of :func:`order` (``seconds``: what earlier runs took).
 
     ``on_start(worker_index, job)`` and ``on_result(result)`` feed a live view. Past ``deadline``
     (time.monotonic) the jobs not yet finished are reported ``skipped``.
     """
-    pending = order(jobs)
+    pending = order(jobs, seconds)
     results: list[Result] = []
     stopped_backends: dict[str, str] = {}  # backend -> why its remaining jobs are skipped
     with open(log_path, "a", encoding="utf-8") as log:
@@ -309,23 +332,37 @@ def _job_key(job: Job) -> str:
     return f"{job.backend} | {job.config.key}"
 
 
-def load_manifest(cache_dir: Path, print_: str) -> set[str]:
-    """Jobs that finished ``ok`` in an earlier run with the same fingerprint."""
+def _read_manifest(cache_dir: Path) -> dict:
+    """``{"compiled": {fingerprint: [job key, ...]}, "seconds": {job key: seconds}}`` (empty if unreadable)."""
     try:
         data = json.loads((Path(cache_dir) / MANIFEST).read_text())
     except (OSError, ValueError):
-        return set()
-    return set(data.get(print_, []))
+        return {"compiled": {}, "seconds": {}}
+    if not isinstance(data, dict) or not isinstance(data.get("compiled"), dict):
+        return {"compiled": {}, "seconds": {}}
+    return {"compiled": data["compiled"], "seconds": dict(data.get("seconds") or {})}
+
+
+def load_manifest(cache_dir: Path, print_: str) -> set[str]:
+    """Jobs that finished ``ok`` in an earlier run with the same fingerprint."""
+    return set(_read_manifest(cache_dir)["compiled"].get(print_, []))
+
+
+def load_seconds(cache_dir: Path) -> dict[str, float]:
+    """Job key -> the compile seconds its last ``ok`` run took, under any fingerprint."""
+    return _read_manifest(cache_dir)["seconds"]
 
 
 def save_manifest(cache_dir: Path, print_: str, jobs: list[Job], results: list[Result], done: set[str]) -> None:
-    """Add the jobs that finished ``ok`` to the manifest (entries of other fingerprints are dropped)."""
+    """Add the jobs that finished ``ok`` to the manifest (compiled lists of other fingerprints are
+    dropped) and record their seconds."""
     by_key = {(job.name, job.config.key): _job_key(job) for job in jobs}
-    done = set(done) | {by_key[r.backend, r.key] for r in results if r.outcome == "ok" and (r.backend, r.key) in by_key}
+    ok = {by_key[r.backend, r.key]: r.seconds for r in results if r.outcome == "ok" and (r.backend, r.key) in by_key}
+    seconds = {**load_seconds(cache_dir), **ok}
     path = Path(cache_dir) / MANIFEST
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({print_: sorted(done)}, indent=0))
+    tmp.write_text(json.dumps({"compiled": {print_: sorted(set(done) | set(ok))}, "seconds": seconds}, indent=0))
     os.replace(tmp, path)
 
 
@@ -381,7 +418,7 @@ def run_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Pat
     with view(todo) as shown:
         results = run_pool(todo, device=device, envs=envs, budget_s=ns.compile_timeout,
                            log_path=run_dir / "warmup.log", on_start=shown.started, on_result=shown.finished,
-                           deadline=deadline) if todo else []
+                           deadline=deadline, seconds=load_seconds(cache_dir)) if todo else []
     save_manifest(cache_dir, print_, jobs, results, done)
     results = cached + results
     wall = round(time.monotonic() - started, 1)

@@ -408,6 +408,9 @@ def order_and_lists(cu_q, cu_k, rows_q, rows_k, specs: Sequence[ListSpec], *, ca
     4,096 sequences) or by torch.sort (the default on the CPU, where the interpreter's sort is slow).
     Returns (order, [TileList, ...])."""
     assert 1 <= len(specs) <= 2 and all(sp.split == specs[0].split for sp in specs)
+    # The builder reads the caller's offsets with unit stride: a strided view (every other element of a
+    # longer tensor, say) is copied first, on the device and without a wait.
+    cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
     device = cu_k.device
     n_seqs = cu_k.shape[0] - 1
     if n_seqs > MAX_SEQS:

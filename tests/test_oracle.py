@@ -12,7 +12,7 @@ from conformance.problem import Problem, key_visible, make_grad_out, make_inputs
 from conformance.strategies import problems
 from conformance.backend import Capabilities
 from conformance.problem import CAUSAL_MODES
-from conformance.tolerance import max_error
+from conformance.tolerance import magnitude, max_error
 
 ALL = Capabilities(causal_modes=CAUSAL_MODES, broadcast_q="native", dtypes=("float32",))
 
@@ -44,8 +44,11 @@ def test_oracle_matches_naive_attention(problem):
     args = make_inputs(problem)
     out, lse = naive(args)
     result = oracle.attention(args)
-    assert max_error(result.out, out) < 1e-12
-    assert max_error(result.lse, lse) < 1e-12
+    # float64 rounding of the scores, which grows with their size (shifted-score values put them near
+    # -6.5e4; the LSE is as large as the largest score)
+    bound = 1e-12 * max(1.0, magnitude(lse))
+    assert max_error(result.out, out) < bound
+    assert max_error(result.lse, lse) < bound
 
 
 @settings(max_examples=8, deadline=None)
@@ -56,7 +59,8 @@ def test_online_reference_agrees_with_the_oracle_including_gradients(problem):
     online = call_backend(ReferenceOnline(), args, grad_out)
     for name in ("out", "lse", "dq", "dk", "dv"):
         # both are float64 computations returned in float32: they agree to float32 rounding
-        assert max_error(getattr(online, name), getattr(expected, name)) < 1e-5, name
+        reference = getattr(expected, name)
+        assert max_error(getattr(online, name), reference) < 1e-5 * max(1.0, magnitude(reference)), name
 
 
 def test_chunking_keeps_results_and_bounds_memory():

@@ -218,6 +218,9 @@ PREDICATES: list[tuple[str, object]] = [
     ("not causal", lambda p: p.get("causal") in (None, "none")),
 ]
 VALUE_FIELDS = ("dtype", "head_dim", "head_dim_v", "causal", "heads_q", "heads_kv")
+# How the caller handed the tensors over and what values they hold: a non-default value all of a group
+# shares is usually the cause, so these come first among equally telling properties.
+TENSOR_FIELDS = ("offsets_layout", "offsets_dtype", "layout", "grad_layout", "values")
 # A shown property makes these ones redundant.
 IMPLIES = {"head_dim < head_dim_v": ("head_dim_v != head_dim",), "head_dim > head_dim_v": ("head_dim_v != head_dim",),
            "MQA (one KV head, several query heads)": ("GQA (heads_q > heads_kv)",),
@@ -232,7 +235,13 @@ def _holds(fn, p: dict) -> bool:
 
 
 def _candidates(problems: list[dict]) -> list[tuple[str, object]]:
-    found = [(name, fn) for name, fn in PREDICATES if all(_holds(fn, p) for p in problems)]
+    found = []
+    for key in TENSOR_FIELDS:
+        values = {json.dumps(p.get(key)) for p in problems}
+        if len(values) == 1 and problems[0].get(key) is not None:
+            value = problems[0][key]
+            found.append((f"{key} = {value}", lambda p, k=key, v=value: p.get(k) == v))
+    found += [(name, fn) for name, fn in PREDICATES if all(_holds(fn, p) for p in problems)]
     for key in VALUE_FIELDS:
         values = {json.dumps(p.get(key)) for p in problems}
         if len(values) == 1 and problems[0].get(key) is not None:

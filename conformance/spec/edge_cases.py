@@ -1,6 +1,6 @@
 """Named problems every backend meets in every run, whatever hypothesis draws: the shapes where jagged
 kernels are known to break."""
-from conformance.problem import Problem
+from conformance.problem import DTYPES, Problem
 
 TILE_EDGES = (15, 16, 17, 63, 64, 65, 127, 128, 129)
 
@@ -19,4 +19,32 @@ EDGE_CASES = {
     "broadcast_q_with_empty_kv": Problem((5, 5, 5), (3, 0, 7), heads_q=2, heads_kv=2, broadcast_q=True),
     "broadcast_q_causal": Problem((6, 6), (4, 9), broadcast_q=True, causal="bottom_right"),
     "value_dim_differs": Problem((4, 9), (6, 9), head_dim=64, head_dim_v=32),
+    "value_dim_wider": Problem((4, 9), (6, 9), head_dim=32, head_dim_v=64),
+    # The cases below reuse the kernel configurations of the ones above: they add no compile to a run.
+    # GQA decode: one query per sequence at most, one sequence without a query (fast paths that fold the
+    # head group into the sequence axis assume exactly one)
+    "gqa_decode_empty_query": Problem((1, 0, 1, 1), (5, 3, 0, 9), heads_q=8, heads_kv=1, head_dim=32),
+    # what a caller passes: q, k, v sliced from a fused projection, offsets that are every other element of
+    # a longer tensor, and the upstream gradient of out.sum() (expanded, stride 0)
+    "fused_views_strided_offsets": Problem((5, 0, 17), (5, 3, 17), heads_q=2, heads_kv=1, causal="bottom_right",
+                                           layout="row_strided", offsets_layout="strided", grad_layout="expanded"),
+    # every score of a row near -6.5e4 or +6.5e4 (float32 only): finite running-max sentinels, a running max
+    # reset to 0 by a fully masked tile, padded keys scored 0 in the backward, a fixed max subtracted
+    "scores_far_below_zero": Problem((1, 9, 40), (1, 9, 40), heads_q=2, heads_kv=1, causal="bottom_right",
+                                     values="scores_low"),
+    "scores_far_above_zero": Problem((5, 20), (5, 20), causal="bottom_right", values="scores_high"),
 }
+
+
+def in_dtype(case: str, dtype: str) -> Problem | None:
+    """Edge case ``case`` in ``dtype``, or None where the dtype cannot hold its values (shifted scores
+    outside float32)."""
+    try:
+        return EDGE_CASES[case].replace(dtype=dtype)
+    except ValueError:
+        return None
+
+
+def edge_case_params() -> list[tuple[str, str]]:
+    """(case, dtype) pairs: every case in every dtype that can hold its values."""
+    return [(case, dtype) for case in EDGE_CASES for dtype in DTYPES if in_dtype(case, dtype) is not None]

@@ -93,7 +93,7 @@ def test_determinism(backend, device, check, configs):
         with supported(check):
             differences = repeated_runs(backend, problem, device, runs)
         check.examples += 1
-        check.exercised(problem)
+        check.exercised(problem, backend.capabilities.backward)
         check.last_problem = problem
         worst = max((d for _, d in differences.values()), default=0.0)
         if worst > largest["difference"]:
