@@ -11,10 +11,11 @@ import dataclasses
 from hypothesis import strategies as st
 
 from .backend import Capabilities
-from .configs import HEAD_DIMS, HEAD_LAYOUTS, SCALES, SLOW_PATH_MAX_HEADS, KernelConfig, pinned
+from .configs import (HEAD_DIMS, HEAD_LAYOUTS, SCALES, SLOW_PATH_MAX_HEADS, KernelConfig, axis_values, pinned,
+                      tensor_axis_values)
 from .problem import GRAD_LAYOUTS, LAYOUTS, OFFSETS_DTYPES, OFFSETS_LAYOUTS, Problem, value_laws
 
-__all__ = ["HEAD_DIMS", "HEAD_LAYOUTS", "LENGTH_LAWS", "lengths", "problems"]
+__all__ = ["HEAD_DIMS", "HEAD_LAYOUTS", "LENGTH_LAWS", "declared_values", "lengths", "problems"]
 
 # Lengths around tile edges: 1, 15-17, 63-65, 127-129.
 TILE_EDGES = (1, 15, 16, 17, 63, 64, 65, 127, 128, 129)
@@ -145,3 +146,21 @@ def problems(
     )
     return config.problem(seqlens_q, seqlens_k, seed=draw(st.integers(0, 2**16), label="seed"), length_law=law,
                           **tensors)
+
+
+def declared_values(caps: Capabilities) -> dict[str, list[str]]:
+    """Every value a run should exercise on each coverage axis (configs.problem_axes), as the coverage
+    table writes it, for a backend with ``caps``: what ``selftest`` and the coverage meta-test compare a
+    run's coverage with."""
+    kernel = axis_values(caps)
+    declared = {
+        "dtype": list(kernel["dtype"]), "head_dim": [str(d) for d in kernel["head_dim"]],
+        "head_dim_v": list(kernel["head_dim_v"]), "heads": [f"{q}:{k}" for q, k in kernel["heads"]],
+        "causal": list(kernel["causal"]), "broadcast_q": [str(b).lower() for b in kernel["broadcast_q"]],
+        "scale": ["default" if s is None else f"{s:g}" for s in kernel["scale"]],
+        "offsets_dtype": list(kernel["offsets_dtype"]),
+        "length_law": list(LENGTH_LAWS), "batch": ["0", "1", "2-4", f"5-{MAX_BATCH}"],
+        "zero_length": ["false", "true"] if caps.zero_length else ["false"],
+        "cross_attention": ["false", "true"] if caps.cross_attention else ["false"],
+    }
+    return {**declared, **{axis: list(v) for axis, v in tensor_axis_values(caps).items()}}

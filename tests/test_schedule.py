@@ -153,6 +153,26 @@ def test_the_kernels_read_clamped_offsets(raw, rows, want):
     assert order.cu_q.tolist() == want and order.cu_k.tolist() == want and order.cu_q.dtype == torch.int32
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_strided_offsets_are_read_by_value(dtype):
+    # every other element of a longer tensor whose fillers are other well-formed offsets: a reader that
+    # ignores the stride builds other, plausible lists
+    lens_q, lens_k = [5, 0, 17, 3], [9, 4, 17, 0]
+    spec = [sched.ListSpec(16, 2)]
+
+    def strided(lens):
+        cu = _cu(lens, dtype)
+        buffer = torch.zeros(2 * cu.numel(), dtype=dtype, device=DEVICE)
+        buffer[0::2], buffer[1::2] = cu, cu.flip(0)
+        return buffer[0::2]
+
+    order, (t,) = sched.order_and_lists(strided(lens_q), strided(lens_k), sum(lens_q), sum(lens_k), spec,
+                                        causal=True, broadcast=False)
+    want_order, (want,) = build(lens_q, lens_k, spec, causal=True, dtype=dtype)
+    assert order.cu_q.tolist() == want_order.cu_q.tolist() and order.cu_k.tolist() == want_order.cu_k.tolist()
+    assert _built(t) == _built(want)
+
+
 def test_a_call_with_malformed_offsets_computes_what_their_clamped_form_gives():
     # unchecked offsets (the GPU default) cannot send a kernel outside the call's tensors: the call is the
     # call on the clamped offsets
