@@ -340,10 +340,9 @@ CATALOG: tuple[BugClass, ...] = (
             "query head of every KV group"),),
         "max_seqlen_q == 1 (decode) with GQA",
         BUG,
-        "mutant", (META, BCAST),
-        "caught today only where a relation or the broadcast-Q comparison meets a decode-shaped GQA batch (the "
-        "unwritten entries compare unequal); a decode length law (every Lq in {0, 1}, free key lengths) would let "
-        "test_lse meet it directly"),
+        "mutant", (EDGE, META, BCAST),
+        "the gqa_decode_empty_query edge case (MQA 8:1, every Lq 0 or 1) meets it in every run, and the relations "
+        "and the broadcast-Q comparison where they meet a decode-shaped GQA batch"),
     # -- gradients ----------------------------------------------------------------------------------------
     BugClass(
         "shared-operand-gradient-not-reduced", "Gradient of a shared operand not summed over its uses",

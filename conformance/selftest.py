@@ -15,6 +15,7 @@ five times longer).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -26,7 +27,8 @@ from pathlib import Path
 
 from hypothesis import Phase, settings
 
-from . import mutants, profiles
+from . import configs, mutants, profiles
+from .strategies import declared_values
 
 SPEC_DIR = Path(__file__).resolve().parent / "spec"
 NO_SHRINK_SUFFIX = "-noshrink"
@@ -58,6 +60,7 @@ class MutantResult:
     errors: list[str] = field(default_factory=list)
     returncode: int = 0
     output: str = ""
+    coverage: dict[str, dict[str, int]] = field(default_factory=dict)  # the control's: axis -> value -> examples
 
     @property
     def is_control(self) -> bool:
@@ -102,7 +105,8 @@ def spec_files() -> list[str]:
     return [str(p) for p in sorted(SPEC_DIR.glob("test_*.py"), key=rank)]
 
 
-def spec_command(class_name: str, profile: str, junit: Path, *, first_failure: bool, device: str | None) -> list[str]:
+def spec_command(class_name: str, profile: str, junit: Path, *, first_failure: bool, device: str | None,
+                 records: Path | None = None) -> list[str]:
     command = [
         sys.executable, "-m", "pytest", *spec_files(), "-q", "-p", "no:cacheprovider",
         "-p", "conformance.plugin", "-p", "conformance.selftest",
@@ -110,6 +114,8 @@ def spec_command(class_name: str, profile: str, junit: Path, *, first_failure: b
         "--hypothesis-profile", profile + NO_SHRINK_SUFFIX,
         f"--junitxml={junit}", "-o", "junit_family=xunit1",
     ]
+    if records is not None:
+        command.append(f"--jfa-records={records}")
     if first_failure:
         command.append("--maxfail=1")
     if device:
@@ -123,7 +129,10 @@ def run_one(class_name: str, profile: str = profiles.DEFAULT, *, first_failure: 
     result = MutantResult(class_name, cls.name, cls.bug, cls.catalog_id)
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
-        command = spec_command(class_name, profile, junit, first_failure=first_failure, device=device)
+        # the control runs every check (it passes them): its records say which values the run exercised
+        records = Path(tmp) / "records.jsonl" if class_name == CONTROL else None
+        command = spec_command(class_name, profile, junit, first_failure=first_failure, device=device,
+                               records=records)
         try:
             proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
         except subprocess.TimeoutExpired:
@@ -132,6 +141,9 @@ def run_one(class_name: str, profile: str = profiles.DEFAULT, *, first_failure: 
         result.returncode, result.output = proc.returncode, proc.stdout + proc.stderr
         if junit.exists():
             _read_junit(junit, result)
+        if records is not None and records.exists():
+            lines = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+            result.coverage = configs.coverage_of(lines).get(cls.name, {})
         elif proc.returncode not in (0, 1):
             result.errors.append(f"pytest exited with status {proc.returncode}")
     return result
@@ -194,6 +206,28 @@ def print_table(results: list[MutantResult], first_failure: bool, console=None) 
     console.print(table)
 
 
+def print_coverage(control: MutantResult, console=None) -> list[str]:
+    """The values the control's run exercised on each axis (every mutant meets the same draws up to its
+    first failure). Returns the declared values it left unexercised, as ``axis=value``."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    declared = declared_values(mutants.Unmutated.capabilities)
+    table = Table(title="What the run exercised (the control's examples per value)", show_lines=False)
+    table.add_column("axis", no_wrap=True)
+    table.add_column("values exercised (examples)")
+    table.add_column("declared, not exercised")
+    missing = []
+    for axis in dict.fromkeys([*declared, *control.coverage]):
+        seen = control.coverage.get(axis, {})
+        gaps = [v for v in declared.get(axis, []) if v not in seen]
+        missing += [f"{axis}={v}" for v in gaps]
+        table.add_row(axis, ", ".join(f"{v} ({n})" for v, n in seen.items()), f"[red]{', '.join(gaps)}[/]" if gaps else "")
+    console.print(table)
+    return missing
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jfa-conformance selftest", description="Run the spec against every built-in mutant backend and show which checks catch it.")
     parser.add_argument("--profile", default=profiles.DEFAULT, choices=sorted(profiles.PROFILES),
@@ -218,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     results = run_selftest(args.mutant, args.profile, first_failure=args.first_failure, jobs=args.jobs,
                            device=args.device, timeout=args.timeout)
     print_table(results, args.first_failure)
+    control = next((r for r in results if r.is_control), None)
+    if control is not None and control.coverage:
+        missing = print_coverage(control)
+        if missing:
+            print(f"the run left {len(missing)} declared value(s) unexercised: {', '.join(missing)}")
     bad = [r for r in results if not r.ok]
     if args.show_output:
         for r in bad:

@@ -3,7 +3,10 @@ catalog class (conformance/BUGS.md) lists; the control (the mutants' computation
 it; and ``selftest`` fails when either goes wrong."""
 from __future__ import annotations
 
+import io
+
 import pytest
+from rich.console import Console
 
 from conformance.reference import Reference
 from conformance import bugs, mutants, selftest
@@ -38,6 +41,10 @@ def test_every_mutant_is_caught_and_the_control_passes():
     assert not bad, report
     control = results[0]
     assert control.passed and not control.caught_by
+    # the control's records: every declared value exercised, and the table says so
+    table = Console(file=io.StringIO(), width=200)
+    assert selftest.print_coverage(control, console=table) == []
+    assert "offsets_layout" in table.file.getvalue() and "scores_low" in table.file.getvalue()
     catalog = bugs.by_id()
     unlisted = [f"{r.class_name} was first caught by {r.caught_by[0]}, which class {r.catalog_id} does not list "
                 f"(conformance/bugs.py: {catalog[r.catalog_id].caught_by})"
