@@ -60,10 +60,18 @@ def poison_free_memory(device) -> int:
 def guarded(t: torch.Tensor, rows: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     """``(buffer, view)``: ``view`` equals ``t`` and lies in ``buffer`` between ``rows`` NaN rows on each side.
 
-    ``view`` is contiguous with a nonzero storage offset, as any slice of a larger packed tensor is."""
-    buffer = torch.empty(t.shape[0] + 2 * rows, *t.shape[1:], dtype=t.dtype, device=t.device)
-    buffer.view(torch.uint8).fill_(POISON_BYTE)
-    view = buffer[rows : rows + t.shape[0]]
+    ``view`` has ``t``'s strides and storage offset (a contiguous ``t`` gives a contiguous view with a nonzero
+    storage offset, as any slice of a larger packed tensor is; a strided one, NaN in its gaps as well)."""
+    if t.is_contiguous():
+        buffer = torch.empty(t.shape[0] + 2 * rows, *t.shape[1:], dtype=t.dtype, device=t.device)
+        buffer.view(torch.uint8).fill_(POISON_BYTE)
+        view = buffer[rows : rows + t.shape[0]]
+    else:
+        margin = rows * max(t.stride(0), 1)
+        extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1 if t.numel() else 0
+        buffer = torch.empty(2 * margin + t.storage_offset() + extent, dtype=t.dtype, device=t.device)
+        buffer.view(torch.uint8).fill_(POISON_BYTE)
+        view = buffer.as_strided(t.shape, t.stride(), margin + t.storage_offset())
     view.copy_(t)
     return buffer, view
 

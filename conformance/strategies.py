@@ -2,7 +2,8 @@
 
 Each draw is labelled (``length_law``, ``heads``, ...) so a shrunk failure reads as a sentence. Lengths
 follow named laws that stress what jagged kernels get wrong: skew, empty sequences, one huge sequence
-among tiny ones, and lengths straddling tile sizes (16, 64, 128).
+among tiny ones, lengths straddling tile sizes (16, 64, 128), and decode batches (0 or 1 query per
+sequence, where fast paths for max_seqlen_q == 1 live).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def _pareto(draw, label: str, n: int) -> list[int]:
     return [min(256, int((1.0 - x) ** (-1.0 / 1.2))) for x in u]
 
 
-LENGTH_LAWS = ("uniform", "pareto", "bimodal", "many_zeros", "mega_plus_tiny", "tile_edges", "equal")
+LENGTH_LAWS = ("uniform", "pareto", "bimodal", "many_zeros", "mega_plus_tiny", "tile_edges", "equal", "decode")
 
 
 @st.composite
@@ -52,6 +53,8 @@ def lengths(draw, n: int, law: str, label: str) -> list[int]:
         return draw(st.lists(st.sampled_from(TILE_EDGES), min_size=n, max_size=n), label=label)
     if law == "equal":
         return [draw(st.integers(0, 130), label=label)] * n
+    if law == "decode":  # key lengths of a decode batch (its queries: 0 or 1 each, see problems)
+        return draw(st.lists(st.integers(0, 2 * MAX_LEN), min_size=n, max_size=n), label=label)
     raise ValueError(f"unknown length law {law!r}")
 
 
@@ -120,7 +123,9 @@ def problems(
     else:
         config = _free_config(draw, caps, broadcast_q, causal, dtype)
     batch = draw(st.integers(min_batch, MAX_BATCH), label="batch")
-    law = draw(st.sampled_from(LENGTH_LAWS), label="length_law")
+    # decode batches (one query or none per sequence, max_seqlen_q <= 1) need Lq != Lk
+    laws = LENGTH_LAWS if caps.cross_attention else tuple(law for law in LENGTH_LAWS if law != "decode")
+    law = draw(st.sampled_from(laws), label="length_law")
     seqlens_k = draw(lengths(batch, law, "seqlens_k"))
     if not caps.zero_length:
         seqlens_k = [max(1, n) for n in seqlens_k]
@@ -128,6 +133,9 @@ def problems(
     if config.broadcast_q:
         lq = draw(st.sampled_from((1, 4, 16, 17, 33, 64)), label="dense Lq")
         seqlens_q = [lq] * batch
+    elif law == "decode":
+        seqlens_q = draw(st.lists(st.integers(0 if caps.zero_length else 1, 1), min_size=batch, max_size=batch),
+                         label="seqlens_q (decode)")
     elif caps.cross_attention and draw(st.booleans(), label="cross-attention (Lq != Lk)"):
         seqlens_q = draw(lengths(batch, law, "seqlens_q"))
         if not caps.zero_length:
@@ -159,7 +167,7 @@ def declared_values(caps: Capabilities) -> dict[str, list[str]]:
         "causal": list(kernel["causal"]), "broadcast_q": [str(b).lower() for b in kernel["broadcast_q"]],
         "scale": ["default" if s is None else f"{s:g}" for s in kernel["scale"]],
         "offsets_dtype": list(kernel["offsets_dtype"]),
-        "length_law": list(LENGTH_LAWS), "batch": ["0", "1", "2-4", f"5-{MAX_BATCH}"],
+        "length_law": [law for law in LENGTH_LAWS if caps.cross_attention or law != "decode"], "batch": ["0", "1", "2-4", f"5-{MAX_BATCH}"],
         "zero_length": ["false", "true"] if caps.zero_length else ["false"],
         "cross_attention": ["false", "true"] if caps.cross_attention else ["false"],
     }

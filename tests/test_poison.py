@@ -9,7 +9,7 @@ from conformance import harness, mutants
 from conformance.backend import Backend
 from conformance.harness import call_backend, judge_forward, run_backend
 from conformance.poison import bitwise_equal, guarded, poison_free_memory
-from conformance.problem import Output, Problem, make_grad_out, make_inputs
+from conformance.problem import Output, Problem, laid_out, make_grad_out, make_inputs
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -20,6 +20,17 @@ def test_guarded_view_is_the_tensor_between_nan_rows():
     assert torch.equal(view, t) and view.is_contiguous() and view.storage_offset() == 2 * 2 * 3
     assert buffer[:2].isnan().all() and buffer[-2:].isnan().all()
     assert view.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("layout", ["row_strided", "head_strided"])
+def test_a_strided_tensor_is_guarded_with_its_strides_and_nan_in_its_gaps(layout):
+    t = laid_out(torch.randn(5, 3, 8), layout)
+    buffer, view = guarded(t)
+    assert view.stride() == t.stride() and torch.equal(view, t)
+    written = torch.zeros(buffer.numel(), dtype=torch.bool)
+    written[torch.as_strided(torch.arange(buffer.numel()), view.shape, view.stride(), view.storage_offset()).flatten()] = True
+    assert buffer[~written].isnan().all() and not buffer[written].isnan().any()
+    assert written.nonzero().min() >= 4 * t.stride(0)  # NaN rows before the first row, as for a packed tensor
 
 
 def test_bitwise_equal_sees_nan_payloads_and_signed_zeros():
