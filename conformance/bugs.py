@@ -681,8 +681,9 @@ def render() -> str:
     lines = [
         f"{len(CATALOG)} bug classes from {len({s.repo for b in CATALOG for s in b.sources})} repositories: "
         f"{counts['mutant']} rendered by the {len(mutants.MUTANTS)} built-in mutants that the `ci` profile catches, "
-        f"{counts['pending']} pending a drawing change ({len(mutants.PENDING)} of them with a mutant ready), "
-        f"{counts['gpu-only']} only a GPU run can show, {counts['convention']} that the conventions settle.",
+        + (f"{counts['pending']} pending a drawing change ({len(mutants.PENDING)} of them with a mutant ready), "
+           if counts["pending"] else "")
+        + f"{counts['gpu-only']} only a GPU run can show, {counts['convention']} that the conventions settle.",
         "",
         "| class | status | caught by | mutants | first source |",
         "|---|---|---|---|---|",
@@ -692,9 +693,11 @@ def render() -> str:
         caught = ", ".join(b.caught_by) or "-"
         first = b.sources[0]
         lines.append(f"| [{b.id}](#{b.id}) | {b.status} | {caught} | {names} | [{first.ref}]({first.url}) |")
-    lines += ["", "## Drawing changes the pending classes need", ""]
-    lines += [f"- **{b.id}**: {b.how}" for b in CATALOG if b.status == "pending"]
-    lines += ["", "Mutant classes the ci profile catches only indirectly today:", ""]
+    pending = [f"- **{b.id}**: {b.how}" for b in CATALOG if b.status == "pending"]
+    if pending:
+        lines += ["", "## Drawing changes the pending classes need", "", *pending]
+    lines += ["", "## Where a run meets the rarer triggers", "",
+              "Mutant classes whose trigger needs a particular axis value, edge case or relation:", ""]
     lines += [f"- **{b.id}**: {b.how}" for b in CATALOG if b.status == "mutant" and b.how]
     lines += ["", "## The classes", ""]
     for b in CATALOG:
