@@ -87,7 +87,8 @@ def read_xfails(path: str | Path) -> list[tuple[str, str]]:
 
 # The spec's modules in the order they run: the oracle checks first, so that a run cut short (time limit,
 # stopped job) has the verdicts that matter most; xdist hands checks out in this order.
-SPEC_ORDER = ("test_oracle_checks", "test_edge_cases", "test_metamorphic", "test_unwritten_memory", "test_determinism")
+SPEC_ORDER = ("test_oracle_checks", "test_edge_cases", "test_metamorphic", "test_unwritten_memory", "test_determinism",
+              "test_kernel_configs")
 
 
 def _spec_rank(item) -> int:

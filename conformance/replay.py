@@ -101,6 +101,7 @@ CHECKS: dict[str, CheckFn] = {
     "test_lse": _verdicts(checks.lse),
     "test_gradients": _verdicts(checks.gradients),
     "test_edge_case": _verdicts(checks.everything),
+    "test_kernel_configs": _verdicts(checks.everything),
     "test_metamorphic": _metamorphic,
     "test_broadcast_q_native_matches_replicated": _verdicts(checks.broadcast_native),
     "test_determinism": _determinism,

@@ -32,6 +32,7 @@ from .strategies import declared_values
 
 SPEC_DIR = Path(__file__).resolve().parent / "spec"
 NO_SHRINK_SUFFIX = "-noshrink"
+SEEDED_SUFFIX = "-seeded"  # the same profile drawn from --hypothesis-seed instead of its own fixed draws
 # Cheap checks first, so that --first-failure stops a mutant early; any other spec module runs after.
 CHEAP_FIRST = ("test_edge_cases.py", "test_oracle_checks.py", "test_metamorphic.py")
 CONTROL = "Unmutated"
@@ -42,7 +43,10 @@ def _register_no_shrink_profiles() -> None:
     # plugin loads --hypothesis-profile, so the derived names exist by then.
     kept = tuple(p for p in Phase if p not in (Phase.shrink, Phase.explain))
     for name in profiles.PROFILES:
-        settings.register_profile(name + NO_SHRINK_SUFFIX, settings(settings.get_profile(name), phases=kept))
+        base = settings(settings.get_profile(name), phases=kept)
+        settings.register_profile(name + NO_SHRINK_SUFFIX, base)
+        # a derandomized profile ignores --hypothesis-seed: the seeded variant draws from it
+        settings.register_profile(name + NO_SHRINK_SUFFIX + SEEDED_SUFFIX, settings(base, derandomize=False, database=None))
 
 
 _register_no_shrink_profiles()
@@ -106,16 +110,18 @@ def spec_files() -> list[str]:
 
 
 def spec_command(class_name: str, profile: str, junit: Path, *, first_failure: bool, device: str | None,
-                 records: Path | None = None) -> list[str]:
+                 records: Path | None = None, seed: int | None = None) -> list[str]:
     command = [
         sys.executable, "-m", "pytest", *spec_files(), "-q", "-p", "no:cacheprovider",
         "-p", "conformance.plugin", "-p", "conformance.selftest",
         "--backend", mutants.backend_spec(class_name),
-        "--hypothesis-profile", profile + NO_SHRINK_SUFFIX,
+        "--hypothesis-profile", profile + NO_SHRINK_SUFFIX + (SEEDED_SUFFIX if seed is not None else ""),
         f"--junitxml={junit}", "-o", "junit_family=xunit1",
     ]
     if records is not None:
         command.append(f"--jfa-records={records}")
+    if seed is not None:  # other draws (and other kernel configurations) than the profile's own
+        command.append(f"--hypothesis-seed={seed}")
     if first_failure:
         command.append("--maxfail=1")
     if device:
@@ -124,7 +130,7 @@ def spec_command(class_name: str, profile: str, junit: Path, *, first_failure: b
 
 
 def run_one(class_name: str, profile: str = profiles.DEFAULT, *, first_failure: bool = False,
-            device: str | None = None, timeout: float | None = None) -> MutantResult:
+            device: str | None = None, timeout: float | None = None, seed: int | None = None) -> MutantResult:
     cls = getattr(mutants, class_name)
     result = MutantResult(class_name, cls.name, cls.bug, cls.catalog_id)
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,7 +138,7 @@ def run_one(class_name: str, profile: str = profiles.DEFAULT, *, first_failure: 
         # the control runs every check (it passes them): its records say which values the run exercised
         records = Path(tmp) / "records.jsonl" if class_name == CONTROL else None
         command = spec_command(class_name, profile, junit, first_failure=first_failure, device=device,
-                               records=records)
+                               records=records, seed=seed)
         try:
             proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
         except subprocess.TimeoutExpired:
@@ -151,7 +157,7 @@ def run_one(class_name: str, profile: str = profiles.DEFAULT, *, first_failure: 
 
 def run_selftest(class_names: list[str] | None = None, profile: str = profiles.DEFAULT, *, first_failure: bool = False,
                  jobs: int | None = None, device: str | None = None, control: bool = True,
-                 timeout: float | None = None) -> list[MutantResult]:
+                 timeout: float | None = None, seed: int | None = None) -> list[MutantResult]:
     """Results for the control (first, unless ``control`` is False) and each named mutant (default: every
     built-in one, :data:`mutants.MUTANTS`; pending ones run only when named)."""
     names = list(class_names or mutants.MUTANTS)
@@ -159,7 +165,8 @@ def run_selftest(class_names: list[str] | None = None, profile: str = profiles.D
         names.insert(0, CONTROL)
     jobs = jobs or os.cpu_count() or 1
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(run_one, n, profile, first_failure=first_failure, device=device, timeout=timeout) for n in names]
+        futures = [pool.submit(run_one, n, profile, first_failure=first_failure, device=device, timeout=timeout,
+                               seed=seed) for n in names]
         return [f.result() for f in futures]
 
 
@@ -243,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
                       help="run every check on every mutant and show all that catch it (slow)")
     parser.add_argument("-j", "--jobs", type=int, default=None, help="mutants run at once (default: CPU count)")
     parser.add_argument("--device", default=None, help="device passed to the spec (default: the spec's default)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="hypothesis seed: other draws and kernel configurations than the profile's own (does "
+                        "the spec's power hold beyond the ci profile's fixed draws?)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per mutant (default: %(default)s)")
     parser.add_argument("--show-output", action="store_true", help="print pytest's output for mutants that are not ok")
     args = parser.parse_args(argv)
@@ -250,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
 
     results = run_selftest(args.mutant, args.profile, first_failure=args.first_failure, jobs=args.jobs,
-                           device=args.device, timeout=args.timeout)
+                           device=args.device, timeout=args.timeout, seed=args.seed)
     print_table(results, args.first_failure)
     control = next((r for r in results if r.is_control), None)
     if control is not None and control.coverage:

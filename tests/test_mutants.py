@@ -104,3 +104,16 @@ def test_selftest_stops_each_mutant_at_its_first_catch_unless_asked_for_all(monk
     assert selftest.main([]) == 0 and selftest.main(["-x"]) == 0 and selftest.main(["--all-checks"]) == 0
     assert seen == [True, True, False]
     assert "each stopped at its first" in capsys.readouterr().out
+
+
+def test_a_seeded_selftest_draws_from_the_seed(tmp_path):
+    """The ci profile is derandomized, which makes hypothesis ignore --hypothesis-seed: a seeded selftest
+    runs a variant that is not, so another seed really means other draws."""
+    from hypothesis import settings
+
+    plain = selftest.spec_command("LseBase2", "ci", tmp_path / "j.xml", first_failure=True, device=None)
+    seeded = selftest.spec_command("LseBase2", "ci", tmp_path / "j.xml", first_failure=True, device=None, seed=7)
+    assert "--hypothesis-seed=7" in seeded and not any(a.startswith("--hypothesis-seed") for a in plain)
+    profile = seeded[seeded.index("--hypothesis-profile") + 1]
+    assert settings.get_profile(profile).derandomize is False
+    assert settings.get_profile(plain[plain.index("--hypothesis-profile") + 1]).derandomize is True
