@@ -69,3 +69,21 @@ def test_visible_pairs_counts_bottom_right_causal():
     assert Problem((2,), (3,), causal="bottom_right").visible_pairs() == 5
     assert Problem((2,), (3,), causal="top_left").visible_pairs() == 3
     assert Problem((2,), (3,)).visible_pairs() == 6
+
+
+def test_a_shrunk_counterexample_has_the_simplest_configuration_that_fails():
+    """Configurations are offered simplest first, the run's whole list before the ones only drawn examples
+    run, so shrinking (toward the front) lands on the simplest configuration that still fails."""
+    from hypothesis import find
+
+    from conformance.configs import ConfigSet, KernelConfig
+    from conformance.strategies import problems, simplicity
+
+    plain = KernelConfig("float32", 64, None, 1, 1, "none", False, None)
+    fancy = KernelConfig("bfloat16", 128, 64, 8, 2, "bottom_right", False, 0.3, "int64")
+    gqa = KernelConfig("float16", 32, None, 4, 2, "none", False, None)
+    assert sorted([fancy, gqa, plain], key=simplicity) == [plain, gqa, fancy]
+    configs = ConfigSet([fancy, gqa, plain], fresh=[fancy, gqa])
+    # any problem with a sequence fails: the shrunk one has the plain configuration, though it is no fresh one
+    found = find(problems(configs=configs, min_batch=1), lambda p: sum(p.seqlens_k) > 0)
+    assert KernelConfig.of(found) == plain
