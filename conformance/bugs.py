@@ -340,9 +340,10 @@ CATALOG: tuple[BugClass, ...] = (
             "query head of every KV group"),),
         "max_seqlen_q == 1 (decode) with GQA",
         BUG,
-        "mutant", (EDGE, META, BCAST),
-        "the gqa_decode_empty_query edge case (MQA 8:1, every Lq 0 or 1) meets it in every run, and the relations "
-        "and the broadcast-Q comparison where they meet a decode-shaped GQA batch"),
+        "mutant", (LSE, EDGE, META, BCAST),
+        "the decode length law meets it in test_lse, the gqa_decode_empty_query edge case (MQA 8:1, every Lq 0 "
+        "or 1) in every run, and the relations and the broadcast-Q comparison where they meet a decode-shaped "
+        "GQA batch"),
     # -- gradients ----------------------------------------------------------------------------------------
     BugClass(
         "shared-operand-gradient-not-reduced", "Gradient of a shared operand not summed over its uses",
@@ -419,9 +420,10 @@ CATALOG: tuple[BugClass, ...] = (
          pull(FA, 2875, "fix: the swapped GQA fast path requires total_q == batch")),
         "GQA, max_seqlen_q == 1, some Lq = 0",
         BUG + "zero-length sequences are valid",
-        "mutant", (EDGE, META),
-        "the gqa_decode_empty_query edge case (MQA 8:1, Lq 1, 0, 1, 1) meets it in every run; the metamorphic "
-        "relations that insert empty sequences into decode batches meet it too"),
+        "mutant", (FWD, LSE, GRAD, EDGE, META),
+        "the decode length law (0 or 1 query per sequence) meets it in the drawn checks, the gqa_decode_empty_query "
+        "edge case (MQA 8:1, Lq 1, 0, 1, 1) in every run, and the relations that insert empty sequences into "
+        "decode batches"),
 
     # -- what the caller passes, and values far from the usual range -------------------------------------------
     BugClass(
