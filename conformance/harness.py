@@ -164,7 +164,8 @@ def oracle_run(problem: Problem, low_precision: bool, gradients: bool) -> Run:
 
 def judge_forward(problem: Problem, run: Run) -> list[Verdict]:
     exact, low = oracle_run(problem, False, False), oracle_run(problem, True, False)
-    verdicts = [judge("out", run.out, exact.out, low.out, problem.torch_dtype, FORWARD_FACTOR)]
+    verdicts = [judge("out", run.out, exact.out, low.out, problem.torch_dtype, FORWARD_FACTOR,
+                      score_scale=magnitude(exact.lse))]
     if run.lse is not None:
         verdicts.append(judge("lse", run.lse, exact.lse, low.lse, problem.torch_dtype, FORWARD_FACTOR))
     return verdicts
@@ -196,7 +197,8 @@ def compare_runs(problem: Problem, quantity: str, observed: torch.Tensor, expect
         quantity=quantity,
         observed=max_error(observed, expected),
         allowed=allowed_error(reference_error, problem.torch_dtype, magnitude(getattr(exact, quantity)), factor,
-                              *(_gradient_floor_terms(problem, exact) if gradient else ())),
+                              *(_gradient_floor_terms(problem, exact) if gradient else
+                                (0, 0.0, magnitude(exact.lse) if quantity == "out" else 0.0))),
         reference_error=reference_error,
     )
 

@@ -5,11 +5,20 @@ same oracle makes when run in the test dtype (the low-precision reference), plus
 
     allowed = factor * reference_error
               + 4 * eps(dtype) * max(1, max|oracle|)                      # rounding of the result
+              + 4 * max|LSE| * eps(float32) * max(1, max|out|)            # out only
               + 4 * (sqrt(D) + max|LSE|) * eps(float32)
                   * max(1, max|all gradients|)                            # gradients only
 
-``factor`` is 2 for forward quantities (out, LSE) and 3 for gradients. The gradient floor covers two
-errors every flash backward makes and the reference does not:
+``factor`` is 2 for forward quantities (out, LSE) and 3 for gradients.
+
+The floor of ``out`` covers the rounding of the scores: every kernel forms scale * q.k (often times
+log2(e), for exp2) in float32 and subtracts the running max, each rounded at the scores' own size, about
+|LSE|; the probabilities, and so ``out``, carry a relative error of a few eps(float32) * |LSE|. The
+low-precision reference rounds its scores too, but in its own order and domain, which may be half as much.
+For usual scores (|LSE| of 10 or so) this is a few dozen float32 ulps; where scores are near 6.5e4 (values
+far from 0) it is about 3% of ``out``, still far below what a wrong kernel does there (zeros, NaN).
+
+The gradient floor covers two errors every flash backward makes and the reference does not:
 
 * it subtracts nearly equal length-D dot products (dP - rowsum(dO*O)) in float32 accumulators, so a
   gradient that is 0 in exact arithmetic (a single visible key, say) comes out as noise of that size,
@@ -83,17 +92,19 @@ def allowed_error(reference_error: float, dtype: torch.dtype, scale: float, fact
             f"the low-precision reference in {dtype} is not finite; the problem is outside what {dtype} can "
             "represent and cannot calibrate a tolerance"
         )
+    eps32 = torch.finfo(torch.float32).eps
     result_floor = FLOOR_ULPS * torch.finfo(dtype).eps * max(1.0, scale)
-    accumulation_floor = (FLOOR_ULPS * (math.sqrt(dot_length) + score_scale) * torch.finfo(torch.float32).eps
-                          * max(1.0, gradient_scale))
-    return factor * reference_error + result_floor + (accumulation_floor if dot_length else 0.0)
+    if dot_length:  # a gradient
+        return factor * reference_error + result_floor + \
+            FLOOR_ULPS * (math.sqrt(dot_length) + score_scale) * eps32 * max(1.0, gradient_scale)
+    return factor * reference_error + result_floor + FLOOR_ULPS * score_scale * eps32 * max(1.0, scale)
 
 
 def judge(quantity: str, observed, oracle, low_precision, dtype: torch.dtype, factor: float,
           dot_length: int = 0, gradient_scale: float = 0.0, score_scale: float = 0.0) -> Verdict:
     """Judge ``observed`` against ``oracle`` (float64) with the rule above; gradients pass the head dim,
     the largest oracle gradient and the largest oracle |LSE| as ``dot_length``, ``gradient_scale`` and
-    ``score_scale``."""
+    ``score_scale``; ``out`` passes the largest oracle |LSE| as ``score_scale``."""
     reference_error = max_error(low_precision, oracle)
     return Verdict(
         quantity=quantity,

@@ -24,6 +24,12 @@ def test_allowed_error_is_factor_times_reference_plus_floor():
     assert allowed_error(0.01, torch.bfloat16, 2.0, FORWARD_FACTOR) == pytest.approx(0.02 + 4 * eps * 2.0)
     grad = allowed_error(0.01, torch.bfloat16, 2.0, GRADIENT_FACTOR, dot_length=64, gradient_scale=3.0)
     assert grad == pytest.approx(0.03 + 4 * eps * 2.0 + 4 * 8 * torch.finfo(torch.float32).eps * 3.0)
+    # scores rounded at the size of the LSE: out's floor and the gradients' grow with it
+    eps32 = torch.finfo(torch.float32).eps
+    out = allowed_error(0.0, torch.float32, 2.0, FORWARD_FACTOR, score_scale=6.5e4)
+    assert out == pytest.approx(4 * eps32 * 2.0 + 4 * 6.5e4 * eps32 * 2.0)
+    grad = allowed_error(0.0, torch.float32, 2.0, GRADIENT_FACTOR, dot_length=64, gradient_scale=3.0, score_scale=6.5e4)
+    assert grad == pytest.approx(4 * eps32 * 2.0 + 4 * (8 + 6.5e4) * eps32 * 3.0)
 
 
 def test_verdict_reports_budget_and_fails_past_the_allowance():
