@@ -138,6 +138,16 @@ def test_a_property_most_passing_problems_have_is_not_called_shared():
     assert triage.shared_properties([], passing) == []
 
 
+def test_a_shared_tensor_layout_is_named_first_among_equally_telling_properties():
+    failing = [dict(head_dim=128, head_dim_v=None, heads_q=3, heads_kv=1, offsets_dtype="int64", seqlens_q=[1],
+                    seqlens_k=[1]) for _ in range(4)]
+    passing = [dict(head_dim=64, head_dim_v=None, heads_q=1, heads_kv=1, seqlens_q=[2], seqlens_k=[2],
+                    offsets_dtype="int64" if i < 3 else "int32") for i in range(56)]
+    shared = triage.shared_properties(failing, passing)
+    # head_dim = 128 is in no passing problem and int64 offsets in 3 of 56: both telling, the layout first
+    assert shared[0].text == "offsets_dtype = int64" and "head_dim = 128" in [s.text for s in shared]
+
+
 def test_oracle_disagreements_group_by_the_quantities_that_failed():
     a = rec(feature="gradients", message=GRADIENTS)
     b = rec(feature="edge_case:gqa_ratio_3", message=GRADIENTS.replace("84.9", "12.8").replace("1.855e+00", "1.1e+00"))

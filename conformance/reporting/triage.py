@@ -277,7 +277,10 @@ def shared_properties(problems: list[dict], passing: list[dict], limit: int = 3)
         with_it = sum(_holds(fn, p) for p in passing)
         if passing and with_it > TELLING_SHARE * len(passing):
             continue
-        scored.append((with_it / len(passing) if passing else 0.0, order, Shared(name, with_it, len(passing))))
+        # shares within one tenth of each other are equally telling: the candidates' order decides (the
+        # caller's tensor layouts first, a usual cause when a whole group shares one)
+        share = with_it / len(passing) if passing else 0.0
+        scored.append((int(share * 10), order, Shared(name, with_it, len(passing))))
     scored.sort(key=lambda s: (s[0], s[1]))
     shown: list[Shared] = []
     hidden: set[str] = set()
