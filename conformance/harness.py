@@ -162,43 +162,45 @@ def oracle_run(problem: Problem, low_precision: bool, gradients: bool) -> Run:
     return oracle_call(make_inputs(problem), compute, make_grad_out(problem) if gradients else None)
 
 
+GRADIENTS = ("dq", "dk", "dv")
+
+
+def _floor_terms(problem: Problem, quantity: str, exact: Run) -> dict:
+    """The floors' terms of ``quantity`` (tolerance.py): out and the gradients grow with the largest |LSE|;
+    the gradients also with the dot length and the largest gradient."""
+    if quantity in GRADIENTS:
+        return dict(dot_length=max(problem.head_dim, problem.value_dim), score_scale=magnitude(exact.lse),
+                    gradient_scale=max(magnitude(exact.dq), magnitude(exact.dk), magnitude(exact.dv)))
+    return dict(score_scale=magnitude(exact.lse)) if quantity == "out" else {}
+
+
 def judge_forward(problem: Problem, run: Run) -> list[Verdict]:
     exact, low = oracle_run(problem, False, False), oracle_run(problem, True, False)
-    verdicts = [judge("out", run.out, exact.out, low.out, problem.torch_dtype, FORWARD_FACTOR,
-                      score_scale=magnitude(exact.lse))]
-    if run.lse is not None:
-        verdicts.append(judge("lse", run.lse, exact.lse, low.lse, problem.torch_dtype, FORWARD_FACTOR))
-    return verdicts
-
-
-def _gradient_floor_terms(problem: Problem, exact: Run) -> tuple[int, float, float]:
-    """The gradient floor's terms (tolerance.py): dot length, largest gradient, largest |LSE|."""
-    gradient_scale = max(magnitude(exact.dq), magnitude(exact.dk), magnitude(exact.dv))
-    return max(problem.head_dim, problem.value_dim), gradient_scale, magnitude(exact.lse)
+    names = ("out", "lse") if run.lse is not None else ("out",)
+    return [judge(name, getattr(run, name), getattr(exact, name), getattr(low, name), problem.torch_dtype,
+                  FORWARD_FACTOR, **_floor_terms(problem, name, exact)) for name in names]
 
 
 def judge_gradients(problem: Problem, run: Run) -> list[Verdict]:
     exact, low = oracle_run(problem, False, True), oracle_run(problem, True, True)
     return [
         judge(name, getattr(run, name), getattr(exact, name), getattr(low, name), problem.torch_dtype, GRADIENT_FACTOR,
-              *_gradient_floor_terms(problem, exact))
-        for name in ("dq", "dk", "dv")
+              **_floor_terms(problem, name, exact))
+        for name in GRADIENTS
     ]
 
 
 def compare_runs(problem: Problem, quantity: str, observed: torch.Tensor, expected: torch.Tensor) -> Verdict:
     """Two results of one backend that must agree (e.g. native vs emulated broadcast-Q), allowed the same
     error as a comparison with the oracle would be."""
-    gradient = quantity in ("dq", "dk", "dv")
+    gradient = quantity in GRADIENTS
     exact, low = oracle_run(problem, False, gradient), oracle_run(problem, True, gradient)
     reference_error = max_error(getattr(low, quantity), getattr(exact, quantity))
-    factor = GRADIENT_FACTOR if gradient else FORWARD_FACTOR
     return Verdict(
         quantity=quantity,
         observed=max_error(observed, expected),
-        allowed=allowed_error(reference_error, problem.torch_dtype, magnitude(getattr(exact, quantity)), factor,
-                              *(_gradient_floor_terms(problem, exact) if gradient else
-                                (0, 0.0, magnitude(exact.lse) if quantity == "out" else 0.0))),
+        allowed=allowed_error(reference_error, problem.torch_dtype, magnitude(getattr(exact, quantity)),
+                              GRADIENT_FACTOR if gradient else FORWARD_FACTOR, **_floor_terms(problem, quantity, exact)),
         reference_error=reference_error,
     )
 

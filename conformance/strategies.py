@@ -127,7 +127,8 @@ def problems(
     # simplest first: hypothesis shrinks a sampled value toward the front, so a shrunk counterexample has the
     # simplest configuration that still fails
     candidates = tuple(sorted(candidates, key=simplicity))
-    fresh = tuple(c for c in candidates if c in set(getattr(configs, "fresh", ())))
+    only_drawn = set(getattr(configs, "fresh", ()))
+    fresh = tuple(c for c in candidates if c in only_drawn)
     if candidates:
         choices = st.sampled_from(candidates)
         if fresh:  # half the draws from the configurations no edge case runs, so each meets an example

@@ -234,20 +234,20 @@ def _holds(fn, p: dict) -> bool:
         return False
 
 
-def _candidates(problems: list[dict]) -> list[tuple[str, object]]:
+def _same_values(problems: list[dict], keys) -> list[tuple[str, object]]:
+    """``key = value`` for each of ``keys`` whose value every problem shares."""
     found = []
-    for key in TENSOR_FIELDS:
-        values = {json.dumps(p.get(key)) for p in problems}
-        if len(values) == 1 and problems[0].get(key) is not None:
-            value = problems[0][key]
-            found.append((f"{key} = {value}", lambda p, k=key, v=value: p.get(k) == v))
-    found += [(name, fn) for name, fn in PREDICATES if all(_holds(fn, p) for p in problems)]
-    for key in VALUE_FIELDS:
+    for key in keys:
         values = {json.dumps(p.get(key)) for p in problems}
         if len(values) == 1 and problems[0].get(key) is not None:
             value = problems[0][key]
             found.append((f"{key} = {value}", lambda p, k=key, v=value: p.get(k) == v))
     return found
+
+
+def _candidates(problems: list[dict]) -> list[tuple[str, object]]:
+    predicates = [(name, fn) for name, fn in PREDICATES if all(_holds(fn, p) for p in problems)]
+    return _same_values(problems, TENSOR_FIELDS) + predicates + _same_values(problems, VALUE_FIELDS)
 
 
 @dataclass
