@@ -40,6 +40,9 @@ class Capabilities:
     # A cost hint, not a limit: hypothesis draws problems of at most this many query + key rows and at
     # most 4 query heads (for slow paths such as Triton's interpreter). Named edge cases still run in full.
     max_drawn_rows: int | None = None
+    # A cost hint: typical seconds the first call spends compiling one kernel configuration (JIT backends).
+    # On a cold cache the warm-up has measured nothing yet and starts the dearest backends' compiles first.
+    compile_s: float | None = None
     notes: str = ""
 
     def as_dict(self) -> dict:

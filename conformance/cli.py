@@ -102,7 +102,11 @@ def cmd_list(ns) -> int:
     for info in infos:
         detail = _caps_text(info.capabilities) if info.available else f"[yellow]{info.reason}[/]"
         table.add_row(info.name, "[green]yes[/]" if info.available else "[red]no[/]", detail, info.source)
-    _console().print(table)
+    console = _console()
+    console.print(table)
+    note = registry.registration_note()
+    if note:
+        console.print(f"[yellow]note:[/] {note}")
     return 0
 
 
@@ -269,7 +273,10 @@ def _stop_group(proc) -> None:
             continue
 
 
-def _run_benchmarks(ns, run_dir: Path, backend_specs, device, env, console) -> tuple[list[dict], str]:
+def _run_benchmarks(ns, run_dir: Path, backend_specs, device, env, console,
+                    deadline: float | None = None) -> tuple[list[dict], str]:
+    """pytest-benchmark timings of ``backend_specs``, stopped at ``deadline`` (the run's --time-limit):
+    a stopped session still writes what it timed (pytest-benchmark saves at session finish)."""
     from . import report as rp
     bench_file = Path(__file__).resolve().parent / "benchmarks.py"
     partial = run_dir / ".benchmark.json.partial"
@@ -279,13 +286,24 @@ def _run_benchmarks(ns, run_dir: Path, backend_specs, device, env, console) -> t
     for spec in backend_specs:
         command += ["--backend", spec]
     with console.status("timing forward and backward of each backend (pytest-benchmark) ..."):
-        rc, _ = _run_pytest(command, env, run_dir / "pytest.log", run_dir / ".none", None)
+        rc, stopped = _run_pytest(command, env, run_dir / "pytest.log", run_dir / ".none", None, deadline)
     if not partial.exists():
-        return [], f"benchmarks did not complete (pytest exit code {rc}; see pytest.log)"
+        why = f"stopped: {stopped}" if stopped else f"pytest exit code {rc}; see pytest.log"
+        return [], f"benchmarks did not complete ({why})"
     bench = json.loads(partial.read_text())
     os.replace(partial, run_dir / "benchmark.json")
-    status = "ok" if rc == 0 else f"some benchmarks failed (pytest exit code {rc}; see pytest.log)"
+    if stopped:
+        status = f"stopped: {stopped}; the timings finished before it are kept"
+    else:
+        status = "ok" if rc == 0 else f"some benchmarks failed (pytest exit code {rc}; see pytest.log)"
     return rp.timings_from_benchmark(bench), status
+
+
+def _timed_specs(ns, chosen) -> list[str]:
+    """The backends the benchmarks time: every chosen one, except that the references (float64 oracles, not
+    kernels; slow on a GPU's shapes) are timed only when named with --backend."""
+    from .registry import BUILTIN
+    return [spec for spec, info in chosen if ns.backend or spec not in BUILTIN]
 
 
 def _replay(run_dir: Path, record: dict, spec_of: dict) -> dict | None:
@@ -465,6 +483,9 @@ def cmd_run(ns) -> int:
         console.print(f"[bold red]no backend is available on {device}[/]; see `jfa-conformance list`")
         return 1
     specs = [spec for spec, _ in chosen]
+    from . import registry
+    if not ns.backend and registry.registration_note():
+        console.print(f"[yellow]note:[/] {registry.registration_note()}")
     name = ns.name or f"{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-{ns.profile}"
     run_dir = Path(ns.report_dir) / name
     if (run_dir / "report.json").exists():
@@ -552,8 +573,13 @@ def cmd_run(ns) -> int:
             "never ran: the run stopped before reaching it (see pytest.log)", stopped=stop_reason is not None)
         timings, bench_status = [], "not run (use --bench)"
         bench = ns.bench if ns.bench is not None else device.startswith("cuda")
-        if bench and stop_reason is None:
-            timings, bench_status = _run_benchmarks(ns, run_dir, specs, device, env, console)
+        if bench and stop_reason is not None:
+            bench_status = f"not run: {stop_reason}"
+        elif bench and not _timed_specs(ns, chosen):
+            bench_status = "not run: no kernel backend to time (the references are timed when named with --backend)"
+        elif bench:
+            timings, bench_status = _run_benchmarks(ns, run_dir, _timed_specs(ns, chosen), device, env, console,
+                                                    deadline)
     except RunStopped as exc:  # SIGTERM while the benchmarks ran
         stop_reason, bench_status = str(exc), f"stopped: {exc}"
     finally:

@@ -38,6 +38,16 @@ def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def registration_note() -> str | None:
+    """Why only the references are known, when no installed package registers a backend: the usual cause is
+    running from a source checkout that was never installed, so its entry points were never written."""
+    if _entry_points():
+        return None
+    return (f"no installed package registers a backend (entry-point group '{ENTRY_POINT_GROUP}'), so only the "
+            "spec's references are known: install the package that declares the adapters (in this project's "
+            "checkout: pip install -e .), or name a backend as module:attr")
+
+
 def known_names() -> list[str]:
     """Every backend name this installation knows: the references first, then the entry points."""
     return list(BUILTIN) + [name for name in _entry_points() if name not in BUILTIN]

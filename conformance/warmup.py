@@ -180,11 +180,13 @@ def _kill(worker: _Worker) -> None:
     worker.proc.wait()
 
 
-def order(jobs: list[Job], seconds: dict[str, float] | None = None) -> list[Job]:
-    """Longest expected compile first, from ``seconds`` (job key -> seconds an earlier run took; a job
-    not listed is expected to take its backend's mean, or the mean of all); equal estimates, and every job
-    when nothing is known, keep backends interleaved (one job of each in turn), so that every backend's
-    compiles start early."""
+def order(jobs: list[Job], seconds: dict[str, float] | None = None,
+          priors: dict[str, float] | None = None) -> list[Job]:
+    """Longest expected compile first. A job's expected seconds: what an earlier run measured for it
+    (``seconds``: job key -> seconds), else the mean measured for its backend, else the backend's declared
+    hint (``priors``: job backend -> ``Capabilities.compile_s``), else the mean of everything measured, else
+    0. Equal estimates, and every job when nothing is known, keep backends interleaved (one job of each in
+    turn), so that every backend's compiles start early."""
     by_backend: dict[str, list[Job]] = {}
     for job in jobs:
         by_backend.setdefault(job.backend, []).append(job)
@@ -194,33 +196,36 @@ def order(jobs: list[Job], seconds: dict[str, float] | None = None) -> list[Job]
         for q in queues:
             if q:
                 ordered.append(q.pop(0))
-    if not seconds:
+    seconds, priors = seconds or {}, {b: s for b, s in (priors or {}).items() if s is not None}
+    if not seconds and not priors:
         return ordered
     per_backend: dict[str, list[float]] = {}
     for key, s in seconds.items():
         per_backend.setdefault(key.split(" | ", 1)[0], []).append(s)
-    overall = sum(seconds.values()) / len(seconds)
+    overall = sum(seconds.values()) / len(seconds) if seconds else 0.0
 
     def expected(job: Job) -> float:
         known = seconds.get(_job_key(job))
         if known is not None:
             return known
         same = per_backend.get(job.backend)
-        return sum(same) / len(same) if same else overall
+        if same:
+            return sum(same) / len(same)
+        return priors.get(job.backend, overall)
 
     return sorted(ordered, key=lambda job: -expected(job))  # stable: ties stay interleaved
 
 
 def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float, log_path: Path,
              on_result=None, on_start=None, deadline: float | None = None,
-             seconds: dict[str, float] | None = None) -> list[Result]:
+             seconds: dict[str, float] | None = None, priors: dict[str, float] | None = None) -> list[Result]:
     """Run ``jobs`` on ``len(envs)`` worker processes (one environment each, e.g. a pinned GPU), in the
-    order of :func:`order` (``seconds``: what earlier runs took).
+    order of :func:`order` (``seconds``: what earlier runs took; ``priors``: the backends' hints).
 
     ``on_start(worker_index, job)`` and ``on_result(result)`` feed a live view. Past ``deadline``
     (time.monotonic) the jobs not yet finished are reported ``skipped``.
     """
-    pending = order(jobs, seconds)
+    pending = order(jobs, seconds, priors)
     results: list[Result] = []
     stopped_backends: dict[str, str] = {}  # backend -> why its remaining jobs are skipped
     with open(log_path, "a", encoding="utf-8") as log:
@@ -398,7 +403,7 @@ def run_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Pat
     from .plugin import configs_for
     seed = ns.seed if ns.seed is not None else 0
     extra = profiles.extra_kernel_configs(ns.profile) or 0
-    jobs = []
+    jobs, priors = [], {}
     for spec, info in chosen:
         if not info.available:
             continue
@@ -407,6 +412,7 @@ def run_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Pat
         if ns.dtype:
             configs = tuple(c for c in configs if c.dtype in ns.dtype)
         jobs += [Job(spec, info.name, c) for c in configs]
+        priors[spec] = backend.capabilities.compile_s
     envs = []
     for gpu, count in worker_sets:
         pinned = dict(env) if gpu is None else {**env, "CUDA_VISIBLE_DEVICES": gpu}
@@ -418,7 +424,7 @@ def run_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Pat
     with view(todo) as shown:
         results = run_pool(todo, device=device, envs=envs, budget_s=ns.compile_timeout,
                            log_path=run_dir / "warmup.log", on_start=shown.started, on_result=shown.finished,
-                           deadline=deadline, seconds=load_seconds(cache_dir)) if todo else []
+                           deadline=deadline, seconds=load_seconds(cache_dir), priors=priors) if todo else []
     save_manifest(cache_dir, print_, jobs, results, done)
     results = cached + results
     wall = round(time.monotonic() - started, 1)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import time
 import types
 from pathlib import Path
 
@@ -184,6 +186,27 @@ def test_bench_times_forward_and_backward_and_gates_timing_regressions(tmp_path)
     assert cli.main(["compare", str(tmp_path / "reports" / "b1"), str(tmp_path / "reports" / "b1")]) == 0
     regressions = rp.regressions_of(rp.compare(faster, report, threshold=0.10))
     assert len(regressions) == len(timings) and all(r["kind"] == "timing regression" for r in regressions)
+
+
+def test_list_says_why_only_the_references_are_known(monkeypatch, capsys):
+    assert registry.registration_note() is None  # this project is installed: its adapters are registered
+    monkeypatch.setattr(registry, "_entry_points", lambda: {})
+    assert cli.main(["list", "--device", "cpu"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "reference" in out and "no installed package registers a backend" in out and "pip install -e ." in out
+
+
+def test_benchmarks_keep_to_the_time_limit_and_time_kernels_not_oracles(tmp_path):
+    from rich.console import Console
+    ns = cli.build_parser().parse_args(["run", "--bench"])
+    chosen = [(name, registry.describe(name, "cpu")) for name in ("reference", "sdpa")]
+    assert cli._timed_specs(ns, chosen) == ["sdpa"]  # the references are oracles: not timed unless named
+    named = cli.build_parser().parse_args(["run", "--bench", "--backend", "reference", "--backend", "sdpa"])
+    assert cli._timed_specs(named, chosen) == ["reference", "sdpa"]
+    # past the run's deadline the benchmark session is stopped, and the status says so
+    timings, status = cli._run_benchmarks(ns, tmp_path, ["reference"], "cpu", dict(os.environ),
+                                          Console(quiet=True), deadline=time.monotonic() - 1)
+    assert timings == [] and "stopped: the run reached its --time-limit" in status
 
 
 def test_gpus_pins_one_worker_per_device_and_records_the_index(tmp_path):

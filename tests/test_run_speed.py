@@ -327,6 +327,10 @@ def test_warmup_starts_the_longest_known_compiles_first():
     # an unknown backend the mean of everything (here 10 + 1 + 40 over 3 = 17)
     seconds = {f"a | {config(16).key}": 10.0, f"a | {config(32).key}": 1.0, f"b | {config(16).key}": 40.0}
     assert [key(j) for j in warmup.order(jobs, seconds)] == [("b", 16), ("b", 32), ("c", 16), ("a", 16), ("a", 32)]
+    # a cold cache: the backends' declared compile costs order them, measured seconds still win over them
+    priors = {"a": 2.0, "b": None, "c": 30.0}
+    assert [key(j) for j in warmup.order(jobs, None, priors)] == [("c", 16), ("a", 16), ("a", 32), ("b", 16), ("b", 32)]
+    assert [key(j) for j in warmup.order(jobs, seconds, priors)] == [("b", 16), ("b", 32), ("c", 16), ("a", 16), ("a", 32)]
 
 
 def test_a_manifest_in_an_unknown_format_is_ignored(tmp_path):
