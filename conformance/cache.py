@@ -4,6 +4,10 @@
 else ``~/.cache/jfa-conformance``) holds Triton's kernel cache, FA4's CuTe DSL cache, inductor's caches
 (FX graphs, AOT autograd), FlashInfer's JIT workspace and the CUDA driver's PTX cache, each in its own
 subfolder. A variable the user has set already (``TRITON_CACHE_DIR=...``) is kept.
+
+Beside them, the run's own records of earlier runs: ``warmup-manifest.json`` (warmup.py: which kernel
+configurations compiled, and in how many seconds) and ``check-seconds.json`` (check_order.py: how long each
+check took, which orders the next run's checks longest first).
 """
 from __future__ import annotations
 
@@ -25,6 +29,14 @@ CACHE_SWITCHES = {
     "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
     "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
 }
+
+
+CHECK_SECONDS = "check-seconds.json"
+
+
+def check_seconds_file(directory: Path) -> Path:
+    """The measured seconds per check of earlier runs (check_order.py)."""
+    return Path(directory).expanduser() / CHECK_SECONDS
 
 
 def default_dir(environ=None) -> Path:

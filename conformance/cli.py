@@ -509,6 +509,12 @@ def cmd_run(ns) -> int:
         only = run_dir / ".resume-ids"
         only.write_text("\n".join(unfinished) + "\n")
         command += ["--jfa-only", str(only)]
+    from . import check_order
+    from .cache import check_seconds_file
+    seconds_kind = check_order.run_kind(device, ns.profile, ns.max_examples)
+    # the checks run longest expected first, from this run's copy of the seconds earlier runs measured
+    command += ["--jfa-check-seconds", str(check_order.snapshot(check_seconds_file(cache_dir), seconds_kind,
+                                                                run_dir / ".check-seconds.json"))]
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.perf_counter()
     spec_of = {info.name: spec for spec, info in chosen}
@@ -602,6 +608,10 @@ def cmd_run(ns) -> int:
     report["run"]["exit_code"] = rp.exit_code(report, regressions)
     write_run_dir(run_dir, report, regressions)
     shutil.rmtree(run_dir / ".flight", ignore_errors=True)
+    try:  # what the checks took orders the next run's (check_order.py)
+        check_order.record(check_seconds_file(cache_dir), seconds_kind, report["records"])
+    except OSError as exc:
+        console.print(f"could not record the checks' seconds in {cache_dir}: {exc}", style="yellow", markup=False)
     if stop_reason:
         console.print(f"[bold yellow]{stop_reason}[/]: the checks that never ran are marked not-run")
     print_summary(console, report, regressions, run_dir)

@@ -2,7 +2,8 @@
 
 Loaded by the project's conftest.py and by ``jfa-conformance run`` (``-p conformance.plugin``).
 Options: ``--backend`` (repeatable), ``--device``, ``--xfails-file``, ``--max-examples``; the hypothesis
-profile comes from hypothesis's own ``--hypothesis-profile`` (default ``ci``, see profiles.py).
+profile comes from hypothesis's own ``--hypothesis-profile`` (default ``ci``, see profiles.py). The spec's
+checks run longest expected first, in one share per xdist worker (check_order.py, ``--jfa-check-seconds``).
 """
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ def pytest_addoption(parser):
     group.addoption("--max-examples", type=int, default=None, help="override the profile's hypothesis max_examples")
     group.addoption("--jfa-only", default=None, metavar="PATH",
                     help="run only the spec checks whose ids are listed in PATH, one per line (see check_key)")
+    group.addoption("--jfa-check-seconds", default=None, metavar="PATH",
+                    help="JSON table of the seconds earlier runs measured per check (check_order.py): the longest "
+                    "expected run first, in equal shares per xdist worker; without it, drawn checks first")
 
 
 @pytest.hookimpl(trylast=True)  # after hypothesis's own plugin has loaded --hypothesis-profile
@@ -85,8 +89,9 @@ def read_xfails(path: str | Path) -> list[tuple[str, str]]:
     return entries
 
 
-# The spec's modules in the order they run: the oracle checks first, so that a run cut short (time limit,
-# stopped job) has the verdicts that matter most; xdist hands checks out in this order.
+# The spec's modules by importance: the oracle checks first. Checks run longest expected first
+# (check_order.py); among equal estimates, such as every drawn check of a run with no measured seconds,
+# this order decides, so that a run cut short still has the verdicts that matter most.
 SPEC_ORDER = ("test_oracle_checks", "test_edge_cases", "test_metamorphic", "test_unwritten_memory", "test_determinism",
               "test_kernel_configs")
 
@@ -103,8 +108,8 @@ def check_key(nodeid: str) -> str:
     return path.replace("\\", "/").rsplit("/", 1)[-1] + sep + rest
 
 
+@pytest.hookimpl(trylast=True)  # after -k, -m and --deselect: the order is of the items that run
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=_spec_rank)  # stable: the order within a module is kept
     only = config.getoption("jfa_only")
     if only:
         wanted = {line.strip() for line in Path(only).read_text().splitlines() if line.strip()}
@@ -112,6 +117,7 @@ def pytest_collection_modifyitems(config, items):
         if deselected:
             config.hook.pytest_deselected(items=deselected)
             items[:] = [item for item in items if check_key(item.nodeid) in wanted]
+    arrange_items(config, items)
     path = config.getoption("xfails_file")
     if not path:
         return
@@ -121,6 +127,61 @@ def pytest_collection_modifyitems(config, items):
             if pattern in item.nodeid:
                 item.add_marker(pytest.mark.xfail(reason=reason, strict=False))
                 break
+
+
+def arrange_items(config, items) -> None:
+    """Put the spec's checks (marked ``spec``) in run order (check_order.py): longest expected first, in
+    one share per xdist worker; every worker computes the same order from the same table, as xdist
+    requires. Other items (the project's own tests, which ``python -m pytest`` collects with the spec)
+    follow in their collection order, untouched."""
+    from . import check_order
+
+    spec = [item for item in items if item.get_closest_marker("spec")]
+    if not spec:
+        return
+    path = config.getoption("jfa_check_seconds")
+    table = {}
+    if path:
+        try:
+            table = check_order.read_snapshot(path)
+        except ValueError as exc:
+            raise pytest.UsageError(f"--jfa-check-seconds: {exc}") from None
+    order = check_order.arrange([_as_check(item) for item in spec], table, _xdist_workers(config))
+    items[:] = [spec[i] for i in order] + [item for item in items if not item.get_closest_marker("spec")]
+
+
+def _xdist_workers(config) -> int:
+    """The shares to deal the checks into: the workers of an xdist ``worksteal`` run (it first cuts the
+    item list into one run per worker); 1 outside xdist and for its other modes, which hand the list out
+    from its head and are best served longest first."""
+    workerinput = getattr(config, "workerinput", None)  # set in xdist's worker processes only
+    if not workerinput or workerinput.get(_DIST_KEY) != "worksteal":
+        return 1
+    return int(workerinput["workercount"])
+
+
+_DIST_KEY = "jfa_dist"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist, in the controller, for each worker: pass on the ``--dist`` mode, which a worker's own options
+    no longer hold (they say ``no``)."""
+    node.workerinput[_DIST_KEY] = node.config.getoption("dist")
+
+
+def _as_check(item):
+    from hypothesis import is_hypothesis_test
+
+    from .check_order import Check
+
+    callspec = getattr(item, "callspec", None)
+    backend = callspec.params.get("backend") if callspec else None
+    function = getattr(item, "obj", None)
+    code = getattr(function, "__code__", None)
+    # drawn: a hypothesis test, or one that applies hypothesis's `given` in its body (test_determinism)
+    draws = is_hypothesis_test(function) or (code is not None and "given" in code.co_names)
+    return Check(check_key(item.nodeid), getattr(backend, "name", None), draws, _spec_rank(item))
 
 
 @pytest.fixture

@@ -40,5 +40,6 @@ def test_the_oracle_checks_are_collected_first_so_a_cut_short_run_has_them():
     ids = [line for line in result.stdout.splitlines() if "::" in line]
     modules = [i.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py") for i in ids]
     first_seen = list(dict.fromkeys(modules))
-    assert first_seen[:3] == ["test_oracle_checks", "test_edge_cases", "test_metamorphic"], first_seen
+    # no measured seconds: the drawn checks first (check_order.py), the oracle's first among them
+    assert first_seen[0] == "test_oracle_checks", first_seen
     assert modules == sorted(modules, key=first_seen.index), "each module's checks stay together"
