@@ -220,7 +220,8 @@ def _store_counts(COUNTS_A, COUNTS_B, carry_a, carry_b, heads_a, heads_b, two, B
              mask=(offs < 2) & _flag(offs, two))
 
 
-@triton.jit
+# arguments that follow the batch (token totals, sequence counts) are not specialized on: one variant per config
+@triton.jit(do_not_specialize=['B', 'rows_q', 'rows_k'])
 def _order_kernel(CU_Q, CU_K, CU_Q_OUT, CU_K_OUT, ORDER, KEYS, B, rows_q, rows_k, causal, broadcast,
                   NBLK_A, START_A, COUNTS_A, block_a, heads_a, kv_a, side_a,
                   NBLK_B, START_B, COUNTS_B, block_b, heads_b, kv_b, side_b, split, two,
@@ -253,7 +254,8 @@ def _order_kernel(CU_Q, CU_K, CU_Q_OUT, CU_K_OUT, ORDER, KEYS, B, rows_q, rows_k
             tl.store(KEYS + idx, key, mask=ok)
 
 
-@triton.jit
+# arguments that follow the batch (token totals, sequence counts) are not specialized on: one variant per config
+@triton.jit(do_not_specialize=['B'])
 def _lists_kernel(CU_Q, CU_K, ORDER, KEYS, B, broadcast, from_keys,
                   NBLK_A, START_A, COUNTS_A, block_a, heads_a, kv_a, side_a,
                   NBLK_B, START_B, COUNTS_B, block_b, heads_b, kv_b, side_b, split, two,
@@ -305,7 +307,8 @@ def _expand_one(s, pos, ok, NBLK, START, SEQ, BLK, ITEMS, heads, reverse, TILES:
             tl.store(ITEMS + t2 * heads + h * n2 + j, (t2 + j) * heads + h, mask=m)
 
 
-@triton.jit
+# arguments that follow the batch (token totals, sequence counts) are not specialized on: one variant per config
+@triton.jit(do_not_specialize=['B'])
 def _expand_kernel(ORDER, B, NBLK_A, START_A, SEQ_A, BLK_A, ITEMS_A, heads_a, reverse_a,
                    NBLK_B, START_B, SEQ_B, BLK_B, ITEMS_B, heads_b, reverse_b, two,
                    CU_Q, CU_COLS, COLS, broadcast, write_columns, SEQS: tl.constexpr, TILES: tl.constexpr):
@@ -326,7 +329,8 @@ def _expand_kernel(ORDER, B, NBLK_A, START_A, SEQ_A, BLK_A, ITEMS_A, heads_a, re
         tl.store(COLS + start[:, None] + r, col0[:, None] + r, mask=r < lq[:, None])
 
 
-@triton.jit
+# arguments that follow the batch (token totals, sequence counts) are not specialized on: one variant per config
+@triton.jit(do_not_specialize=['B', 'n_chunks', 'n_mblk'])
 def _chunk_kernel(CU_K, PREFIX, B_LO, B_HI, BLK, SLOT, B, n_chunks, n_mblk,
                   SEQS: tl.constexpr, CHUNKS: tl.constexpr):
     # broadcast-Q dQ chunks: batches cut into n_chunks contiguous, non-empty chunks of about equal work

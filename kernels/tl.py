@@ -97,7 +97,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kt, stride_vt, offs_m, lo,
     return acc, l_i, m_i
 
 
-@triton.jit
+# arguments that follow the batch (token totals, sequence counts) are not specialized on: one variant per config
+@triton.jit(do_not_specialize=['stride_lh'])
 def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS, N_ITEMS,
                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                 stride_ot, stride_oh, stride_lh,
@@ -153,7 +154,8 @@ def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS, N_ITEMS,
 # statistics: row h = LSE * log2(e) (+inf where LSE is -inf), row H + h = delta,
 # output row t in column COLS[t] (plan.AlignedColumns)
 # ----------------------------------------------------------------------------
-@triton.jit
+# arguments that follow the batch (token totals, sequence counts) are not specialized on: one variant per config
+@triton.jit(do_not_specialize=['n_rows', 'stride_dh', 'stride_sh'])
 def _bwd_preprocess(O, DO, DELTA, LSE, STATS, COLS, n_rows, stride_ot, stride_oh, stride_dot, stride_doh,
                     stride_dh, stride_sh, BLOCK: tl.constexpr, HEAD_DV: tl.constexpr, WRITE_STATS: tl.constexpr):
     pid = tl.program_id(0)
@@ -207,7 +209,8 @@ def _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt
     return dk, dv
 
 
-@triton.jit
+# arguments that follow the batch (token totals, sequence counts) are not specialized on: one variant per config
+@triton.jit(do_not_specialize=['stride_lh'])
 def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS, N_ITEMS,
                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                    stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh,
@@ -341,7 +344,8 @@ def _bwd_q_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kt, stride_vt,
     return dq
 
 
-@triton.jit
+# arguments that follow the batch (token totals, sequence counts) are not specialized on: one variant per config
+@triton.jit(do_not_specialize=['stride_dqs', 'stride_lh'])
 def _bwd_q_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
                   TILE_BLO, TILE_BHI, TILE_BLK, TILE_SLOT, ITEMS, N_ITEMS,
                   stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,

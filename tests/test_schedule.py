@@ -296,3 +296,41 @@ def test_gpu_a_plain_call_is_captured_in_a_cuda_graph_and_replays_new_offsets(dt
         want_out, want_lse = jagged_flash_attention(q, k, v, _cu(lens), _cu(lens), None, None, causal=True)
         torch.cuda.synchronize()
         assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
+def _compiled_variants() -> dict[str, int]:
+    """How many compiled variants each of the kernels' JIT functions holds (Triton's per-device caches)."""
+    from kernels.gluon import dkdv, dq as gdq, fwd as gfwd
+    fns = {"tl.fwd": tl._fwd_kernel, "tl.preprocess": tl._bwd_preprocess, "tl.kv": tl._bwd_kv_kernel,
+           "tl.q": tl._bwd_q_kernel, "order": sched._order_kernel, "lists": sched._lists_kernel,
+           "expand": sched._expand_kernel, "chunks": sched._chunk_kernel, "gluon.fwd": gfwd.fwd_kernel,
+           "gluon.dq": gdq.dq_kernel, "gluon.dkdv": dkdv.dkdv_kernel}
+    counts = {}
+    for name, fn in fns.items():
+        caches = getattr(fn, "device_caches", None)
+        if not isinstance(caches, dict):
+            pytest.skip("this Triton keeps no per-device kernel cache to count")
+        counts[name] = sum(len(entry[0]) for entry in caches.values())
+    return counts
+
+
+@pytest.mark.skipif(not _HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_batches_of_any_size_share_one_compiled_variant(dtype):
+    # Triton specializes integer arguments equal to 1 or divisible by 16; the ones that follow the batch (token
+    # totals, sequence counts) are declared unspecialized, so a new batch size or token total never compiles
+    # again (the first batch has a long and short sequences: both forward paths and every list are built)
+    def call(lens):
+        cu = _cu(lens)
+        g = torch.Generator(device=DEVICE).manual_seed(len(lens))
+        q, k, v = (torch.randn(int(cu[-1]), 2, 64, device=DEVICE, generator=g).to(dtype).requires_grad_()
+                   for _ in range(3))
+        out, lse = jagged_flash_attention(q, k, v, cu, cu, None, None, causal=True)
+        out.backward(torch.ones_like(out))
+        torch.cuda.synchronize()
+
+    call([600, 3, 17, 0])
+    before = _compiled_variants()
+    for lens in ([1], [16], [1] * 16, [5] * 17, [32, 32], [7] * 33 + [600], [160] * 2):
+        call(lens)
+    assert _compiled_variants() == before
