@@ -8,7 +8,9 @@ which fill gaps, for the end.
 
 *Expected seconds.* Every finished run records each check's measured seconds (``duration_s`` of its report
 records, unsupported ones included, not-run ones not) in ``check-seconds.json`` in the cache directory
-(cache.py), per kind of run (device type, profile, ``--max-examples``), newer values replacing older ones.
+(cache.py), per kind of run (device type, profile, ``--max-examples``), newer values replacing older ones
+(two runs on one cache directory that finish together: the later write wins, and only the order of a
+later run suffers from the seconds it drops).
 ``jfa-conformance run`` hands the run's table to pytest as a file of its own that no other run rewrites
 (``--jfa-check-seconds``), read once per process, so every worker collects the same order. A check with no
 measurement of its own is expected to take the mean measured for the same test function on the same
@@ -22,6 +24,8 @@ worker's queue to an idle one. A plain longest-first list would give the first w
 so the sorted checks are dealt out: each goes to the share with the least expected seconds that still has
 room, the shares are as long as worksteal's cuts, and laid end to end they are the item list. Each worker
 thus starts longest first with about the same expected total, and what worksteal moves later is short.
+Outside xdist, and under its other modes (which hand the list out from its head), the order is one share:
+longest first.
 """
 from __future__ import annotations
 
