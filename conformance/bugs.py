@@ -456,7 +456,7 @@ CATALOG: tuple[BugClass, ...] = (
         "causal with a fully masked first-processed block and all scores far below 0 (GQA 7:1, Lq 88, Lk 448 in the "
             "report)",
         BUG,
-        "mutant", (EDGE, FWD, LSE),
+        "mutant", (EDGE, FWD, LSE, GUARD),
         "the scores_far_below_zero edge case: causal rows whose last key tile is fully masked, every score near "
         "-6.5e4 (float32)"),
 
@@ -478,7 +478,7 @@ CATALOG: tuple[BugClass, ...] = (
              "block_mask and score_mod")),
         "lengths not a multiple of the 128 tile and rows with LSE below ln(FLT_MIN)",
         BUG,
-        "mutant", (EDGE, GRAD),
+        "mutant", (EDGE, GRAD, BCAST),
         "the scores_far_below_zero edge case: key lengths 9 and 40 (not tile multiples) with LSEs near -6.5e4; "
         "drawn float32 problems with scores_low meet it at other tile edges"),
 
