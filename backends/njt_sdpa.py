@@ -35,6 +35,7 @@ def _nested(values: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.
 class NjtSdpa(Backend):
     name = "njt-sdpa"
     capabilities = Capabilities(
+        compile_s=0.0,  # prebuilt kernels: nothing the warm-up could compile and cache
         devices=("cuda",),
         dtypes=("float16", "bfloat16"),
         max_head_dim=256,

@@ -71,6 +71,7 @@ def sdpa_packed(args: AttentionArgs, kernel_context=contextlib.nullcontext) -> t
 class Sdpa(Backend):
     name = "sdpa"
     capabilities = Capabilities(
+        compile_s=0.0,  # prebuilt kernels: nothing the warm-up could compile and cache
         devices=("cpu", "cuda"),
         causal_modes=CAUSAL_MODES,
         broadcast_q="emulated",

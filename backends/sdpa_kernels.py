@@ -68,6 +68,7 @@ class SdpaEfficient(_PinnedSdpa):
     name = "sdpa-efficient"
     kernel_name = "EFFICIENT_ATTENTION"
     capabilities = Capabilities(
+        compile_s=0.0,  # prebuilt kernels (cuDNN builds its plans per process): nothing for the warm-up to cache
         devices=("cuda",),
         causal_modes=CAUSAL_MODES,
         broadcast_q="emulated",
@@ -82,6 +83,7 @@ class SdpaCudnn(_PinnedSdpa):
     name = "sdpa-cudnn"
     kernel_name = "CUDNN_ATTENTION"
     capabilities = Capabilities(
+        compile_s=0.0,  # prebuilt kernels (cuDNN builds its plans per process): nothing for the warm-up to cache
         devices=("cuda",),
         dtypes=("float16", "bfloat16"),
         max_head_dim=128,
@@ -99,6 +101,7 @@ class SdpaMath(_PinnedSdpa):
     name = "sdpa-math"
     kernel_name = "MATH"
     capabilities = Capabilities(
+        compile_s=0.0,  # prebuilt kernels (cuDNN builds its plans per process): nothing for the warm-up to cache
         devices=("cuda",),
         causal_modes=CAUSAL_MODES,
         broadcast_q="emulated",
@@ -111,6 +114,7 @@ class SdpaMath(_PinnedSdpa):
 class SdpaFlash(Backend):
     name = "sdpa-flash"
     capabilities = Capabilities(
+        compile_s=0.0,  # prebuilt kernels (cuDNN builds its plans per process): nothing for the warm-up to cache
         devices=("cuda",),
         dtypes=("float16", "bfloat16"),
         max_head_dim=256,

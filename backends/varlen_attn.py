@@ -48,6 +48,7 @@ class VarlenAttn(Backend):
         except ImportError:
             gqa = False
         return Capabilities(
+            compile_s=0.0,  # prebuilt kernels: nothing the warm-up could compile and cache
             devices=("cuda",),
             dtypes=("float16", "bfloat16"),
             max_head_dim=256,

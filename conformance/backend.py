@@ -42,6 +42,7 @@ class Capabilities:
     max_drawn_rows: int | None = None
     # A cost hint: typical seconds the first call spends compiling one kernel configuration (JIT backends).
     # On a cold cache the warm-up has measured nothing yet and starts the dearest backends' compiles first.
+    # 0 declares that the backend compiles nothing a cache could keep: the warm-up skips it. None: unknown.
     compile_s: float | None = None
     notes: str = ""
 

@@ -11,6 +11,7 @@ from conformance.problem import CAUSAL_MODES, AttentionArgs, Output
 class Reference(Backend):
     name = "reference"
     capabilities = Capabilities(
+        compile_s=0.0,  # float64 torch on the CPU: nothing to compile
         devices=("cpu", "cuda"),
         causal_modes=CAUSAL_MODES,
         broadcast_q="native",

@@ -52,6 +52,7 @@ def _sequence(q, k, v, scale, causal, block):
 class ReferenceOnline(Backend):
     name = "reference-online"
     capabilities = Capabilities(
+        compile_s=0.0,  # float64 torch on the CPU: nothing to compile
         devices=("cpu", "cuda"),
         causal_modes=CAUSAL_MODES,
         broadcast_q="native",

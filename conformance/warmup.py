@@ -408,6 +408,8 @@ def run_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Pat
         if not info.available:
             continue
         backend = registry.resolve(spec)
+        if backend.capabilities.compile_s == 0:
+            continue  # compiles nothing a cache could keep
         configs = configs_for(backend, seed, extra)
         if ns.dtype:
             configs = tuple(c for c in configs if c.dtype in ns.dtype)

@@ -336,3 +336,15 @@ def test_warmup_starts_the_longest_known_compiles_first():
 def test_a_manifest_in_an_unknown_format_is_ignored(tmp_path):
     (tmp_path / warmup.MANIFEST).write_text(json.dumps({"0123abcd": ["a | float32 d16 h1:1 none"]}))
     assert warmup.load_manifest(tmp_path, "0123abcd") == set() and warmup.load_seconds(tmp_path) == {}
+
+
+def test_the_warm_up_skips_backends_that_compile_nothing(tmp_path, misbehaving):
+    # the reference declares compile_s = 0 (float64 torch: nothing a cache could keep); a backend that declares
+    # nothing is warmed up
+    argv = ["run", "--report-dir", str(tmp_path), "-q", "-n", "1", "--warmup", "--cache-dir", str(tmp_path / "c"),
+            "--backend", "reference", "--backend", f"{misbehaving}:NarrowFine", "-k", "single_token",
+            "--name", "skip"]
+    cli.main(argv)
+    report = json.loads((tmp_path / "skip" / "report.json").read_text())
+    assert report["backends"]["reference"]["time"]["warmup"] == []
+    assert {w["outcome"] for w in report["backends"]["narrow-fine"]["time"]["warmup"]} == {"ok"}
