@@ -165,3 +165,27 @@ def test_the_head_dim_64_shape_is_timed_at_its_head_dim_and_leaves_the_others_un
     # its lengths come from a generator of its own: S1-S3's draws are what they were
     assert int(shapes["S1"]["lk"].sum()) == int(bench._uniform_lens(np.random.default_rng(bench.SEED), 1024, 1,
                                                                       1024).sum())
+
+
+def test_host_cost_is_per_call_and_the_table_shows_it(monkeypatch, tmp_path):
+    import time as _time
+    synced = []
+    us, launches = bench.host_cost(lambda: _time.sleep(0.002), calls=5, sync=lambda: synced.append(1),
+                                   count_launches=False)
+    assert 2000 <= us < 20000 and launches is None and len(synced) == 2  # before and after the timed calls
+    # --host: measured in the first round only and tabled beside the GPU time
+    measured = []
+
+    def fake_time(make, shape, tensors, warmup=25, rep=100, backward=True):
+        return 1.0, 2.0, tensors[0][:4].float()
+
+    def fake_host(make, shape, tensors):
+        measured.append(make)
+        return dict(fwd_host_us=900.0, fwd_launches=4, bwd_host_us=1500.0, bwd_launches=7)
+    _tiny(monkeypatch)
+    monkeypatch.setattr(bench, "time_impl", fake_time)
+    monkeypatch.setattr(bench, "measure_host", fake_host)
+    monkeypatch.setattr(bench, "triton_paths", lambda name, shape, tensors: "paths")
+    bench.main(["--out", str(tmp_path), "--impls", "triton,sdpa", "--shapes", "T", "--rounds", "2", "--host"])
+    assert len(measured) == 2
+    assert "| T | triton | 1.000 | 900 | 4 | 2.000 | 1500 | 7 |" in (tmp_path / "bench.md").read_text()

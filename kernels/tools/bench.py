@@ -3,8 +3,8 @@
     python -m kernels.tools.bench [--out DIR] [--impls fa4,triton-plan,triton,triton-tl-plan,sdpa]
                                   [--shapes S4b,S1,S1c,S2,S4a,S3] [--s3-seeds 1234,1,2] [--rounds N]
 
-Implementations: ``triton`` (a plain ``jagged_flash_attention`` call: it reads the offsets on the host every
-call), ``triton-plan`` (calls of a ``JaggedPlan`` made once), ``triton-tl-plan`` (the same with
+Implementations: ``triton`` (a plain ``jagged_flash_attention`` call: validation and the tile lists built on the
+device at every call), ``triton-plan`` (calls of a ``JaggedPlan`` made once), ``triton-tl-plan`` (the same with
 ``Config(gluon=False)``: the tl kernels alone), ``fa4``, ``sdpa`` (padded).  Every triton row records the
 kernels that ran (``JaggedPlan.paths``).
 
@@ -13,7 +13,12 @@ forward, 2.5x that backward.  Times are triton.testing.do_bench medians
 after warm-up on random bf16 data (fixed seed).  Backward is timed as
 torch.autograd.grad of the output (the forward is not re-run).  With
 --rounds N every implementation is timed N times, interleaved (A B C, A B C),
-and the table gives the median of the rounds and their spread.
+and the table gives the median of the rounds and their spread.  With --host
+the first round also measures what a call costs the host: microseconds per
+call submitted back to back without waiting for the GPU (a call that waits
+shows its GPU time here too), and the GPU launches one call makes (kernels,
+memsets and copies, from torch.profiler).  Where the host cost per call exceeds
+the GPU time per call, the do_bench time is the host's.
 """
 from __future__ import annotations
 
@@ -247,6 +252,39 @@ def time_impl(make, shape, tensors, warmup=25, rep=100, backward=True):
     return t_f, t_b, out.detach()
 
 
+def host_cost(fn, calls=50, sync=None, count_launches=True):
+    """(host microseconds per call of ``fn`` submitted back to back, GPU launches of one call or None)."""
+    sync = sync or torch.cuda.synchronize
+    fn()
+    sync()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host_us = (time.perf_counter() - start) / calls * 1e6
+    sync()
+    launches = None
+    if count_launches:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            sync()
+        launches = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return host_us, launches
+
+
+def measure_host(make, shape, tensors):
+    """host_cost of the forward and of the backward (torch.autograd.grad of one output) of an impl."""
+    q, k, v, cu_q, cu_k = tensors
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    fwd = make(shape, q, k, v, cu_q, cu_k)
+    with torch.no_grad():
+        f_us, f_n = host_cost(fwd)
+    out = fwd()
+    do = torch.randn_like(out)
+    b_us, b_n = host_cost(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True))
+    return dict(fwd_host_us=f_us, fwd_launches=f_n, bwd_host_us=b_us, bwd_launches=b_n)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
@@ -260,6 +298,8 @@ def main(argv=None):
                     help="impls whose backward is not timed (e.g. forward variants that share the shipped backward)")
     ap.add_argument("--once", default="",
                     help="impls timed in the first round only (slow baselines whose spread is not in question)")
+    ap.add_argument("--host", action="store_true",
+                    help="also measure each impl's host microseconds and GPU launches per call (first round)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     try:
@@ -301,6 +341,8 @@ def main(argv=None):
                     tf, tb = float(np.median(rec["fwd_ms_rounds"])), float(np.median(rec["bwd_ms_rounds"]))
                     rec.update(fwd_ms=tf, bwd_ms=tb, fwd_tflops=flops_f / tf * 1e-9,
                                bwd_tflops=2.5 * flops_f / tb * 1e-9, wall_s=time.time() - t0)
+                    if args.host and rnd == 0:
+                        rec.update(measure_host(IMPLS[name], shape, tensors))
                     if name.startswith("triton"):  # the kernels that ran: a fallback cannot pass as a variant
                         rec["paths"] = triton_paths(name, shape, tensors)
                     if ref_out is None:
@@ -339,6 +381,13 @@ def main(argv=None):
         lines.append(f"| {r['shape']} | {r['impl']} | {r['fwd_ms']:.3f} | {r['fwd_tflops']:.0f} | {bwd} | "
                      f"{rf} | {rb} | {spread(r['fwd_ms_rounds'])} / "
                      f"{spread(r['bwd_ms_rounds']) if timed_bwd else '-'} |")
+    if args.host:
+        lines += ["", "| shape | impl | fwd GPU ms | fwd host us/call | fwd launches | bwd GPU ms | bwd host us/call "
+                  "| bwd launches |", "|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            if "fwd_host_us" in r:
+                lines.append(f"| {r['shape']} | {r['impl']} | {r['fwd_ms']:.3f} | {r['fwd_host_us']:.0f} | "
+                             f"{r['fwd_launches']} | {r['bwd_ms']:.3f} | {r['bwd_host_us']:.0f} | {r['bwd_launches']} |")
     table = "\n".join(lines)
     print(table)
     with open(os.path.join(args.out, f"bench{tag}.md"), "w") as f:

@@ -36,7 +36,7 @@ case $STAGE in
   bench)
     timeout 560 python3 -m kernels.tools.bench --out "$OUT_DIR" --rounds 3 --once sdpa,triton-tl-plan \
       --impls fa4,triton-plan,triton,triton-tl-plan,sdpa --shapes S4b,S1,S1c,S2,S4a,S3,S3s1,S3s2,S5 \
-      --s3-seeds 1,2 >> "$LOG" 2>&1
+      --s3-seeds 1,2 --host >> "$LOG" 2>&1
     echo "bench rc=$?" | tee -a "$LOG"; cat "$OUT_DIR/bench.md" 2>/dev/null ;;
   *)
     echo "unknown stage $STAGE (tests, spec or bench)" >&2; exit 2 ;;
