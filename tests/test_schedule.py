@@ -319,7 +319,10 @@ def _compiled_variants() -> dict[str, int]:
 def test_gpu_batches_of_any_size_share_one_compiled_variant(dtype):
     # Triton specializes integer arguments equal to 1 or divisible by 16; the ones that follow the batch (token
     # totals, sequence counts) are declared unspecialized, so a new batch size or token total never compiles
-    # again (the first batch has a long and short sequences: both forward paths and every list are built)
+    # again (the first batch has a long and short sequences: both forward paths and every list are built).
+    # Two choices do follow the batch, by design, and every batch here stays on one side of them: the
+    # builder's register sort size (up to 256 sequences) and the Gluon grid's mode (static while the items
+    # fit one program per SM)
     def call(lens):
         cu = _cu(lens)
         g = torch.Generator(device=DEVICE).manual_seed(len(lens))
