@@ -155,11 +155,14 @@ def choose_paths(q, k, v, broadcast, n_out_rows, config: Config) -> Paths:
 
 
 def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, broadcast_q,
-            config: Config, check_offsets=None):
+            config: Config, check_offsets=None, lists="forward"):
     """The host side of a call: validation, paths, tiles, and the forward's tile lists built on the device
     (no wait for the GPU unless the offsets are read: ``check_offsets``, by default the Config's, or offsets
-    on the CPU).  Returns (q, k, v, cu_q, cu_k, LaunchPlan), the offsets as the kernels read them (clamped,
-    int32 where they fit)."""
+    on the CPU); ``lists="backward"`` builds the backward's instead, for a backward that runs without its
+    forward's plan (the compiled one).  Returns (q, k, v, cu_q, cu_k, LaunchPlan), the offsets as the
+    kernels read them (clamped, int32 where they fit)."""
+    if lists not in ("forward", "backward"):
+        raise ValueError(f"lists must be 'forward' or 'backward', got {lists!r}")
     if check_offsets is None:
         check_offsets = config.check_offsets or (isinstance(cu_seqlens_k, torch.Tensor)
                                                  and cu_seqlens_k.device.type == "cpu")
@@ -183,6 +186,10 @@ def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
         elif split > 0:
             paths = paths._replace(forward="gluon+tl")
     plan = LaunchPlan(config, paths, tiles, causal, scale, broadcast, n_out_rows, split, {})
+    if lists == "backward":
+        plan.schedule.update(backward_lists(plan, q.shape, k.shape, q.device, offsets=(cu_seqlens_q, cu_seqlens_k)))
+        order = plan.schedule["order"]
+        return q, k, v, order.cu_q, order.cu_k, plan
     specs, names = [], []
     if split is not None:
         from .gluon import fwd
@@ -199,16 +206,19 @@ def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
     return q, k, v, order.cu_q, order.cu_k, plan
 
 
-def backward_lists(plan: LaunchPlan, q_shape, k_shape, device) -> dict:
-    """The backward's tile lists, from the forward's order: "kv_gluon" with the statistics "columns", or
-    "kv"; "q_gluon", "q" or broadcast-Q's "chunks"."""
-    order = plan.schedule["order"]
+def backward_lists(plan: LaunchPlan, q_shape, k_shape, device, offsets=None) -> dict:
+    """The backward's tile lists: "kv_gluon" with the statistics "columns", or "kv"; "q_gluon", "q" or
+    broadcast-Q's "chunks".  From the forward's order, or, given the caller's ``offsets`` (cu_q, cu_k), with
+    the order built in the same pass (a backward without its forward's plan: the compiled one); then the
+    result holds that "order" too."""
+    order = plan.schedule.get("order") if offsets is None else None
+    n_seqs = order.n_seqs if order is not None else offsets[1].shape[0] - 1
     hq, hkv = q_shape[1], k_shape[1]
     s = {}
     specs, names = [], []
     if plan.paths.dkdv == "gluon":
         from .gluon import dkdv
-        s["columns"] = sched.columns_for(order.n_seqs, plan.n_out_rows, device)
+        s["columns"] = sched.columns_for(n_seqs, plan.n_out_rows, device)
         specs.append(sched.ListSpec(dkdv.BLOCK_N.value, hkv, kv=True))
         names.append("kv_gluon")
     else:
@@ -220,15 +230,21 @@ def backward_lists(plan: LaunchPlan, q_shape, k_shape, device) -> dict:
     elif not plan.broadcast:
         specs.append(sched.ListSpec(plan.tiles.q[0], hq))
         names.append("q")
+    if order is None:
+        order, lists = sched.order_and_lists(offsets[0], offsets[1], q_shape[0], k_shape[0], specs,
+                                             causal=plan.causal, broadcast=plan.broadcast, columns=s.get("columns"))
+        s["order"] = order
     else:
+        _, lists = sched.order_and_lists(order.cu_q, order.cu_k, order.rows_q, order.rows_k, specs,
+                                         causal=plan.causal, broadcast=plan.broadcast, order=order,
+                                         columns=s.get("columns"))
+    s.update(zip(names, lists))
+    if plan.broadcast and plan.paths.dq != "gluon":
         # each dQ tile covers one q block over a contiguous chunk of batches, whose fp32 partial goes to its
         # own slot: about four programs per SM in all
         n_mblk = _cdiv(q_shape[0], plan.tiles.q[0])
-        n_chunks = max(1, min(order.n_seqs, _cdiv(4 * num_sms(device), max(1, n_mblk * hq))))
-        s["chunks"] = sched.broadcast_chunks(order.cu_k, order.n_seqs, n_chunks, n_mblk)
-    _, lists = sched.order_and_lists(order.cu_q, order.cu_k, order.rows_q, order.rows_k, specs, causal=plan.causal,
-                                     broadcast=plan.broadcast, order=order, columns=s.get("columns"))
-    s.update(zip(names, lists))
+        n_chunks = max(1, min(n_seqs, _cdiv(4 * num_sms(device), max(1, n_mblk * hq))))
+        s["chunks"] = sched.broadcast_chunks(order.cu_k, n_seqs, n_chunks, n_mblk)
     return s
 
 

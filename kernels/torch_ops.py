@@ -5,7 +5,9 @@ Inside a compiled region ``jagged_flash_attention`` and ``JaggedPlan`` call
 AOTAutograd see one opaque operator with a shape-only fake implementation (``fullgraph=True`` works), and
 its registered backward calls ``jagged_attention_backward``.  Both run the same host code and kernels as an
 eager call (validation, the tile lists built on the device) when the graph runs, under the Config the call
-was traced with (passed as its string), so the backward runs what an eager backward would.  A plan's call
+was traced with (passed as its string), so the backward runs what an eager backward would; having no
+forward plan to start from, it builds the sequence order in the same pass as its own lists (the same lists
+an eager backward builds from its forward's order; tests/test_schedule.py).  A plan's call
 is a plain call with the plan's own offsets.
 """
 from typing import Optional, Tuple
@@ -46,7 +48,7 @@ def jagged_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor,
                               max_seqlen_k: Optional[int], causal: bool, softmax_scale: Optional[float],
                               broadcast_q: bool, config: str) -> Tuple[Tensor, Tensor, Tensor]:
     q, k, v, cu_q, cu_k, plan = prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                                        softmax_scale, broadcast_q, _config(config))
+                                        softmax_scale, broadcast_q, _config(config), lists="backward")
     return launch.backward(grad_out, q, k, v, out, lse, cu_q, cu_k, plan)
 
 

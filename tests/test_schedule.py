@@ -337,3 +337,49 @@ def test_gpu_batches_of_any_size_share_one_compiled_variant(dtype):
     for lens in ([1], [16], [1] * 16, [5] * 17, [32, 32], [7] * 33 + [600], [160] * 2):
         call(lens)
     assert _compiled_variants() == before
+
+
+def _lists_of(s):
+    """What a backward list dict holds, as plain values (lists, columns, chunks, the order)."""
+    out = {}
+    for name, value in s.items():
+        if isinstance(value, sched.TileList):
+            out[name] = _built(value)
+        elif isinstance(value, sched.Columns):
+            n = int(value.cu[-1])
+            out[name] = (value.cu.tolist(), value.cols[:n].tolist() if n else [], value.n_cols)
+        elif isinstance(value, sched.Order):
+            out[name] = (value.order.tolist(), value.cu_q.tolist(), value.cu_k.tolist())
+        elif isinstance(value, sched.Chunks):
+            out[name] = tuple(x.tolist() if isinstance(x, torch.Tensor) else x for x in value)
+    return out
+
+
+@pytest.mark.parametrize("register_sort", [False, True])
+@pytest.mark.parametrize("gluon_backward", [False, True])
+@pytest.mark.parametrize("broadcast, causal", [(False, True), (False, False), (True, True)])
+def test_a_backward_without_its_forward_builds_the_lists_the_forward_order_gives(monkeypatch, register_sort,
+                                                                                   gluon_backward, broadcast, causal):
+    # the compiled backward plans on its own (prepare(..., lists="backward")): the order is built in the same
+    # pass as the backward's lists, and every list, the statistics columns and the broadcast chunks are those
+    # of the eager backward, which builds them from the forward's order
+    import functools
+    monkeypatch.setattr(sched, "order_and_lists", functools.partial(sched.order_and_lists, register_sort=register_sort))
+    if gluon_backward and not broadcast:  # the Gluon dK/dV kernel's lists and statistics columns
+        monkeypatch.setattr(kplan, "choose_paths", lambda *a: kplan.Paths("tl", "gluon", "gluon", "dq kernel"))
+    lens_k = [130, 0, 7, 64, 300, 1]
+    lens_q = [40] * len(lens_k) if broadcast else [130, 5, 0, 64, 17, 1]
+    cu_q = _cu([40]) if broadcast else _cu(lens_q)
+    cu_k = _cu(lens_k)
+    q = torch.zeros(int(cu_q[-1]), 2, 16, device=DEVICE)
+    k = torch.zeros(int(cu_k[-1]), 1, 16, device=DEVICE)
+    args = (q, k, k, cu_q, cu_k, None, None, causal, None, broadcast, Config())
+    *_, fwd_plan = kplan.prepare(*args)
+    eager = kplan.backward_lists(fwd_plan, q.shape, k.shape, q.device)
+    *_, cu_q_b, cu_k_b, bwd_plan = kplan.prepare(*args, lists="backward")
+    assert "fwd" not in bwd_plan.schedule and "fwd_gluon" not in bwd_plan.schedule  # no forward lists built
+    compiled = dict(bwd_plan.schedule)
+    assert _lists_of(compiled) == {**_lists_of(eager), "order": _lists_of({"order": fwd_plan.schedule["order"]})["order"]}
+    assert cu_q_b.tolist() == fwd_plan.schedule["order"].cu_q.tolist()
+    with pytest.raises(ValueError, match="lists must be"):
+        kplan.prepare(*args, lists="both")
