@@ -20,7 +20,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from . import workers
 from .configs import coverage_of
 from .environment import environment
 from .live import LiveView, WarmupView
+from .pytest_session import RunStopped, run_benchmarks, run_pytest, stop_on_sigterm, timed_specs
 from .warmup import backend_time
 
 USAGE_ERROR = 2
@@ -40,7 +40,6 @@ DEFAULT_MAX_WORKER_RESTART = 2000
 # Overall budget of a run per profile, seconds (--time-limit overrides; 0 means none). What it does not
 # reach is reported not-run, with the reason.
 DEFAULT_TIME_LIMIT_S = {"ci": 1800.0, "dev": 7200.0}
-SNAPSHOT_EVERY_S = 30.0  # report.json is rewritten this often during a run, so a killed run keeps its results
 
 
 class UsageError(Exception):
@@ -224,88 +223,6 @@ def _child_env(device: str, n_workers: int, cache_dir: Path) -> dict:
     return env
 
 
-class RunStopped(Exception):
-    """The run was stopped from outside (SIGTERM, Ctrl-C) or by ``--time-limit``; the message says which."""
-
-
-def _stop_on_sigterm(signum, frame):
-    raise RunStopped("the run was terminated (SIGTERM)")
-
-
-def _run_pytest(command, env, log_path: Path, records_path: Path, view: LiveView | None,
-                deadline: float | None = None, snapshot=None) -> tuple[int, str | None]:
-    """Run pytest, feeding the live view and writing a report snapshot now and then; returns
-    ``(return code, why it was stopped or None)``. pytest runs in its own process group so that a stop
-    reaches its xdist workers too."""
-    last_snapshot = time.monotonic()
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            while proc.poll() is None:
-                if view:
-                    view.feed(records_path)
-                if deadline is not None and time.monotonic() > deadline:
-                    raise RunStopped("the run reached its --time-limit")
-                if snapshot is not None and time.monotonic() - last_snapshot > SNAPSHOT_EVERY_S:
-                    snapshot()
-                    last_snapshot = time.monotonic()
-                time.sleep(0.25)
-        except (KeyboardInterrupt, RunStopped) as exc:
-            reason = str(exc) if isinstance(exc, RunStopped) else "the run was interrupted (Ctrl-C)"
-            _stop_group(proc)
-            return proc.returncode, reason
-        if view:
-            view.feed(records_path)
-    return proc.returncode, None
-
-
-def _stop_group(proc) -> None:
-    import signal
-    for sig, wait in ((signal.SIGINT, 10), (signal.SIGTERM, 10), (signal.SIGKILL, 30)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def _run_benchmarks(ns, run_dir: Path, backend_specs, device, env, console,
-                    deadline: float | None = None) -> tuple[list[dict], str]:
-    """pytest-benchmark timings of ``backend_specs``, stopped at ``deadline`` (the run's --time-limit):
-    a stopped session still writes what it timed (pytest-benchmark saves at session finish)."""
-    from . import report as rp
-    bench_file = Path(__file__).resolve().parent / "benchmarks.py"
-    partial = run_dir / ".benchmark.json.partial"
-    command = [sys.executable, "-m", "pytest", str(bench_file), "-p", "conformance.plugin", "-p", "no:cacheprovider",
-               "-q", "--device", device, "--benchmark-only", "--benchmark-json", str(partial),
-               "--timeout", f"{ns.timeout:g}", "--timeout-method", "thread"]
-    for spec in backend_specs:
-        command += ["--backend", spec]
-    with console.status("timing forward and backward of each backend (pytest-benchmark) ..."):
-        rc, stopped = _run_pytest(command, env, run_dir / "pytest.log", run_dir / ".none", None, deadline)
-    if not partial.exists():
-        why = f"stopped: {stopped}" if stopped else f"pytest exit code {rc}; see pytest.log"
-        return [], f"benchmarks did not complete ({why})"
-    bench = json.loads(partial.read_text())
-    os.replace(partial, run_dir / "benchmark.json")
-    if stopped:
-        status = f"stopped: {stopped}; the timings finished before it are kept"
-    else:
-        status = "ok" if rc == 0 else f"some benchmarks failed (pytest exit code {rc}; see pytest.log)"
-    return rp.timings_from_benchmark(bench), status
-
-
-def _timed_specs(ns, chosen) -> list[str]:
-    """The backends the benchmarks time: every chosen one, except that the references (float64 oracles, not
-    kernels; slow on a GPU's shapes) are timed only when named with --backend."""
-    from .registry import BUILTIN
-    return [spec for spec, info in chosen if ns.backend or spec not in BUILTIN]
-
-
 def _replay(run_dir: Path, record: dict, spec_of: dict) -> dict | None:
     """The backend spec (as the user named it) a failed check's reproducer calls; ``write_run_dir`` writes
     the artifact and script under the report's ``failures/`` and fills in the rest of the entry."""
@@ -484,8 +401,9 @@ def cmd_run(ns) -> int:
         return 1
     specs = [spec for spec, _ in chosen]
     from . import registry
-    if not ns.backend and registry.registration_note():
-        console.print(f"[yellow]note:[/] {registry.registration_note()}")
+    note = None if ns.backend else registry.registration_note()
+    if note:
+        console.print(f"[yellow]note:[/] {note}")
     name = ns.name or f"{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-{ns.profile}"
     run_dir = Path(ns.report_dir) / name
     if (run_dir / "report.json").exists():
@@ -555,7 +473,7 @@ def cmd_run(ns) -> int:
                   f"profile {ns.profile}, {n_workers} worker{'s' if n_workers > 1 else ''}, compile caches in {cache_dir} "
                   f"({cache_bytes / 1e6:.0f} MB)", highlight=False)
     import signal
-    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
     records, timings, rc, finished, bench_status = [], [], None, False, "not run"
     warm_summary, warm_info = {}, {"ran": False}
     try:
@@ -566,7 +484,7 @@ def cmd_run(ns) -> int:
                                                  _worker_sets(ns, device),
                                                  lambda jobs: WarmupView(console, jobs, enabled=not ns.quiet))
         with LiveView(console, enabled=not ns.quiet, flight_dir=run_dir / ".flight") as view:
-            rc, stop_reason = _run_pytest(command, env, run_dir / "pytest.log", records_path, view, deadline, snapshot)
+            rc, stop_reason = run_pytest(command, env, run_dir / "pytest.log", records_path, view, deadline, snapshot)
         collected, records, finished = rp.read_record_stream(records_path)
         if rc in (3, 4) and not records and stop_reason is None:
             log_tail = (run_dir / "pytest.log").read_text(errors="replace")[-3000:]
@@ -579,13 +497,13 @@ def cmd_run(ns) -> int:
             "never ran: the run stopped before reaching it (see pytest.log)", stopped=stop_reason is not None)
         timings, bench_status = [], "not run (use --bench)"
         bench = ns.bench if ns.bench is not None else device.startswith("cuda")
+        timed = timed_specs(ns.backend, chosen)
         if bench and stop_reason is not None:
             bench_status = f"not run: {stop_reason}"
-        elif bench and not _timed_specs(ns, chosen):
+        elif bench and not timed:
             bench_status = "not run: no kernel backend to time (the references are timed when named with --backend)"
         elif bench:
-            timings, bench_status = _run_benchmarks(ns, run_dir, _timed_specs(ns, chosen), device, env, console,
-                                                    deadline)
+            timings, bench_status = run_benchmarks(run_dir, timed, device, env, console, ns.timeout, deadline)
     except RunStopped as exc:  # SIGTERM while the benchmarks ran
         stop_reason, bench_status = str(exc), f"stopped: {exc}"
     finally:

@@ -16,6 +16,7 @@ import pytest
 
 from conformance import registry
 from conformance import cli
+from conformance import pytest_session
 from conformance import report as rp
 
 TOY_BACKENDS = textwrap.dedent('''
@@ -200,12 +201,12 @@ def test_benchmarks_keep_to_the_time_limit_and_time_kernels_not_oracles(tmp_path
     from rich.console import Console
     ns = cli.build_parser().parse_args(["run", "--bench"])
     chosen = [(name, registry.describe(name, "cpu")) for name in ("reference", "sdpa")]
-    assert cli._timed_specs(ns, chosen) == ["sdpa"]  # the references are oracles: not timed unless named
+    assert pytest_session.timed_specs(ns.backend, chosen) == ["sdpa"]  # references: oracles, timed when named
     named = cli.build_parser().parse_args(["run", "--bench", "--backend", "reference", "--backend", "sdpa"])
-    assert cli._timed_specs(named, chosen) == ["reference", "sdpa"]
+    assert pytest_session.timed_specs(named.backend, chosen) == ["reference", "sdpa"]
     # past the run's deadline the benchmark session is stopped, and the status says so
-    timings, status = cli._run_benchmarks(ns, tmp_path, ["reference"], "cpu", dict(os.environ),
-                                          Console(quiet=True), deadline=time.monotonic() - 1)
+    timings, status = pytest_session.run_benchmarks(tmp_path, ["reference"], "cpu", dict(os.environ),
+                                                    Console(quiet=True), 60, deadline=time.monotonic() - 1)
     assert timings == [] and "stopped: the run reached its --time-limit" in status
 
 

@@ -1,0 +1,103 @@
+"""The pytest sessions a run drives in child processes: the spec's checks and the benchmarks.
+
+A session runs in its own process group, so a stop reaches its xdist workers too; it is stopped at the
+run's deadline (``--time-limit``), on SIGTERM or Ctrl-C, and says which. The benchmark session is stopped
+the same way and keeps what it timed (pytest-benchmark writes its JSON when the session finishes).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .live import LiveView
+
+SNAPSHOT_EVERY_S = 30.0  # report.json is rewritten this often during a run, so a killed run keeps its results
+
+
+class RunStopped(Exception):
+    """The run was stopped from outside (SIGTERM, Ctrl-C) or by ``--time-limit``; the message says which."""
+
+
+def stop_on_sigterm(signum, frame):
+    raise RunStopped("the run was terminated (SIGTERM)")
+
+
+def run_pytest(command, env, log_path: Path, records_path: Path, view: "LiveView | None",
+               deadline: float | None = None, snapshot=None) -> tuple[int, str | None]:
+    """Run pytest, feeding the live view and writing a report snapshot now and then; returns
+    ``(return code, why it was stopped or None)``. pytest runs in its own process group so that a stop
+    reaches its xdist workers too."""
+    last_snapshot = time.monotonic()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            while proc.poll() is None:
+                if view:
+                    view.feed(records_path)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise RunStopped("the run reached its --time-limit")
+                if snapshot is not None and time.monotonic() - last_snapshot > SNAPSHOT_EVERY_S:
+                    snapshot()
+                    last_snapshot = time.monotonic()
+                time.sleep(0.25)
+        except (KeyboardInterrupt, RunStopped) as exc:
+            reason = str(exc) if isinstance(exc, RunStopped) else "the run was interrupted (Ctrl-C)"
+            stop_group(proc)
+            return proc.returncode, reason
+        if view:
+            view.feed(records_path)
+    return proc.returncode, None
+
+
+def stop_group(proc) -> None:
+    """SIGINT, then SIGTERM, then SIGKILL to the session's process group, each given time to act."""
+    import signal
+    for sig, wait in ((signal.SIGINT, 10), (signal.SIGTERM, 10), (signal.SIGKILL, 30)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_benchmarks(run_dir: Path, backend_specs, device, env, console, timeout_s: float,
+                   deadline: float | None = None) -> tuple[list[dict], str]:
+    """pytest-benchmark timings of ``backend_specs``, stopped at ``deadline`` (the run's --time-limit):
+    a stopped session still writes what it timed (pytest-benchmark saves at session finish)."""
+    from . import report as rp
+    bench_file = Path(__file__).resolve().parent / "benchmarks.py"
+    partial = run_dir / ".benchmark.json.partial"
+    command = [sys.executable, "-m", "pytest", str(bench_file), "-p", "conformance.plugin", "-p", "no:cacheprovider",
+               "-q", "--device", device, "--benchmark-only", "--benchmark-json", str(partial),
+               "--timeout", f"{timeout_s:g}", "--timeout-method", "thread"]
+    for spec in backend_specs:
+        command += ["--backend", spec]
+    with console.status("timing forward and backward of each backend (pytest-benchmark) ..."):
+        rc, stopped = run_pytest(command, env, run_dir / "pytest.log", run_dir / ".none", None, deadline)
+    if not partial.exists():
+        why = f"stopped: {stopped}" if stopped else f"pytest exit code {rc}; see pytest.log"
+        return [], f"benchmarks did not complete ({why})"
+    bench = json.loads(partial.read_text())
+    os.replace(partial, run_dir / "benchmark.json")
+    if stopped:
+        status = f"stopped: {stopped}; the timings finished before it are kept"
+    else:
+        status = "ok" if rc == 0 else f"some benchmarks failed (pytest exit code {rc}; see pytest.log)"
+    return rp.timings_from_benchmark(bench), status
+
+
+def timed_specs(named: list[str], chosen) -> list[str]:
+    """The backends the benchmarks time: every chosen one, except that the references (float64 oracles, not
+    kernels; slow on a GPU's shapes) are timed only when the user named the backends (``named``: --backend)."""
+    from .registry import BUILTIN
+    return [spec for spec, info in chosen if named or spec not in BUILTIN]
