@@ -38,3 +38,13 @@ def test_the_projects_adapters_register_through_entry_points():
     assert names[:2] == ["reference", "reference-online"]
     assert {"sdpa", "triton-jfa", "fa4", "flex", "varlen-attn", "flashinfer"} <= set(names)
     assert all(not value.startswith("backends.") for value in registry.BUILTIN.values())
+
+
+def test_every_package_of_the_project_is_installed():
+    # setuptools installs the packages pyproject.toml lists; a subpackage missing there works in an
+    # editable checkout and is absent from a wheel
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for top in ("conformance", "backends", "kernels")
+             for p in (ROOT / top).rglob("__init__.py")}
+    assert found == listed
