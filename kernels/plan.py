@@ -211,7 +211,7 @@ def backward_lists(plan: LaunchPlan, q_shape, k_shape, device, offsets=None) -> 
     broadcast-Q's "chunks".  From the forward's order, or, given the caller's ``offsets`` (cu_q, cu_k), with
     the order built in the same pass (a backward without its forward's plan: the compiled one); then the
     result holds that "order" too."""
-    order = plan.schedule.get("order") if offsets is None else None
+    order = plan.schedule["order"] if offsets is None else None
     n_seqs = order.n_seqs if order is not None else offsets[1].shape[0] - 1
     hq, hkv = q_shape[1], k_shape[1]
     s = {}
