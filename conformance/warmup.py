@@ -5,7 +5,9 @@ any process, load the result from the persistent caches that ``jfa-conformance r
 at (see cache.py). So the run first calls each backend once per configuration of its run set
 (configs.py) on a few tiny problems — forward, and backward where declared — in a pool of worker
 processes, timing each (backend, configuration) job, and only then starts the checks, whose timeout
-then measures checking rather than compiling.
+then measures checking rather than compiling. That holds only if the warm-up's calls launch every kernel
+variant the checks launch; for the project's Triton kernel, tests/test_compile_keys.py checks it on the CPU
+with the compile keys a GPU would use.
 
 What compiled once is not compiled again: a manifest in the cache directory lists the (backend,
 configuration) jobs that finished ``ok`` under a *fingerprint* of everything that could change the compiled

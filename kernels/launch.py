@@ -21,6 +21,21 @@ def _cdiv(a, b):
     return (a + b - 1) // b
 
 
+def kernel_view(t):
+    """``t`` with the stride of each size-1 dimension (of every dimension, if ``t`` is empty) set to what a
+    dense layout would give: the same elements. Such strides address nothing, but Triton compiles a variant
+    per kind of stride value (1, a multiple of 16, other), and torch leaves them as they fall (a permuted
+    one-head dO, an empty one whose ``contiguous()`` is itself): they would compile kernels of their own,
+    inside a run whose warm-up did not foresee them."""
+    size, stride = t.shape, t.stride()
+    empty = t.numel() == 0
+    want = list(stride)
+    for i in range(t.dim() - 1, -1, -1):
+        if empty or size[i] == 1:
+            want[i] = 1 if i == t.dim() - 1 else want[i + 1] * max(size[i + 1], 1)
+    return t if tuple(want) == stride else t.as_strided(size, want)
+
+
 def _descriptors(tensors_and_rows):
     """Gluon TMA descriptors of [rows, heads, dim] tensors: boxes of the given rows x dim."""
     from .gluon.pipeline import descriptor
@@ -35,6 +50,7 @@ def _grid(tiles, device, config):
 
 
 def forward(q, k, v, cu_q, cu_k, plan):
+    q, k, v = kernel_view(q), kernel_view(k), kernel_view(v)
     hq, d = q.shape[1], q.shape[2]
     hkv, dv = k.shape[1], v.shape[2]
     out = torch.empty((plan.n_out_rows, hq, dv), device=q.device, dtype=q.dtype)
@@ -76,6 +92,7 @@ def backward(do, q, k, v, out, lse, cu_q, cu_k, plan):
     n_out = out.shape[0]
     if do.stride(-1) != 1:
         do = do.contiguous()
+    q, k, v, do, out = (kernel_view(t) for t in (q, k, v, do, out))
     if paths.dkdv == "gluon" and n_out > 0 and tma_refusal(do, 64):
         do = do.contiguous()  # a fresh tensor meets TMA's rules (the plan checked its size)
     # every key row of a sequence lies in one of its key blocks, and the kv lists hold the blocks of

@@ -1,0 +1,114 @@
+"""The warm-up compiles what the checks launch: every Triton kernel variant (compile key, as sm_90 keys it)
+that the ci profile's checks of triton-jfa launch is launched by the run's warm-up of the same run set.
+
+A variant the warm-up misses is compiled inside a check, under the per-check timeout, on every cold GPU
+run: on the H200 such compiles cost triton-jfa's checks up to a minute each. The keys are taken under
+Triton's interpreter (tests/triton_keys.py), so this runs on the CPU; the Gluon kernels, which the
+interpreter does not run, are outside it.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import triton_keys
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
+                                reason="the keys are read from interpreted launches (TRITON_INTERPRET=1)")
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED = 0
+
+
+def _check_keys(tmp_path, extra_args=()) -> dict:
+    """Keys the ci profile's triton-jfa checks launch (a pytest session of the spec in a subprocess)."""
+    out = tmp_path / "check-keys.json"
+    env = {**os.environ, "JFA_TRITON_KEYS_OUT": str(out),
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "pytest", str(ROOT / "conformance" / "spec"), "-p", "conformance.plugin",
+               "-p", "triton_keys", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", "--backend", "triton-jfa",
+               "--device", "cpu", "--hypothesis-profile", "ci", f"--hypothesis-seed={SEED}", *extra_args]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return triton_keys.load(out)
+
+
+def _warm_keys() -> dict:
+    """Keys the run's warm-up launches for triton-jfa's run set (the jobs `jfa-conformance run` sends its
+    warm-up workers, run here in-process)."""
+    from conformance import profiles, registry
+    from conformance.plugin import configs_for
+    from conformance.warmup import warm
+
+    backend = registry.resolve("triton-jfa")
+    configs = configs_for(backend, SEED, profiles.extra_kernel_configs("ci") or 0)
+    with triton_keys.KeyRecorder() as recorder:
+        for config in configs:
+            recorder.label = config.key
+            warm(backend, config, "cpu")
+    return recorder.keys
+
+
+def test_warmup_launches_every_variant_the_checks_launch(tmp_path):
+    checks = _check_keys(tmp_path)
+    warm = _warm_keys()
+    assert checks and warm
+    kernels = {key[0] for key in checks}
+    assert {"_fwd_kernel", "_bwd_kv_kernel", "_bwd_q_kernel", "_order_kernel"} <= kernels  # forward, backward, builders
+    missing = {key: labels for key, labels in checks.items() if key not in warm}
+    lines = [f"{key[0]} in {sorted(labels)[:3]}: " + "; ".join(triton_keys.difference(key, warm))
+             for key, labels in missing.items()]
+    assert not missing, f"{len(missing)} of {len(checks)} kernel variants are compiled inside checks:\n" + \
+        "\n".join(lines)
+
+
+def test_launch_key_follows_tritons_specialisation():
+    """The recorder's keys separate what sm_90 compiles apart (and nothing else): integers equal to 1 or
+    divisible by 16, 16-byte-aligned pointers, constexpr values, launch options; ``do_not_specialize``
+    arguments are keyed by type only."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["n"])
+    def kernel(X, stride, n, BLOCK: tl.constexpr):
+        tl.store(X + tl.arange(0, BLOCK) * 0, tl.load(X) + stride * 0 + n * 0)
+
+    x = torch.zeros(64, dtype=torch.float32)
+    with triton_keys.KeyRecorder() as recorder:
+        for stride, n, view, block, warps in ((32, 5, x, 4, 4), (48, 7, x, 4, 4),  # one variant
+                                              (1, 5, x, 4, 4), (17, 5, x, 4, 4),   # stride 1; stride not /16
+                                              (32, 5, x[1:], 4, 4),                # pointer not 16-byte aligned
+                                              (32, 5, x, 8, 4), (32, 5, x, 4, 8)):  # constexpr; num_warps
+            kernel[(1,)](view, stride, n, BLOCK=block, num_warps=warps)
+    assert len(recorder.keys) == 6
+    stride_kinds = {dict((a[0], a[1:]) for a in key[1])["stride"] for key in recorder.keys}
+    assert stride_kinds == {("i32", "D"), ("constexpr", "1"), ("i32", "")}
+    assert {dict((a[0], a[1:]) for a in key[1])["n"] for key in recorder.keys} == {("i32", "None")}
+
+
+def test_kernel_view_gives_degenerate_dimensions_dense_strides():
+    """Strides that address nothing (size-1 dimensions; every dimension of an empty tensor) are made the
+    dense ones, so that such views launch the variants a dense tensor does; the elements are the same."""
+    import torch
+    from kernels.launch import kernel_view
+
+    base = torch.arange(3 * 5, dtype=torch.float32)
+    one_row_one_head = torch.empty(8, 1, 1).permute(2, 1, 0)  # [1, 1, 8], strides (1, 1, 1)
+    one_row_one_head.copy_(base[:8].view(1, 1, 8))
+    cases = [
+        (one_row_one_head, (8, 8, 1)),
+        (torch.empty(0, 3, 4).as_strided((0, 3, 4), (1, 1, 3)), (12, 4, 1)),  # what an empty dO can carry
+        (torch.empty(6, 1, 4).as_strided((6, 1, 4), (4, 1, 1)), (4, 4, 1)),   # one head
+        (base.view(3, 5)[:, :4].unsqueeze(1), (5, 4, 1)),                     # strided rows stay strided
+    ]
+    for t, strides in cases:
+        view = kernel_view(t)
+        assert view.stride() == strides, (t.stride(), view.stride())
+        assert view.shape == t.shape and torch.equal(view, t)
+    dense = torch.zeros(4, 2, 8)
+    assert kernel_view(dense) is dense  # nothing to change: no copy, no new view
