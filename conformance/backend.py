@@ -44,10 +44,28 @@ class Capabilities:
     # On a cold cache the warm-up has measured nothing yet and starts the dearest backends' compiles first.
     # 0 declares that the backend compiles nothing a cache could keep: the warm-up skips it. None: unknown.
     compile_s: float | None = None
+    # Problem sizes at which the backend's compiled kernels change (a persistent grid once the work outnumbers
+    # the SMs, a kernel for long sequences): (query lengths, key lengths) pairs the warm-up runs for every
+    # configuration besides its own small problems, so that checks meeting those sizes find the variants
+    # compiled. Under broadcast-Q the query lengths become one short dense block per sequence.
+    warmup_lengths: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
     notes: str = ""
 
+    def __post_init__(self):
+        for i, pair in enumerate(self.warmup_lengths):
+            ok = (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(x, tuple) for x in pair)
+                  and len(pair[0]) == len(pair[1]) and len(pair[1]) > 0
+                  and all(isinstance(n, int) and n >= 0 for x in pair for n in x))
+            if not ok:
+                raise ValueError(f"Capabilities.warmup_lengths[{i}] must be a pair of equally long, non-empty "
+                                 f"tuples of lengths >= 0 (query lengths, key lengths), got {pair!r}")
+
     def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        # (a report names the warm-up's sizes, not hundreds of lengths)
+        data["warmup_lengths"] = [{"sequences": len(k), "query_rows": sum(q), "key_rows": sum(k),
+                                   "longest_keys": max(k)} for q, k in self.warmup_lengths]
+        return data
 
     def supports_head_dim(self, d: int) -> bool:
         if self.head_dims is not None and d not in self.head_dims:

@@ -70,12 +70,14 @@ class Result:
         return dataclasses.asdict(self)
 
 
-def warm_problems(config: KernelConfig):
-    """The problems one job runs for ``config``."""
+def warm_problems(config: KernelConfig, extra=()):
+    """The problems one job runs for ``config``: the small ones of :data:`WARM_LENGTHS`, then the backend's
+    own sizes (``extra``: ``Capabilities.warmup_lengths``)."""
+    pairs = list(WARM_LENGTHS) + list(extra)
     if config.broadcast_q:
-        pairs = zip(BROADCAST_LQ, WARM_LENGTHS)
-        return [config.problem((lq,) * len(k), k, seed=i) for i, (lq, (_, k)) in enumerate(pairs)]
-    return [config.problem(q, k, seed=i) for i, (q, k) in enumerate(WARM_LENGTHS)]
+        return [config.problem((BROADCAST_LQ[min(i, len(BROADCAST_LQ) - 1)],) * len(k), k, seed=i)
+                for i, (_, k) in enumerate(pairs)]
+    return [config.problem(q, k, seed=i) for i, (q, k) in enumerate(pairs)]
 
 
 def warm(backend, config: KernelConfig, device: str) -> None:
@@ -83,9 +85,10 @@ def warm(backend, config: KernelConfig, device: str) -> None:
     replicated form of a native broadcast-Q call (the native-vs-replicated check runs both)."""
     from .harness import Unsupported, run_backend
 
-    problems = warm_problems(config)
+    extra = backend.capabilities.warmup_lengths
+    problems = warm_problems(config, extra)
     if config.broadcast_q and backend.capabilities.broadcast_q == "native":
-        problems += warm_problems(dataclasses.replace(config, broadcast_q=False))
+        problems += warm_problems(dataclasses.replace(config, broadcast_q=False), extra)
     ran = False
     for problem in problems:
         gradients = backend.capabilities.backward

@@ -348,3 +348,55 @@ def test_the_warm_up_skips_backends_that_compile_nothing(tmp_path, misbehaving):
     report = json.loads((tmp_path / "skip" / "report.json").read_text())
     assert report["backends"]["reference"]["time"]["warmup"] == []
     assert {w["outcome"] for w in report["backends"]["narrow-fine"]["time"]["warmup"]} == {"ok"}
+
+
+def test_the_warm_up_runs_the_sizes_a_backend_declares_its_kernels_change_at(monkeypatch):
+    # a backend whose compiled kernels change with problem size (a persistent grid past the SM count, a kernel
+    # for long sequences) declares those sizes; the warm-up runs them for every configuration, broadcast-Q
+    # ones with a short dense query block per sequence
+    from conformance.backend import Backend
+    from conformance.problem import Output
+
+    calls = []
+
+    class SizeAware(Backend):
+        name = "size-aware"
+        capabilities = Capabilities(broadcast_q="native", backward=False,
+                                    warmup_lengths=(((5, 300), (7, 300)),))
+
+        def forward(self, args):
+            calls.append((tuple(args.seqlens_q), tuple(args.seqlens_k), args.broadcast_q))
+            out = torch.zeros(args.q.shape[0] * (len(args.seqlens_k) if args.broadcast_q else 1), args.q.shape[1],
+                              args.v.shape[2], dtype=args.q.dtype)
+            return Output(out, torch.zeros(args.q.shape[1], out.shape[0]))
+
+    dense = KernelConfig("float32", 16, None, 2, 1, "none", False, None)
+    warmup.warm(SizeAware(), dense, "cpu")
+    assert [c[:2] for c in calls] == [(q, k) for q, k in warmup.WARM_LENGTHS] + [((5, 300), (7, 300))]
+    calls.clear()
+    warmup.warm(SizeAware(), KernelConfig("float32", 16, None, 2, 1, "none", True, None), "cpu")
+    broadcast = [c for c in calls if c[2]]
+    assert [c[1] for c in broadcast] == [k for _, k in warmup.WARM_LENGTHS] + [(7, 300)]
+    assert all(len(set(q)) == 1 and len(q) == len(k) for q, k, _ in broadcast)
+    assert len(calls) == 2 * len(broadcast)  # and each replicated (native broadcast-Q is checked against it)
+
+
+@pytest.mark.parametrize("bad", [((1, 2), (1,)), ((), ()), ((1, -1), (1, 1)), [(1,), (1,)], ((1.5,), (1,))])
+def test_malformed_warmup_lengths_name_the_field(bad):
+    with pytest.raises(ValueError, match=r"warmup_lengths\[0\]"):
+        Capabilities(warmup_lengths=(bad,))
+
+
+def test_triton_jfa_warms_up_past_its_size_switches_on_a_gpu(monkeypatch):
+    # on a GPU: more sequences than SMs (every Gluon kernel's dynamic deal) but within the smallest register
+    # sort, one of them past the Gluon forward's key split; under the interpreter nothing compiles
+    from backends.triton_jfa import TritonJfa
+    from kernels.config import default as kernel_config
+    from kernels.schedule import _REGISTER_SORTS
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert TritonJfa().capabilities.warmup_lengths == ()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    (q, k), = TritonJfa().capabilities.warmup_lengths
+    assert q == k and 148 < len(k) <= _REGISTER_SORTS[0]  # 148: the most SMs of a current GPU (B200)
+    assert max(k) >= kernel_config().gluon_split_keys
