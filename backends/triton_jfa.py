@@ -18,6 +18,15 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _many_sequences():
+    """A warm-up batch past the sizes at which the compiled kernels change: 256 sequences, so that every
+    Gluon kernel has more tiles than a GPU has SMs (its dynamic deal, a compile of its own, which drawn
+    problems with many heads reach), still within the builder's smallest register sort (256 sequences); one
+    of them long enough for the Gluon forward (``Config.gluon_split_keys``)."""
+    lengths = (1,) * 255 + (max(kernel_config().gluon_split_keys, 1) + 88,)
+    return lengths, lengths
+
+
 class TritonJfa(Backend):
     name = "triton-jfa"
     requires = ("triton",)
@@ -42,15 +51,6 @@ class TritonJfa(Backend):
             self.capabilities = dataclasses.replace(self.capabilities, max_drawn_rows=160)
         else:
             self.capabilities = dataclasses.replace(self.capabilities, warmup_lengths=(_many_sequences(),))
-
-
-def _many_sequences():
-    """A warm-up batch past the sizes at which the compiled kernels change: 256 sequences, so that every
-    Gluon kernel has more tiles than a GPU has SMs (its dynamic deal, a compile of its own, which drawn
-    problems with many heads reach), still within the builder's smallest register sort (256 sequences); one
-    of them long enough for the Gluon forward (``Config.gluon_split_keys``)."""
-    lengths = (1,) * 255 + (max(kernel_config().gluon_split_keys, 1) + 88,)
-    return lengths, lengths
 
     def unavailable_reason(self, device: str) -> str | None:
         reason = super().unavailable_reason(device)
