@@ -271,7 +271,7 @@ def problem_axes(problem: Problem, gradients: bool = False) -> dict[str, str]:
         "scale": "default" if problem.scale is None else f"{problem.scale:g}",
         "length_law": problem.length_law,
         "batch": _bucket(problem.batch, (0, 1, 4, 8)),
-        "max_length": _bucket(max(lens, default=0), (0, 1, 16, 64, 128, 256)),
+        "max_length": _bucket(max(lens, default=0), (0, 1, 16, 64, 128, 256, 512)),
         "zero_length": str(0 in lens).lower(),
         "cross_attention": str(not problem.broadcast_q and problem.seqlens_q != problem.seqlens_k).lower(),
         "offsets_dtype": problem.offsets_dtype,

@@ -33,9 +33,16 @@ def _pareto(draw, label: str, n: int) -> list[int]:
 LENGTH_LAWS = ("uniform", "pareto", "bimodal", "many_zeros", "mega_plus_tiny", "tile_edges", "equal", "decode")
 
 
+# The mega sequence is sometimes long: past 512 keys, where kernels switch paths (split-KV heuristics, the
+# project kernel's Gluon forward). Only where the float64 oracle stays cheap: at most LONG_MAX_WIDTH query
+# heads x head dim (a 768-key sequence then costs the oracle about what a 320-key one at full width does).
+LONG_LENGTHS = (513, 768)
+LONG_MAX_WIDTH = 512
+
+
 @st.composite
-def lengths(draw, n: int, law: str, label: str) -> list[int]:
-    """``n`` sequence lengths following ``law``."""
+def lengths(draw, n: int, law: str, label: str, long_ok: bool = False) -> list[int]:
+    """``n`` sequence lengths following ``law`` (``long_ok``: the mega law may draw a long sequence)."""
     if law == "uniform":
         return draw(st.lists(st.integers(0, MAX_LEN), min_size=n, max_size=n), label=label)
     if law == "pareto":
@@ -47,7 +54,10 @@ def lengths(draw, n: int, law: str, label: str) -> list[int]:
     if law == "mega_plus_tiny":
         tiny = draw(st.lists(st.integers(0, 4), min_size=n, max_size=n), label=label)
         if n:
-            tiny[draw(st.integers(0, n - 1), label=f"{label} mega index")] = draw(st.integers(200, 320), label=f"{label} mega length")
+            mega = st.integers(200, 320)
+            if long_ok:  # (second: hypothesis shrinks toward the first branch)
+                mega = st.one_of(mega, st.integers(*LONG_LENGTHS))
+            tiny[draw(st.integers(0, n - 1), label=f"{label} mega index")] = draw(mega, label=f"{label} mega length")
         return tiny
     if law == "tile_edges":
         return draw(st.lists(st.sampled_from(TILE_EDGES), min_size=n, max_size=n), label=label)
@@ -141,7 +151,8 @@ def problems(
     # decode batches (one query or none per sequence, max_seqlen_q <= 1) need Lq != Lk
     laws = LENGTH_LAWS if caps.cross_attention else tuple(law for law in LENGTH_LAWS if law != "decode")
     law = draw(st.sampled_from(laws), label="length_law")
-    seqlens_k = draw(lengths(batch, law, "seqlens_k"))
+    long_ok = caps.max_drawn_rows is None and config.heads_q * max(config.head_dim, config.head_dim_v or 0) <= LONG_MAX_WIDTH
+    seqlens_k = draw(lengths(batch, law, "seqlens_k", long_ok))
     if not caps.zero_length:
         seqlens_k = [max(1, n) for n in seqlens_k]
 
@@ -152,7 +163,7 @@ def problems(
         seqlens_q = draw(st.lists(st.integers(0 if caps.zero_length else 1, 1), min_size=batch, max_size=batch),
                          label="seqlens_q (decode)")
     elif caps.cross_attention and draw(st.booleans(), label="cross-attention (Lq != Lk)"):
-        seqlens_q = draw(lengths(batch, law, "seqlens_q"))
+        seqlens_q = draw(lengths(batch, law, "seqlens_q", long_ok))
         if not caps.zero_length:
             seqlens_q = [max(1, n) for n in seqlens_q]
     else:

@@ -87,3 +87,28 @@ def test_a_shrunk_counterexample_has_the_simplest_configuration_that_fails():
     # any problem with a sequence fails: the shrunk one has the plain configuration, though it is no fresh one
     found = find(problems(configs=configs, min_batch=1), lambda p: sum(p.seqlens_k) > 0)
     assert KernelConfig.of(found) == plain
+
+
+def test_long_sequences_are_drawn_where_the_oracle_stays_cheap():
+    # past 512 keys kernels switch paths; the mega law reaches there, but only for problems of at most
+    # LONG_MAX_WIDTH query heads x head dim, and never for a backend that caps its drawn rows
+    from hypothesis import find
+    from conformance.strategies import LONG_LENGTHS, LONG_MAX_WIDTH
+
+    long = find(problems(Capabilities()), lambda p: max(p.seqlens_k, default=0) > 512,
+                settings=settings(max_examples=2000, database=None))
+    assert long.length_law == "mega_plus_tiny" and max(long.seqlens_k) <= LONG_LENGTHS[1]
+
+    @settings(max_examples=300, deadline=None, database=None)
+    @given(problem=problems(Capabilities()))
+    def width_capped(problem):
+        if max(problem.seqlens_q + problem.seqlens_k, default=0) > 512:
+            assert problem.heads_q * max(problem.head_dim, problem.value_dim) <= LONG_MAX_WIDTH
+
+    @settings(max_examples=300, deadline=None, database=None)
+    @given(problem=problems(Capabilities(max_drawn_rows=160)))
+    def capped_backends_never(problem):
+        assert max(problem.seqlens_q + problem.seqlens_k, default=0) <= 320
+
+    width_capped()
+    capped_backends_never()
