@@ -219,7 +219,11 @@ def _child_env(device: str, n_workers: int, cache_dir: Path) -> dict:
         env.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run under the interpreter without a GPU
     # Workers share the cores (the oracle and compilers are CPU work on any device): more intra-op
     # threads than cores only adds contention.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, workers.cores() // max(1, n_workers))))
+    share = str(max(1, workers.cores() // max(1, n_workers)))
+    env.setdefault("OMP_NUM_THREADS", share)
+    # Inductor (flex_attention) otherwise starts a pool of one compile process per core in every worker:
+    # with a worker per core, that is cores x cores processes competing for the same cores.
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", share)
     return env
 
 

@@ -4,6 +4,7 @@ and containment of backends that hang or crash."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import textwrap
 import time
 
@@ -121,6 +122,14 @@ def test_workers_use_the_machine(monkeypatch):
     ns = cli.build_parser().parse_args(["run", "--gpus", "0,1", "-n", "5"])
     assert cli._worker_sets(ns, "cuda") == [("0", 3), ("1", 2)]
     assert workers.worker_sets("cuda", ["0", "1", "2"], 1) == [("0", 1), ("1", 1), ("2", 1)]  # one per GPU at least
+    # the workers' own thread pools (torch's intra-op threads, inductor's compile processes) share the cores
+    for name in ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    env = cli._child_env("cpu", 4, Path("cache"))
+    assert env["OMP_NUM_THREADS"] == env["TORCHINDUCTOR_COMPILE_THREADS"] == "4"
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "2")  # a setting of the user's own is kept
+    assert cli._child_env("cuda", 15, Path("cache"))["TORCHINDUCTOR_COMPILE_THREADS"] == "2"
+    assert cli._child_env("cuda", 15, Path("cache"))["OMP_NUM_THREADS"] == "1"
 
 
 # -- the warm-up pool -----------------------------------------------------------------------------------
