@@ -292,8 +292,9 @@ def print_summary(console, report: dict, regressions: list[dict], run_dir: Path 
     from .reporting import perf, triage
     times = perf.backend_times(report)
     table = Table(title="Conformance")
+    time_keys = perf.time_columns(times)
     columns = ["backend", "verdict", "pass", "fail", "crash", "timeout", "not run", "xfail", "unsupported",
-               "worst budget"] + (["compile s", "check s"] if times else [])
+               "worst budget"] + [perf.TIME_LABELS[k] for k in time_keys]
     for column in columns:
         table.add_column(column, justify="left" if column in ("backend", "verdict") else "right")
     colour = {"conformant": "green", "failing": "bold red", "incomplete": "yellow", "supports nothing": "yellow"}
@@ -306,7 +307,7 @@ def print_summary(console, report: dict, regressions: list[dict], run_dir: Path 
                  "" if budget is None else ("inf" if budget == float("inf") else f"{budget:.0%}")]
         if times:
             t = times.get(name) or {}
-            cells += ["" if t.get(k) is None else f"{t[k]:.1f}" for k in ("compile_s", "check_s")]
+            cells += ["" if t.get(k) is None else f"{t[k]:.1f}" for k in time_keys]
         table.add_row(*cells)
     console.print(table)
     style = {"crash": "bold magenta", "fail": "bold red", "timeout": "bold yellow"}

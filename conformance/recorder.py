@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from . import containment
+from . import containment, jit_watch
 from .checklog import CheckLog
 from .harness import DEVICE_ERROR
 from .problem import Problem, problem_of_args
@@ -180,7 +180,13 @@ def build_record(item, report, call) -> dict:
     record["problem_source"] = source
     record["counterexample"] = repr(problem) if report.failed and problem else None
     record.update(_device_fields(item.config))
+    before = item.stash.get(_JIT_BEFORE, None)
+    # Triton kernels compiled (or loaded from the disk cache) during the check: what the warm-up missed
+    record["jit"] = jit_watch.since(before) if before is not None else None
     return record
+
+
+_JIT_BEFORE = pytest.StashKey[tuple]()
 
 
 def _check_log_key():
@@ -268,6 +274,8 @@ def _timeout_of(item) -> float | None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     backend = _backend_of(item)
+    if backend is not None and jit_watch.install():
+        item.stash[_JIT_BEFORE] = jit_watch.totals()
     path = _flight_path(item.config)
     if backend is not None and path is not None:
         _FLIGHT.clear()

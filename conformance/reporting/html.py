@@ -250,7 +250,7 @@ def _backend_table(report, summary) -> list[str]:
     out = ["<div class='scroll'><table><tr><th>backend</th><th>verdict</th>"
            + "".join(f"<th class='num'>{esc(LABEL[o] if o != 'unsupported' else 'unsupported')}</th>" for o in rp.OUTCOMES)
            + "<th class='num'>worst budget</th>"
-           + ("<th class='num'>compile s</th><th class='num'>check s</th>" if times else "") + "</tr>"]
+           + "".join(f"<th class='num'>{perf.TIME_LABELS[k]}</th>" for k in perf.time_columns(times)) + "</tr>"]
     for name, s in summary.items():
         reason = (report.get("backends", {}).get(name) or {}).get("reason")
         verdict = s["verdict"] + (f" ({reason})" if reason and s["verdict"] == "supports nothing" else "")
@@ -260,12 +260,23 @@ def _backend_table(report, summary) -> list[str]:
                + f"<td class='num'>{fmt_budget(s['worst_budget'])}</td>")
         if times:
             t = times.get(name) or {}
-            row += "".join(f"<td class='num'>{_num(t.get(k), '.1f')}</td>" for k in ("compile_s", "check_s"))
+            row += "".join(f"<td class='num'>{_num(t.get(k), '.1f')}</td>" for k in perf.time_columns(times))
         out.append(row + "</tr>")
     out.append("</table></div>")
     if times:
         out.append("<p class='note'>compile s: seconds of each backend's first call per compile configuration; "
-                   "check s: seconds its checks ran.</p>")
+                   "check s: seconds its checks ran"
+                   + ("; JIT in checks s: of those, seconds Triton spent compiling kernels or loading them from "
+                      "its cache inside checks (a check the warm-up prepared only loads, in milliseconds)"
+                      if "check_jit_s" in perf.time_columns(times) else "") + ".</p>")
+        built = perf.jit_in_checks(report)
+        if built:
+            out.append(f"<details><summary>checks that built Triton kernels ({len(built)} shown)</summary><table>"
+                       "<tr><th>check</th><th class='num'>seconds</th><th class='num'>variants</th><th>kernels</th></tr>")
+            out += [f"<tr><td>{esc(b['id'])}</td><td class='num'>{_num(b['seconds'], '.2f')}</td>"
+                    f"<td class='num'>{b['variants']}</td>"
+                    f"<td>{esc(', '.join(f'{k} x{n}' for k, n in b['kernels'].items()))}</td></tr>" for b in built]
+            out.append("</table></details>")
         warm = [(name, w) for name, t in times.items() for w in t.get("warmup") or []]
         if warm:
             out.append(f"<details><summary>warm-up calls ({len(warm)})</summary><table>"

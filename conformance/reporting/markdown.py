@@ -210,17 +210,23 @@ def render_markdown(report: dict, regressions: list[dict] | None = None) -> str:
     if not run.get("complete", True):
         lines += ["**The run did not finish: checks that never ran are marked not run.**", ""]
     times = perf.backend_times(report)
+    time_keys = perf.time_columns(times)
     lines += ["| backend | verdict | pass | fail | crash | timeout | not run | xfail | unsupported | worst budget |"
-              + (" compile s | check s |" if times else ""),
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if times else "")]
+              + "".join(f" {perf.TIME_LABELS[k]} |" for k in time_keys),
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(time_keys)]
     for name, s in summary.items():
         c = s["counts"]
         row = (f"| {_md(name)} | {s['verdict']} | {c['pass']} | {c['fail']} | {c['crash']} | {c['timeout']} | "
                f"{c['not-run']} | {c['expected-fail']} | {c['unsupported']} | {fmt_budget(s['worst_budget'])} |")
         if times:
             t = times.get(name) or {}
-            row += "".join(f" {'' if t.get(k) is None else format(t[k], '.1f')} |" for k in ("compile_s", "check_s"))
+            row += "".join(f" {'' if t.get(k) is None else format(t[k], '.1f')} |" for k in time_keys)
         lines.append(row)
+    built = perf.jit_in_checks(report)
+    if built:
+        lines += ["", "Checks that built Triton kernels (compiled, or loaded from the cache, inside the check):", ""]
+        lines += [f"- `{_md(b['id'])}`: {b['seconds']:.2f} s, {b['variants']} variant(s): "
+                  + ", ".join(f"{_md(k)} x{n}" for k, n in b["kernels"].items()) for b in built]
     if any(s["verdict"] == "incomplete" for s in summary.values()):
         lines += ["", "*incomplete*: no check failed, but some never ran (listed under “Not run”)."]
     if regressions:

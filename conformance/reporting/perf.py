@@ -134,6 +134,31 @@ def backend_times(report: dict) -> dict[str, dict]:
             if isinstance(info, dict) and isinstance(info.get("time"), dict)}
 
 
+def time_columns(times: dict[str, dict]) -> tuple[str, ...]:
+    """The backend table's time columns: compile and check seconds, and the seconds Triton spent building
+    kernels inside checks where the run watched that (jit_watch.py)."""
+    if not times:
+        return ()
+    watched = any(t.get("check_jit_s") is not None for t in times.values())
+    return ("compile_s", "check_s") + (("check_jit_s",) if watched else ())
+
+
+TIME_LABELS = {"compile_s": "compile s", "check_s": "check s", "check_jit_s": "JIT in checks s"}
+
+
+def jit_in_checks(report: dict, limit: int = 10) -> list[dict]:
+    """The checks that built Triton kernels (what the warm-up did not compile), most seconds first:
+    ``{"id", "backend", "seconds", "variants", "kernels"}`` (kernels: name -> variants)."""
+    out = []
+    for r in report.get("records") or ():
+        jit = r.get("jit")
+        if jit and jit.get("variants"):
+            out.append({"id": r["id"], "backend": r["backend"], "seconds": jit.get("seconds") or 0.0,
+                        "variants": jit["variants"],
+                        "kernels": {k: v.get("variants", 0) for k, v in (jit.get("kernels") or {}).items()}})
+    return sorted(out, key=lambda x: -x["seconds"])[:limit]
+
+
 def shape_text(row: Row) -> str:
     """A shape's defining numbers: batch, heads, head dim, dtype, causal, skew."""
     p = row.problem

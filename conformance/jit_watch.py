@@ -1,0 +1,102 @@
+"""Seconds a process spends getting Triton kernels ready: a variant's compile, or its load from the on-disk
+cache, on its first launch in the process.
+
+The warm-up exists so that checks do not compile. Whether it managed is visible per check: the recorder
+(recorder.py) reads :func:`totals` before and after each check, and a check whose kernels were all compiled
+by the warm-up shows only the loads (tens of milliseconds per variant); one that compiled shows seconds,
+named by kernel in the report. This covers every kernel Triton's JIT launches (``@triton.jit`` and Gluon
+kernels); inductor's generated kernels (flex_attention) and FA4's CuTe DSL compile through other paths and
+are not counted here.
+
+The hooks are Triton's own (``triton.knobs.runtime.jit_cache_hook`` before a variant is built and
+``jit_post_compile_hook`` after); hooks already installed there keep working. Nothing is installed until
+Triton has been imported by someone else, and a Triton without these hooks is left alone.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+_totals = {"variants": 0, "seconds": 0.0}
+_per_kernel: dict[str, list] = {}  # kernel name -> [variants, seconds]
+_started: dict[str, tuple[float, str]] = {}
+_installed = False
+
+
+def _name(kwargs) -> str:
+    fn = kwargs.get("fn")
+    name = getattr(fn, "name", None)
+    if name:
+        return str(name).rsplit(".", 1)[-1]
+    text = str(kwargs.get("repr") or "?")
+    return text.split("[", 1)[0]
+
+
+def before_build(**kwargs):
+    """Triton calls this (``jit_cache_hook``) as a variant is about to be compiled or loaded."""
+    _started[str(kwargs.get("key"))] = (time.perf_counter(), _name(kwargs))
+    return None  # (a true value would tell Triton to skip the variant)
+
+
+def after_build(**kwargs):
+    """Triton calls this (``jit_post_compile_hook``) once the variant is ready."""
+    start = _started.pop(str(kwargs.get("key")), None)
+    if start is None:
+        return None
+    seconds = time.perf_counter() - start[0]
+    _totals["variants"] += 1
+    _totals["seconds"] += seconds
+    entry = _per_kernel.setdefault(start[1], [0, 0.0])
+    entry[0] += 1
+    entry[1] += seconds
+    return None
+
+
+def _chain(mine, theirs):
+    """``mine`` then the hook installed before (whose answer is Triton's); ``mine`` never raises."""
+    def both(**kwargs):
+        try:
+            mine(**kwargs)
+        except Exception:  # noqa: BLE001 - watching must never break a launch
+            pass
+        return None if theirs is None else theirs(**kwargs)
+
+    return both
+
+
+def install() -> bool:
+    """Install the hooks if Triton is imported and has them (once per process); True when watching."""
+    global _installed
+    if _installed:
+        return True
+    if "triton" not in sys.modules:
+        return False
+    try:
+        from triton import knobs
+        runtime = knobs.runtime
+        if not hasattr(runtime, "jit_cache_hook") or not hasattr(runtime, "jit_post_compile_hook"):
+            return False
+        runtime.jit_cache_hook = _chain(before_build, runtime.jit_cache_hook)
+        runtime.jit_post_compile_hook = _chain(after_build, runtime.jit_post_compile_hook)
+    except Exception:  # noqa: BLE001 - an older or different Triton: nothing is watched
+        return False
+    _installed = True
+    return True
+
+
+def totals() -> tuple[int, float, dict[str, tuple[int, float]]]:
+    """(variants, seconds, per kernel name: (variants, seconds)) since the process started watching."""
+    return _totals["variants"], _totals["seconds"], {k: (v[0], v[1]) for k, v in _per_kernel.items()}
+
+
+def since(before) -> dict | None:
+    """What was built between ``before`` (a :func:`totals`) and now, as a record's ``jit`` entry, or None."""
+    variants, seconds, kernels = totals()
+    if variants == before[0]:
+        return None
+    changed = {}
+    for name, (n, s) in kernels.items():
+        n0, s0 = before[2].get(name, (0, 0.0))
+        if n > n0:
+            changed[name] = {"variants": n - n0, "seconds": round(s - s0, 3)}
+    return {"variants": variants - before[0], "seconds": round(seconds - before[1], 3), "kernels": changed}

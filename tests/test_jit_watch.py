@@ -1,0 +1,82 @@
+"""The seconds Triton spends building kernels inside checks (conformance/jit_watch.py) reach the records and
+the reports: what shows, per check and per backend, which kernels the warm-up did not prepare."""
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from conformance import cli, jit_watch
+
+pytest.importorskip("triton")
+
+# A backend whose forward makes Triton's JIT hooks fire the way a first launch of a new kernel variant does
+# (Triton calls them with these keywords around a compile or a load from its cache); under the interpreter
+# no real launch compiles, so the hooks are called here directly.
+BUILDS = textwrap.dedent('''
+    import time
+    import triton
+    from triton import knobs
+    from conformance.reference import Reference
+
+    class Info:
+        name = "kernels.tl._fwd_kernel"
+
+    class BuildsKernels(Reference):
+        name = "builds-kernels"
+        calls = 0
+
+        def forward(self, args):
+            BuildsKernels.calls += 1
+            if BuildsKernels.calls <= 2:  # two new variants, then every call finds them built
+                key = ("variant", BuildsKernels.calls)
+                fields = dict(key=key, repr="_fwd_kernel[num_warps=4](...)", fn=Info(), compile={},
+                              is_manual_warmup=False, already_compiled=False)
+                assert knobs.runtime.jit_cache_hook(**fields) is None  # (a true answer would skip the build)
+                time.sleep(0.3)
+                knobs.runtime.jit_post_compile_hook(**fields)
+            return super().forward(args)
+''')
+
+
+def test_kernels_built_inside_a_check_are_timed_and_reported(tmp_path):
+    path = tmp_path / "builds.py"
+    path.write_text(BUILDS)
+    code = cli.main(["run", "--report-dir", str(tmp_path), "-q", "-n", "1", "--no-bench", "--name", "jit",
+                     "--backend", f"{path}:BuildsKernels", "--backend", "reference", "-k", "test_forward"])
+    assert code == 0
+    run = tmp_path / "jit"
+    report = json.loads((run / "report.json").read_text())
+    built = {r["backend"]: r.get("jit") for r in report["records"]}
+    assert built["reference"] is None  # it built nothing
+    jit = built["builds-kernels"]
+    assert jit["variants"] == 2 and jit["seconds"] >= 0.6 and jit["kernels"] == {
+        "_fwd_kernel": {"variants": 2, "seconds": jit["seconds"]}}
+    time = report["backends"]["builds-kernels"]["time"]
+    assert time["check_jit_variants"] == 2 and time["check_jit_s"] == pytest.approx(jit["seconds"])
+    assert report["backends"]["reference"]["time"]["check_jit_s"] is None
+    summary = (run / "summary.md").read_text()
+    assert "JIT in checks s" in summary and "_fwd_kernel x2" in summary
+    page = (run / "index.html").read_text()
+    assert "checks that built Triton kernels" in page and "_fwd_kernel x2" in page
+
+
+def test_the_hooks_chain_with_hooks_installed_before_and_never_break_a_build(monkeypatch):
+    from triton import knobs
+
+    seen = []
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", lambda **kw: seen.append(("theirs", kw["key"])) or True)
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
+    monkeypatch.setattr(jit_watch, "_installed", False)
+    monkeypatch.setattr(jit_watch, "_started", {})
+    assert jit_watch.install()
+    before = jit_watch.totals()
+    # the hook installed before still answers (True: skip the build), and is still called
+    assert knobs.runtime.jit_cache_hook(key="k", fn=None, repr="mine[num_warps=4](x)") is True
+    assert seen == [("theirs", "k")]
+    assert knobs.runtime.jit_post_compile_hook(key="k", fn=None, repr="mine[num_warps=4](x)") is None
+    assert jit_watch.since(before)["kernels"] == {"mine": {"variants": 1, "seconds": pytest.approx(0, abs=0.5)}}
+    # malformed calls (another Triton's keywords) are ignored, never raised
+    knobs.runtime.jit_post_compile_hook(unexpected=object())
+    assert jit_watch.since(before)["variants"] == 1
