@@ -24,20 +24,20 @@ ROOT = Path(__file__).resolve().parent.parent
 SEED = 0
 
 
-def _check_keys(tmp_path, extra_args=()) -> dict:
-    """Keys the ci profile's triton-jfa checks launch (a pytest session of the spec in a subprocess)."""
+def _check_keys(tmp_path, profile="ci") -> dict:
+    """Keys the profile's triton-jfa checks launch (a pytest session of the spec in a subprocess)."""
     out = tmp_path / "check-keys.json"
     env = {**os.environ, "JFA_TRITON_KEYS_OUT": str(out),
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "pytest", str(ROOT / "conformance" / "spec"), "-p", "conformance.plugin",
                "-p", "triton_keys", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", "--backend", "triton-jfa",
-               "--device", "cpu", "--hypothesis-profile", "ci", f"--hypothesis-seed={SEED}", *extra_args]
+               "--device", "cpu", "--hypothesis-profile", profile, f"--hypothesis-seed={SEED}"]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return triton_keys.load(out)
 
 
-def _warm_keys() -> dict:
+def _warm_keys(profile="ci") -> dict:
     """Keys the run's warm-up launches for triton-jfa's run set (the jobs `jfa-conformance run` sends its
     warm-up workers, run here in-process)."""
     from conformance import profiles, registry
@@ -45,7 +45,7 @@ def _warm_keys() -> dict:
     from conformance.warmup import warm
 
     backend = registry.resolve("triton-jfa")
-    configs = configs_for(backend, SEED, profiles.extra_kernel_configs("ci") or 0)
+    configs = configs_for(backend, SEED, profiles.extra_kernel_configs(profile) or 0)
     with triton_keys.KeyRecorder() as recorder:
         for config in configs:
             recorder.label = config.key
