@@ -26,6 +26,15 @@ room, the shares are as long as worksteal's cuts, and laid end to end they are t
 thus starts longest first with about the same expected total, and what worksteal moves later is short.
 Outside xdist, and under its other modes (which hand the list out from its head), the order is one share:
 longest first.
+
+*First calls.* A worker process pays extra for its first check of a backend: imports, and loading the
+compiled kernels of the configurations it meets from the caches (on one H200 with warm caches, the first
+flex or FA4 check in a worker took 7-26 s where its later ones took under a second). Spread over every
+worker, those costs add up to a third of a run's check seconds. So a run also records, per backend, what
+its first check in a worker cost beyond a later one (:func:`first_call_seconds`), and the deal gives each
+backend with a cost of :data:`HOME_MIN_S` or more a few *home* shares, as many as its checks fill, where
+its checks go (dealt before the others, so that they find room): the other shares never pay its first
+call. The other backends' checks go where the expected seconds, first calls counted, are least.
 """
 from __future__ import annotations
 
@@ -40,6 +49,10 @@ SCHEMA_VERSION = 1
 # replace them as soon as a test function has any measurement.
 DRAWN_PRIOR_S = 10.0
 SINGLE_PRIOR_S = 1.0
+# A backend gets home shares when its first check in a worker costs at least this much more than a later
+# one. Homes for every backend (a second's import each) constrain the deal more than they save: simulated
+# on the H200 run's seconds, homes from 2 s on gave the shortest runs.
+HOME_MIN_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -128,26 +141,90 @@ def measured(records) -> dict[str, Measured]:
     return table
 
 
+def _seconds(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def first_call_seconds(records) -> dict[str, float]:
+    """Per backend, what its first check in a worker process cost beyond a later one, from a run's report
+    records (in the order each worker ran them): the median over workers of the first check's seconds less
+    the median of the backend's later checks of the same test function (else of any). Only checks that
+    called the backend count (passed or failed); a backend first met by a single worker tells nothing apart
+    and is left out."""
+    from .plugin import check_key
+    firsts: dict[str, list[tuple[str, float]]] = {}
+    later: dict[tuple[str, str | None], list[float]] = {}
+    seen = set()
+    for r in records:
+        seconds, backend, worker = _seconds(r.get("duration_s")), r.get("backend"), r.get("worker")
+        if r.get("outcome") not in ("pass", "fail") or seconds is None or not backend or not worker:
+            continue
+        function = function_of(check_key(r["id"]))
+        if (worker, backend) in seen:
+            later.setdefault((backend, function), []).append(seconds)
+            later.setdefault((backend, None), []).append(seconds)
+        else:
+            seen.add((worker, backend))
+            firsts.setdefault(backend, []).append((function, seconds))
+    costs = {}
+    for backend, first in firsts.items():
+        if len(first) < 2 or (backend, None) not in later:
+            continue
+        extra = [s - _median(later.get((backend, f)) or later[(backend, None)]) for f, s in first]
+        costs[backend] = round(max(0.0, _median(extra)), 3)
+    return costs
+
+
+def read_first_calls(path: Path) -> dict[str, dict[str, float]]:
+    """The cache file's ``{run kind: {backend: first-call seconds}}`` (empty where missing or malformed)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    kinds = data.get("first_call") if isinstance(data, dict) else None
+    if not isinstance(kinds, dict):
+        return {}
+    return {kind: _first_call_table(table) for kind, table in kinds.items() if isinstance(kind, str)}
+
+
+def _first_call_table(data) -> dict[str, float]:
+    if not isinstance(data, dict):
+        return {}
+    return {b: s for b, s in ((b, _seconds(v)) for b, v in data.items()) if isinstance(b, str) and s is not None}
+
+
 def record(path: Path, kind: str, records) -> int:
-    """Merge a run's measured seconds into the file at ``path`` under ``kind`` (new values replace old
-    ones; other kinds are kept) and write it atomically; returns the number of checks recorded."""
+    """Merge a run's measured seconds, and its backends' first-call costs, into the file at ``path`` under
+    ``kind`` (new values replace old ones; other kinds are kept) and write it atomically; returns the
+    number of checks recorded."""
     new = measured(records)
     kinds = read_file(path)
     kinds[kind] = {**kinds.get(kind, {}), **new}
+    first_calls = read_first_calls(path)
+    first_calls[kind] = {**first_calls.get(kind, {}), **first_call_seconds(records)}
     _write_json(Path(path), {"version": SCHEMA_VERSION,
-                             "kinds": {k: table_json(t) for k, t in sorted(kinds.items())}})
+                             "kinds": {k: table_json(t) for k, t in sorted(kinds.items())},
+                             "first_call": dict(sorted(first_calls.items()))})
     return len(new)
 
 
 def snapshot(path: Path, kind: str, dest: Path) -> Path:
-    """Write the table of ``kind`` from the file at ``path`` to ``dest``: the copy one run reads, which no
-    other run rewrites while this one is collecting."""
-    _write_json(Path(dest), table_json(read_file(path).get(kind, {})))
+    """Write the table and first-call costs of ``kind`` from the file at ``path`` to ``dest``: the copy one
+    run reads, which no other run rewrites while this one is collecting."""
+    _write_json(Path(dest), {"checks": table_json(read_file(path).get(kind, {})),
+                             "first_call": read_first_calls(path).get(kind, {})})
     return Path(dest)
 
 
-def read_snapshot(path: str | os.PathLike) -> dict[str, Measured]:
-    """The table :func:`snapshot` wrote; a missing or malformed file raises ValueError naming it."""
+def _read_json_object(path) -> dict:
     try:
         data = json.loads(Path(path).read_text())
     except OSError as exc:
@@ -155,8 +232,21 @@ def read_snapshot(path: str | os.PathLike) -> dict[str, Measured]:
     except ValueError as exc:
         raise ValueError(f"{path} is not JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold an object {{check key: {{\"seconds\": s, \"backend\": name}}}}")
-    return parse_table(data)
+        raise ValueError(f"{path} must hold an object {{\"checks\": {{check key: {{\"seconds\": s, "
+                         f"\"backend\": name}}}}, \"first_call\": {{backend: s}}}}")
+    return data
+
+
+def read_snapshot(path: str | os.PathLike) -> dict[str, Measured]:
+    """The table :func:`snapshot` wrote (a bare ``{check key: entry}`` table is read too); a missing or
+    malformed file raises ValueError naming it."""
+    data = _read_json_object(path)
+    return parse_table(data["checks"] if isinstance(data.get("checks"), dict) else data)
+
+
+def read_snapshot_first_calls(path: str | os.PathLike) -> dict[str, float]:
+    """The first-call costs :func:`snapshot` wrote ({} in a bare table)."""
+    return _first_call_table(_read_json_object(path).get("first_call"))
 
 
 # -- the order --------------------------------------------------------------------------------------------
@@ -192,18 +282,64 @@ def worksteal_shares(n_items: int, n_workers: int) -> list[int]:
     return shares
 
 
-def arrange(checks: list[Check], table: dict[str, Measured], n_workers: int = 1) -> list[int]:
+def homes(checks: list[Check], expected: list[float], first_call: dict[str, float], n_shares: int) -> dict[str, set[int]]:
+    """Each backend with a first-call cost: the shares its checks go to. As many as its expected seconds
+    fill at the run's mean load per share, and as its checks fill at the mean number of checks per share
+    (at least one); the least planned ones, dearest backend first."""
+    work: dict[str | None, float] = {}
+    count: dict[str | None, int] = {}
+    for check, seconds in zip(checks, expected):
+        work[check.backend] = work.get(check.backend, 0.0) + seconds
+        count[check.backend] = count.get(check.backend, 0) + 1
+    costly = [b for b in work if b is not None and first_call.get(b, 0.0) > 0.0]
+    if n_shares < 2 or not costly:
+        return {}
+    per_share = (sum(expected) + sum(first_call[b] for b in costly)) / n_shares
+    per_share_checks = len(checks) / n_shares
+    planned = [0.0] * n_shares
+    out = {}
+    for backend in sorted(costly, key=lambda b: (-work[b], b)):
+        need = max(math.ceil(work[backend] / per_share) if per_share > 0 else n_shares,
+                   math.ceil(count[backend] / per_share_checks))
+        k = max(1, min(n_shares, need))
+        chosen = sorted(range(n_shares), key=lambda s: (planned[s], s))[:k]
+        for s in chosen:
+            planned[s] += work[backend] / k + first_call[backend]
+        out[backend] = set(chosen)
+    return out
+
+
+def arrange(checks: list[Check], table: dict[str, Measured], n_workers: int = 1,
+            first_call: dict[str, float] | None = None) -> list[int]:
     """The run order, as indices into ``checks``: longest expected first (ties: spec module, then
-    collection order), dealt into ``n_workers`` shares as worksteal cuts them (each sorted check to the
-    share with the least expected seconds that has room; ties to the first), the shares end to end."""
+    collection order), dealt into ``n_workers`` shares as worksteal cuts them, the shares end to end. Each
+    sorted check goes to the share, among its backend's homes that have room (:func:`homes`; else among all
+    that have room), whose expected seconds are least after it, counting the backend's first-call cost
+    (``first_call``: backend -> seconds) where the share holds none of its checks yet; ties to the first."""
     expected = expected_seconds(checks, table)
     ranked = sorted(range(len(checks)), key=lambda i: (-expected[i], checks[i].rank, i))
     sizes = worksteal_shares(len(checks), n_workers)
+    costs = {b: s for b, s in (first_call or {}).items() if s > 0.0}
+    home = homes(checks, expected, {b: s for b, s in costs.items() if s >= HOME_MIN_S}, len(sizes))
+    # the homed backends' checks are dealt first, so that the others do not take their homes' room
+    ranked.sort(key=lambda i: checks[i].backend not in home)
     shares: list[list[int]] = [[] for _ in sizes]
     loads = [0.0] * len(sizes)
+    present: list[set] = [set() for _ in sizes]
     for i in ranked:
+        backend = checks[i].backend
         open_ = [s for s in range(len(sizes)) if len(shares[s]) < sizes[s]]
-        target = min(open_, key=lambda s: (loads[s], s))
+        candidates = [s for s in open_ if s in home.get(backend, ())] or open_
+
+        def after(s: int) -> float:
+            return loads[s] + expected[i] + (costs.get(backend, 0.0) if backend not in present[s] else 0.0)
+
+        target = min(candidates, key=lambda s: (after(s), s))
+        loads[target] = after(target)
         shares[target].append(i)
-        loads[target] += expected[i]
+        present[target].add(backend)
+    # within a share the homed backends' checks run first: what worksteal moves off the end of a busy
+    # worker's queue is then the others' checks, which cost the idle worker that takes them no first call
+    for share in shares:
+        share.sort(key=lambda i: checks[i].backend not in home)  # (stable: longest first within each part)
     return [i for share in shares for i in share]

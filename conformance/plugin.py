@@ -140,13 +140,13 @@ def arrange_items(config, items) -> None:
     if not spec:
         return
     path = config.getoption("jfa_check_seconds")
-    table = {}
+    table, first_call = {}, {}
     if path:
         try:
-            table = check_order.read_snapshot(path)
+            table, first_call = check_order.read_snapshot(path), check_order.read_snapshot_first_calls(path)
         except ValueError as exc:
             raise pytest.UsageError(f"--jfa-check-seconds: {exc}") from None
-    order = check_order.arrange([_as_check(item) for item in spec], table, _xdist_workers(config))
+    order = check_order.arrange([_as_check(item) for item in spec], table, _xdist_workers(config), first_call)
     items[:] = [spec[i] for i in order] + [item for item in items if not item.get_closest_marker("spec")]
 
 

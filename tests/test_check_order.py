@@ -38,6 +38,7 @@ class _Worker:
         self.current = self.next = None
         self.busy = self.done = self.shutting_down = False
         self.ran: list[int] = []
+        self.met: set = set()  # backends this worker process has run a check of
 
     def send_runtest_some(self, indices):
         self.torun.extend(indices)
@@ -70,7 +71,10 @@ class _Worker:
         if self.current is None or self.next is None:
             return  # xdist's worker waits for the item after this one (or the shutdown) before it starts
         self.busy = True
-        self.sim.start(self, self.sim.seconds[self.current])
+        backend = self.sim.backends[self.current] if self.sim.backends else None
+        extra = 0.0 if backend in self.met else self.sim.first_call.get(backend, 0.0)  # its first check here
+        self.met.add(backend)
+        self.sim.start(self, self.sim.seconds[self.current] + extra)
 
     def finish(self):
         finished, self.current, self.next, self.busy = self.current, self.next, None, False
@@ -80,8 +84,10 @@ class _Worker:
 
 
 class _Run:
-    def __init__(self, seconds: list[float], n_workers: int):
+    def __init__(self, seconds: list[float], n_workers: int, backends: list | None = None,
+                 first_call: dict | None = None):
         self.seconds, self.now, self.actions, self.events = seconds, 0.0, deque(), []
+        self.backends, self.first_call = backends, first_call or {}
         config = SimpleNamespace(getvalue=lambda name: [f"{n_workers}*popen"] if name == "tx" else None)
         self.scheduler = WorkStealingScheduling(config)
         self.workers = [_Worker(self, i) for i in range(n_workers)]
@@ -121,8 +127,12 @@ class _Run:
         return self.now
 
 
-def simulate(order: list[int], seconds: list[float], n_workers: int) -> float:
-    return _Run([seconds[i] for i in order], n_workers).makespan()
+def simulate(order: list[int], seconds: list[float], n_workers: int, backends: list | None = None,
+             first_call: dict | None = None) -> float:
+    """The run's wall seconds; with ``backends`` (per check) and ``first_call`` (backend -> seconds), a
+    worker's first check of a backend costs that much more."""
+    return _Run([seconds[i] for i in order], n_workers, [backends[i] for i in order] if backends else None,
+                first_call).makespan()
 
 
 # -- a spec like the H200 run's: twelve backends, one of them slow ---------------------------------------
@@ -348,3 +358,74 @@ def test_xdist_worksteal_workers_deal_the_checks_into_one_share_each(tmp_path):
     # two drawn checks (test_lse) and six one-problem edge cases: each worker's share starts with a drawn one
     assert first[0].startswith("test_lse[") and second[0].startswith("test_lse["), orders[0]
     assert len(orders[0]) == 8 and sum(i.startswith("test_lse[") for i in orders[0]) == 2
+
+
+# -- first calls -----------------------------------------------------------------------------------------
+def ran(key, backend, worker, seconds, outcome="pass"):
+    return {"id": f"x/conformance/spec/{key}", "backend": backend, "worker": worker, "outcome": outcome,
+            "duration_s": seconds}
+
+
+def test_a_backends_first_call_cost_is_its_first_check_per_worker_less_a_later_one():
+    records = [
+        ran("e.py::test_edge[f-a]", "f", "gw0", 0.0, "unsupported"),  # did not call the backend: not its first
+        ran("e.py::test_edge[f-b]", "f", "gw0", 12.5),                 # first on gw0: 12 s over a later edge case
+        ran("e.py::test_edge[f-c]", "f", "gw0", 0.5),
+        ran("o.py::test_forward[f]", "f", "gw1", 14.0),                # first on gw1; no later forward: 13.5 over
+        ran("e.py::test_edge[f-d]", "f", "gw1", 0.5),                  # any later check of f
+        ran("e.py::test_edge[g-a]", "g", "gw0", 3.0),                  # g: one worker only, nothing to compare
+        ran("e.py::test_edge[g-b]", "g", "gw0", 1.0),
+        ran("e.py::test_edge[h-a]", "h", "gw0", 0.2), ran("e.py::test_edge[h-b]", "h", "gw1", 0.1),
+        ran("e.py::test_edge[h-c]", "h", "gw1", 0.4),                  # h's first checks are its cheapest: 0
+    ]
+    assert check_order.first_call_seconds(records) == {"f": 12.75, "h": 0.0}
+
+
+def test_first_call_costs_are_kept_per_kind_and_reach_the_runs_snapshot(tmp_path):
+    path = check_seconds_file(tmp_path)
+    kind = check_order.run_kind("cuda", "ci", None)
+    records = [ran("e.py::test_edge[f-a]", "f", "gw0", 10.5), ran("e.py::test_edge[f-b]", "f", "gw0", 0.5),
+               ran("e.py::test_edge[f-c]", "f", "gw1", 8.5)]
+    check_order.record(path, kind, records)
+    check_order.record(path, check_order.run_kind("cpu", "ci", None), records[:1])  # other kinds kept apart
+    assert check_order.read_first_calls(path)[kind] == {"f": 9.0}
+    copy = check_order.snapshot(path, kind, tmp_path / "run" / ".check-seconds.json")
+    assert check_order.read_snapshot_first_calls(copy) == {"f": 9.0}
+    assert set(check_order.read_snapshot(copy)) == {"e.py::test_edge[f-a]", "e.py::test_edge[f-b]", "e.py::test_edge[f-c]"}
+    bare = tmp_path / "bare.json"  # a bare table (no first calls) still reads
+    bare.write_text(json.dumps({"e.py::test_edge[f-a]": {"seconds": 1.0, "backend": "f"}}))
+    assert check_order.read_snapshot(bare) == {"e.py::test_edge[f-a]": Measured(1.0, "f")}
+    assert check_order.read_snapshot_first_calls(bare) == {}
+
+
+def test_checks_of_a_backend_with_a_first_call_cost_gather_in_its_home_shares():
+    checks, table = spec_checks()
+    n_workers = 15
+    expected = check_order.expected_seconds(checks, table)
+    first_call = {"b0": 12.0, "b1": 8.0, "b2": 6.0}
+    home = check_order.homes(checks, expected, first_call, n_workers)
+    assert set(home) == set(first_call) and all(1 <= len(h) < n_workers for h in home.values())
+    assert len(home["b0"]) >= len(home["b2"])  # the slow backend's checks need more shares
+    order = check_order.arrange(checks, table, n_workers, first_call)
+    assert sorted(order) == list(range(len(checks)))
+    start, where = 0, {}
+    for s, size in enumerate(check_order.worksteal_shares(len(order), n_workers)):
+        for i in order[start:start + size]:
+            where.setdefault(checks[i].backend, set()).add(s)
+        start += size
+    for backend, shares in home.items():
+        assert where[backend] == shares, backend
+    assert len(where["b5"]) > len(home["b0"])  # a backend without a cost goes wherever there is least
+
+
+def test_with_first_call_costs_the_run_ends_sooner_when_backends_keep_to_their_homes():
+    # every backend costs its first check in a worker more; the simulated workers pay it
+    checks, table = spec_checks()
+    seconds = [table[c.key].seconds for c in checks]
+    backends = [c.backend for c in checks]
+    first_call = {f"b{i}": (12.0 if i == 0 else 8.0 if i < 3 else 1.0) for i in range(12)}
+    n_workers = 15
+    plain = simulate(check_order.arrange(checks, table, n_workers), seconds, n_workers, backends, first_call)
+    homed = simulate(check_order.arrange(checks, table, n_workers, first_call), seconds, n_workers, backends,
+                     first_call)
+    assert homed < 0.95 * plain, (homed, plain)
