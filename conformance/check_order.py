@@ -127,17 +127,24 @@ def _write_json(path: Path, data) -> None:
     atomic_write_text(path, json.dumps(data, indent=0, sort_keys=True) + "\n")
 
 
-def measured(records) -> dict[str, Measured]:
+def measured(records, first_call: dict[str, float] | None = None) -> dict[str, Measured]:
     """``{check key: Measured}`` of a run's report records that ran (every outcome but not-run) and have a
-    duration."""
+    duration; a check that was its worker's first call of its backend less that backend's ``first_call``
+    cost (the deal counts first calls apart)."""
     from .plugin import check_key
-    table = {}
+    first_call = first_call or {}
+    table, seen = {}, set()
     for r in records:
         seconds = r.get("duration_s")
         if r.get("outcome") == "not-run" or isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
             continue
-        if math.isfinite(seconds) and seconds >= 0:
-            table[check_key(r["id"])] = Measured(float(seconds), r.get("backend"))
+        if not (math.isfinite(seconds) and seconds >= 0):
+            continue
+        backend, place = r.get("backend"), (r.get("worker"), r.get("backend"))
+        if r.get("outcome") in ("pass", "fail") and place not in seen:
+            seen.add(place)
+            seconds = max(0.0, seconds - first_call.get(backend, 0.0))
+        table[check_key(r["id"])] = Measured(float(seconds), backend)
     return table
 
 
@@ -205,11 +212,11 @@ def record(path: Path, kind: str, records) -> int:
     """Merge a run's measured seconds, and its backends' first-call costs, into the file at ``path`` under
     ``kind`` (new values replace old ones; other kinds are kept) and write it atomically; returns the
     number of checks recorded."""
-    new = measured(records)
-    kinds = read_file(path)
-    kinds[kind] = {**kinds.get(kind, {}), **new}
     first_calls = read_first_calls(path)
     first_calls[kind] = {**first_calls.get(kind, {}), **first_call_seconds(records)}
+    new = measured(records, first_calls[kind])
+    kinds = read_file(path)
+    kinds[kind] = {**kinds.get(kind, {}), **new}
     _write_json(Path(path), {"version": SCHEMA_VERSION,
                              "kinds": {k: table_json(t) for k, t in sorted(kinds.items())},
                              "first_call": dict(sorted(first_calls.items()))})

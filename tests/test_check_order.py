@@ -389,6 +389,9 @@ def test_first_call_costs_are_kept_per_kind_and_reach_the_runs_snapshot(tmp_path
     check_order.record(path, kind, records)
     check_order.record(path, check_order.run_kind("cpu", "ci", None), records[:1])  # other kinds kept apart
     assert check_order.read_first_calls(path)[kind] == {"f": 9.0}
+    # the seconds a check is expected to take leave its worker's first call out
+    assert {k: m.seconds for k, m in check_order.read_file(path)[kind].items()} == {
+        "e.py::test_edge[f-a]": 1.5, "e.py::test_edge[f-b]": 0.5, "e.py::test_edge[f-c]": 0.0}
     copy = check_order.snapshot(path, kind, tmp_path / "run" / ".check-seconds.json")
     assert check_order.read_snapshot_first_calls(copy) == {"f": 9.0}
     assert set(check_order.read_snapshot(copy)) == {"e.py::test_edge[f-a]", "e.py::test_edge[f-b]", "e.py::test_edge[f-c]"}
