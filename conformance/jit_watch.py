@@ -1,12 +1,13 @@
-"""Seconds a process spends getting Triton kernels ready: a variant's compile, or its load from the on-disk
-cache, on its first launch in the process.
+"""Seconds a process spends compiling: Triton kernel variants (compiled, or loaded from the on-disk cache,
+on their first launch in the process) and torch.compile graphs (dynamo's tracing and the backend compiler,
+inductor included, whose caches make a graph compiled before cheaper, not free).
 
 The warm-up exists so that checks do not compile. Whether it managed is visible per check: the recorder
-(recorder.py) reads :func:`totals` before and after each check, and a check whose kernels were all compiled
-by the warm-up shows only the loads (tens of milliseconds per variant); one that compiled shows seconds,
-named by kernel in the report. This covers every kernel Triton's JIT launches (``@triton.jit`` and Gluon
-kernels); inductor's generated kernels (flex_attention) and FA4's CuTe DSL compile through other paths and
-are not counted here.
+(recorder.py) reads :func:`totals` before and after each check (:func:`since`). A check whose Triton
+kernels were all compiled by the warm-up shows only their loads (milliseconds per variant); one that
+compiled shows seconds, named by kernel in the report. This covers every kernel Triton's JIT launches
+(``@triton.jit`` and Gluon kernels) and every torch.compile graph (flex_attention's); FA4's CuTe DSL
+compiles through its own path and is not counted.
 
 The hooks are Triton's own (``triton.knobs.runtime.jit_cache_hook`` before a variant is built and
 ``jit_post_compile_hook`` after); hooks already installed there keep working. Nothing is installed until
@@ -84,19 +85,46 @@ def install() -> bool:
     return True
 
 
-def totals() -> tuple[int, float, dict[str, tuple[int, float]]]:
-    """(variants, seconds, per kernel name: (variants, seconds)) since the process started watching."""
-    return _totals["variants"], _totals["seconds"], {k: (v[0], v[1]) for k, v in _per_kernel.items()}
+def _graphs() -> tuple[int, float]:
+    """(graphs, seconds) torch.compile has compiled in this process (dynamo's own tallies), (0, 0) before
+    dynamo is imported or where its tallies are not found."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0, 0.0
+    try:
+        graphs = int(utils.counters["stats"]["unique_graphs"])
+        seconds = float(sum(utils.compilation_time_metrics.get("_compile.compile_inner", ())))
+    except Exception:  # noqa: BLE001 - another torch's internals: nothing counted
+        return 0, 0.0
+    return graphs, seconds
+
+
+def totals() -> tuple:
+    """What this process has compiled since it started watching: (Triton variants, their seconds, per kernel
+    name (variants, seconds), torch.compile graphs, their seconds)."""
+    graphs, graph_seconds = _graphs()
+    return (_totals["variants"], _totals["seconds"], {k: (v[0], v[1]) for k, v in _per_kernel.items()},
+            graphs, graph_seconds)
 
 
 def since(before) -> dict | None:
-    """What was built between ``before`` (a :func:`totals`) and now, as a record's ``jit`` entry, or None."""
-    variants, seconds, kernels = totals()
-    if variants == before[0]:
+    """What was compiled between ``before`` (a :func:`totals`) and now, as a record's ``jit`` entry:
+    ``{"seconds", "builds", "triton": {"variants", "seconds", "kernels": {name: {"variants", "seconds"}}},
+    "torch_compile": {"graphs", "seconds"}}`` with the parts that saw anything; None when nothing was."""
+    variants, seconds, kernels, graphs, graph_seconds = totals()
+    out: dict = {}
+    if variants > before[0]:
+        changed = {}
+        for name, (n, s) in kernels.items():
+            n0, s0 = before[2].get(name, (0, 0.0))
+            if n > n0:
+                changed[name] = {"variants": n - n0, "seconds": round(s - s0, 3)}
+        out["triton"] = {"variants": variants - before[0], "seconds": round(seconds - before[1], 3),
+                         "kernels": changed}
+    if graphs > before[3]:
+        out["torch_compile"] = {"graphs": graphs - before[3], "seconds": round(max(0.0, graph_seconds - before[4]), 3)}
+    if not out:
         return None
-    changed = {}
-    for name, (n, s) in kernels.items():
-        n0, s0 = before[2].get(name, (0, 0.0))
-        if n > n0:
-            changed[name] = {"variants": n - n0, "seconds": round(s - s0, 3)}
-    return {"variants": variants - before[0], "seconds": round(seconds - before[1], 3), "kernels": changed}
+    out["seconds"] = round(sum(part["seconds"] for part in out.values()), 3)
+    out["builds"] = out.get("triton", {}).get("variants", 0) + out.get("torch_compile", {}).get("graphs", 0)
+    return out

@@ -181,7 +181,7 @@ def build_record(item, report, call) -> dict:
     record["counterexample"] = repr(problem) if report.failed and problem else None
     record.update(_device_fields(item.config))
     before = item.stash.get(_JIT_BEFORE, None)
-    # Triton kernels compiled (or loaded from the disk cache) during the check: what the warm-up missed
+    # Triton kernels and torch.compile graphs built during the check: what the warm-up did not prepare
     record["jit"] = jit_watch.since(before) if before is not None else None
     return record
 
@@ -274,7 +274,8 @@ def _timeout_of(item) -> float | None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     backend = _backend_of(item)
-    if backend is not None and jit_watch.install():
+    if backend is not None:
+        jit_watch.install()  # (once Triton is imported; torch.compile's tallies need nothing installed)
         item.stash[_JIT_BEFORE] = jit_watch.totals()
     path = _flight_path(item.config)
     if backend is not None and path is not None:

@@ -453,7 +453,8 @@ def run_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Pat
 
 def backend_time(name: str, warm_summary: dict, records: list[dict]) -> dict:
     """Compile time (the warm-up's jobs) apart from check time (the checks' durations) of one backend, and
-    the part of the check time Triton spent building kernels (records' ``jit``, where watched)."""
+    the part of the check time spent compiling inside checks (records' ``jit``: Triton kernels, torch.compile
+    graphs)."""
     warm = warm_summary.get(name, {})
     kernel_configs = set()
     for r in records:
@@ -462,9 +463,9 @@ def backend_time(name: str, warm_summary: dict, records: list[dict]) -> dict:
     jit = [r["jit"] for r in records if r["backend"] == name and r.get("jit")]
     return {"compile_s": warm.get("compile_s", 0.0),
             "check_s": round(sum(r.get("duration_s") or 0.0 for r in records if r["backend"] == name), 3),
-            # of the check seconds: Triton kernels built inside checks (jit_watch.py), None where not watched
-            "check_jit_s": round(sum(j["seconds"] for j in jit), 3) if jit else None,
-            "check_jit_variants": sum(j["variants"] for j in jit) if jit else None,
+            # of the check seconds: Triton kernels and torch.compile graphs built inside checks (jit_watch.py)
+            "check_jit_s": round(sum(j["seconds"] for j in jit), 3),
+            "check_jit_builds": sum(j["builds"] for j in jit),
             "kernel_configs_checked": len(kernel_configs), "warmup": warm.get("warmup", [])}
 
 

@@ -1,5 +1,5 @@
-"""The seconds Triton spends building kernels inside checks (conformance/jit_watch.py) reach the records and
-the reports: what shows, per check and per backend, which kernels the warm-up did not prepare."""
+"""The seconds spent compiling inside checks (conformance/jit_watch.py: Triton kernels, torch.compile graphs)
+reach the records and the reports: what shows, per check and per backend, what the warm-up did not prepare."""
 from __future__ import annotations
 
 import json
@@ -37,6 +37,15 @@ BUILDS = textwrap.dedent('''
                 time.sleep(0.3)
                 knobs.runtime.jit_post_compile_hook(**fields)
             return super().forward(args)
+
+    class CompilesGraphs(Reference):
+        name = "compiles-graphs"
+
+        def forward(self, args):
+            import torch
+            # a graph per new input shape, as a torch.compile backend without dynamic shapes compiles
+            torch.compile(lambda x: x * 2 + 1, backend="eager", dynamic=False)(args.q.new_zeros(args.q.shape[0] + 1))
+            return super().forward(args)
 ''')
 
 
@@ -51,15 +60,30 @@ def test_kernels_built_inside_a_check_are_timed_and_reported(tmp_path):
     built = {r["backend"]: r.get("jit") for r in report["records"]}
     assert built["reference"] is None  # it built nothing
     jit = built["builds-kernels"]
-    assert jit["variants"] == 2 and jit["seconds"] >= 0.6 and jit["kernels"] == {
-        "_fwd_kernel": {"variants": 2, "seconds": jit["seconds"]}}
+    assert jit["builds"] == 2 and jit["seconds"] >= 0.6 and "torch_compile" not in jit
+    assert jit["triton"] == {"variants": 2, "seconds": jit["seconds"],
+                             "kernels": {"_fwd_kernel": {"variants": 2, "seconds": jit["seconds"]}}}
     time = report["backends"]["builds-kernels"]["time"]
-    assert time["check_jit_variants"] == 2 and time["check_jit_s"] == pytest.approx(jit["seconds"])
-    assert report["backends"]["reference"]["time"]["check_jit_s"] is None
+    assert time["check_jit_builds"] == 2 and time["check_jit_s"] == pytest.approx(jit["seconds"])
+    assert report["backends"]["reference"]["time"]["check_jit_s"] == 0.0
     summary = (run / "summary.md").read_text()
-    assert "JIT in checks s" in summary and "_fwd_kernel x2" in summary
+    assert "compiling in checks s" in summary and "_fwd_kernel x2" in summary
     page = (run / "index.html").read_text()
-    assert "checks that built Triton kernels" in page and "_fwd_kernel x2" in page
+    assert "checks that compiled" in page and "_fwd_kernel x2" in page
+
+
+def test_torch_compile_graphs_built_inside_a_check_are_counted(tmp_path):
+    path = tmp_path / "builds.py"
+    path.write_text(BUILDS)
+    code = cli.main(["run", "--report-dir", str(tmp_path), "-q", "-n", "1", "--no-bench", "--name", "graphs",
+                     "--backend", f"{path}:CompilesGraphs", "-k", "test_forward", "--max-examples", "3"])
+    assert code == 0
+    report = json.loads((tmp_path / "graphs" / "report.json").read_text())
+    jit, = [r["jit"] for r in report["records"]]
+    # one graph per new packed length among the examples (at least the first), and their seconds
+    assert jit["torch_compile"]["graphs"] >= 1 and jit["builds"] == jit["torch_compile"]["graphs"]
+    assert jit["seconds"] == jit["torch_compile"]["seconds"] > 0 and "triton" not in jit
+    assert "torch.compile graphs x" in (tmp_path / "graphs" / "summary.md").read_text()
 
 
 def test_the_hooks_chain_with_hooks_installed_before_and_never_break_a_build(monkeypatch):
@@ -76,7 +100,7 @@ def test_the_hooks_chain_with_hooks_installed_before_and_never_break_a_build(mon
     assert knobs.runtime.jit_cache_hook(key="k", fn=None, repr="mine[num_warps=4](x)") is True
     assert seen == [("theirs", "k")]
     assert knobs.runtime.jit_post_compile_hook(key="k", fn=None, repr="mine[num_warps=4](x)") is None
-    assert jit_watch.since(before)["kernels"] == {"mine": {"variants": 1, "seconds": pytest.approx(0, abs=0.5)}}
+    assert jit_watch.since(before)["triton"]["kernels"] == {"mine": {"variants": 1, "seconds": pytest.approx(0, abs=0.5)}}
     # malformed calls (another Triton's keywords) are ignored, never raised
     knobs.runtime.jit_post_compile_hook(unexpected=object())
-    assert jit_watch.since(before)["variants"] == 1
+    assert jit_watch.since(before)["triton"]["variants"] == 1

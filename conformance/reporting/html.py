@@ -266,16 +266,16 @@ def _backend_table(report, summary) -> list[str]:
     if times:
         out.append("<p class='note'>compile s: seconds of each backend's first call per compile configuration; "
                    "check s: seconds its checks ran"
-                   + ("; JIT in checks s: of those, seconds Triton spent compiling kernels or loading them from "
-                      "its cache inside checks (a check the warm-up prepared only loads, in milliseconds)"
-                      if "check_jit_s" in perf.time_columns(times) else "") + ".</p>")
+                   + ("; compiling in checks s: of those, seconds spent inside checks compiling Triton kernels "
+                      "(or loading them from its cache: milliseconds each) and torch.compile graphs, which the "
+                      "warm-up exists to take out of the checks" if "check_jit_s" in perf.time_columns(times) else "")
+                   + ".</p>")
         built = perf.jit_in_checks(report)
         if built:
-            out.append(f"<details><summary>checks that built Triton kernels ({len(built)} shown)</summary><table>"
-                       "<tr><th>check</th><th class='num'>seconds</th><th class='num'>variants</th><th>kernels</th></tr>")
+            out.append(f"<details><summary>checks that compiled ({len(built)} shown)</summary><table>"
+                       "<tr><th>check</th><th class='num'>seconds</th><th class='num'>builds</th><th>what</th></tr>")
             out += [f"<tr><td>{esc(b['id'])}</td><td class='num'>{_num(b['seconds'], '.2f')}</td>"
-                    f"<td class='num'>{b['variants']}</td>"
-                    f"<td>{esc(', '.join(f'{k} x{n}' for k, n in b['kernels'].items()))}</td></tr>" for b in built]
+                    f"<td class='num'>{b['builds']}</td><td>{esc(', '.join(b['what']))}</td></tr>" for b in built]
             out.append("</table></details>")
         warm = [(name, w) for name, t in times.items() for w in t.get("warmup") or []]
         if warm:

@@ -224,9 +224,10 @@ def render_markdown(report: dict, regressions: list[dict] | None = None) -> str:
         lines.append(row)
     built = perf.jit_in_checks(report)
     if built:
-        lines += ["", "Checks that built Triton kernels (compiled, or loaded from the cache, inside the check):", ""]
-        lines += [f"- `{_md(b['id'])}`: {b['seconds']:.2f} s, {b['variants']} variant(s): "
-                  + ", ".join(f"{_md(k)} x{n}" for k, n in b["kernels"].items()) for b in built]
+        lines += ["", "Checks that compiled (Triton kernels, compiled or loaded from the cache; torch.compile graphs):",
+                  ""]
+        lines += [f"- `{_md(b['id'])}`: {b['seconds']:.2f} s, {b['builds']} build(s): " + _md(", ".join(b["what"]))
+                  for b in built]
     if any(s["verdict"] == "incomplete" for s in summary.values()):
         lines += ["", "*incomplete*: no check failed, but some never ran (listed under “Not run”)."]
     if regressions:

@@ -135,27 +135,31 @@ def backend_times(report: dict) -> dict[str, dict]:
 
 
 def time_columns(times: dict[str, dict]) -> tuple[str, ...]:
-    """The backend table's time columns: compile and check seconds, and the seconds Triton spent building
-    kernels inside checks where the run watched that (jit_watch.py)."""
+    """The backend table's time columns: compile and check seconds, and the seconds spent compiling inside
+    checks when some backend did (jit_watch.py)."""
     if not times:
         return ()
-    watched = any(t.get("check_jit_s") is not None for t in times.values())
-    return ("compile_s", "check_s") + (("check_jit_s",) if watched else ())
+    compiled = any(t.get("check_jit_s") for t in times.values())
+    return ("compile_s", "check_s") + (("check_jit_s",) if compiled else ())
 
 
-TIME_LABELS = {"compile_s": "compile s", "check_s": "check s", "check_jit_s": "JIT in checks s"}
+TIME_LABELS = {"compile_s": "compile s", "check_s": "check s", "check_jit_s": "compiling in checks s"}
 
 
 def jit_in_checks(report: dict, limit: int = 10) -> list[dict]:
-    """The checks that built Triton kernels (what the warm-up did not compile), most seconds first:
-    ``{"id", "backend", "seconds", "variants", "kernels"}`` (kernels: name -> variants)."""
+    """The checks that compiled (what the warm-up did not prepare), most seconds first:
+    ``{"id", "backend", "seconds", "builds", "what"}``, ``what`` naming the Triton kernels (``name xN``) and
+    torch.compile graphs (``torch.compile graphs xN``)."""
     out = []
     for r in report.get("records") or ():
         jit = r.get("jit")
-        if jit and jit.get("variants"):
-            out.append({"id": r["id"], "backend": r["backend"], "seconds": jit.get("seconds") or 0.0,
-                        "variants": jit["variants"],
-                        "kernels": {k: v.get("variants", 0) for k, v in (jit.get("kernels") or {}).items()}})
+        if not jit or not jit.get("builds"):
+            continue
+        what = [f"{k} x{v.get('variants', 0)}" for k, v in ((jit.get("triton") or {}).get("kernels") or {}).items()]
+        if jit.get("torch_compile"):
+            what.append(f"torch.compile graphs x{jit['torch_compile'].get('graphs', 0)}")
+        out.append({"id": r["id"], "backend": r["backend"], "seconds": jit.get("seconds") or 0.0,
+                    "builds": jit["builds"], "what": what})
     return sorted(out, key=lambda x: -x["seconds"])[:limit]
 
 
