@@ -17,8 +17,11 @@ import pytest
 
 import triton_keys
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
-                                reason="the keys are read from interpreted launches (TRITON_INTERPRET=1)")
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
+                       reason="the keys are read from interpreted launches (TRITON_INTERPRET=1)"),
+    pytest.mark.skipif(bool(triton_keys.available()), reason=triton_keys.available() or "-"),
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 0

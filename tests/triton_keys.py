@@ -35,6 +35,17 @@ def _names(fn, listed) -> set[str]:
     return {params[x] if isinstance(x, int) else x for x in (listed or ())}
 
 
+def available() -> str:
+    """Why keys cannot be read with this Triton ("" if they can)."""
+    try:
+        from triton.runtime.jit import native_specialize_impl  # noqa: F401
+        from triton.runtime.interpreter import InterpretedFunction  # noqa: F401
+        _backend()
+    except Exception as exc:  # noqa: BLE001 - another Triton's internals
+        return f"this Triton's specialiser cannot be reached ({type(exc).__name__}: {exc})"
+    return ""
+
+
 def launch_key(function, args: tuple, kwargs: dict, backend=None) -> tuple:
     """``(kernel name, ((parameter, specialisation...), ...), ((option, value), ...))`` of one launch of an
     interpreted kernel (``triton.runtime.interpreter.InterpretedFunction``)."""
