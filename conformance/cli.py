@@ -332,6 +332,12 @@ def print_summary(console, report: dict, regressions: list[dict], run_dir: Path 
             console.print(f"    reproduce: python {where}", markup=False, soft_wrap=True)
     if len(groups) > 20:
         console.print(f"... and {len(groups) - 20} more causes (see summary.md)")
+    built = perf.jit_in_checks(report, limit=3)
+    if built and built[0]["seconds"] >= 1.0:  # what the warm-up did not prepare (a second or more of it)
+        total = sum((t.get("check_jit_s") or 0.0) for t in times.values())
+        console.print(f"[yellow]compiling inside checks[/]: {total:.0f} s; most in "
+                      + "; ".join(f"{escape(b['id'].rsplit('/', 1)[-1])} ({b['seconds']:.1f} s: "
+                                  f"{escape(', '.join(b['what']))})" for b in built), highlight=False, soft_wrap=True)
     unrun, _ = rp.unrun_checks(report)
     if unrun:
         console.print(f"[yellow]not run[/] (no verdict): {sum(map(len, unrun.values()))} checks of "
