@@ -34,7 +34,8 @@ worker, those costs add up to a third of a run's check seconds. So a run also re
 its first check in a worker cost beyond a later one (:func:`first_call_seconds`), and the deal gives each
 backend with a cost of :data:`HOME_MIN_S` or more a few *home* shares, as many as its checks fill, where
 its checks go (dealt before the others, so that they find room): the other shares never pay its first
-call. The other backends' checks go where the expected seconds, first calls counted, are least.
+call. The other backends' checks go where the expected seconds, first calls counted, are least. A backend
+never measured is expected to pay half its declared compile cost (``Capabilities.compile_s``) at a first call.
 """
 from __future__ import annotations
 
@@ -158,6 +159,17 @@ def _median(values: list[float]) -> float:
     values = sorted(values)
     mid = len(values) // 2
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+# Before a backend's first call was ever measured: a backend that compiles pays part of it again at its
+# first call in each process (imports, loading what the warm-up compiled). On one H200: flex 12 s of its
+# 16 s per compile, FA4 7.7 of 19.5, triton-jfa 5.4 of 13.
+FIRST_CALL_PRIOR_SHARE = 0.5
+
+
+def first_call_prior(compile_s: float | None) -> float:
+    """A backend's expected first-call cost from its declared compile cost (``Capabilities.compile_s``)."""
+    return FIRST_CALL_PRIOR_SHARE * compile_s if compile_s else 0.0
 
 
 def first_call_seconds(records) -> dict[str, float]:

@@ -146,6 +146,14 @@ def arrange_items(config, items) -> None:
             table, first_call = check_order.read_snapshot(path), check_order.read_snapshot_first_calls(path)
         except ValueError as exc:
             raise pytest.UsageError(f"--jfa-check-seconds: {exc}") from None
+    # a backend never measured: its declared compile cost hints at its first call (check_order.py)
+    for item in spec:
+        backend = _backend_param(item)
+        name = getattr(backend, "name", None)
+        if name is not None and name not in first_call:
+            prior = check_order.first_call_prior(getattr(getattr(backend, "capabilities", None), "compile_s", None))
+            if prior:
+                first_call[name] = prior
     order = check_order.arrange([_as_check(item) for item in spec], table, _xdist_workers(config), first_call)
     items[:] = [spec[i] for i in order] + [item for item in items if not item.get_closest_marker("spec")]
 
@@ -170,13 +178,17 @@ def pytest_configure_node(node):
     node.workerinput[_DIST_KEY] = node.config.getoption("dist")
 
 
+def _backend_param(item):
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("backend") if callspec else None
+
+
 def _as_check(item):
     from hypothesis import is_hypothesis_test
 
     from .check_order import Check
 
-    callspec = getattr(item, "callspec", None)
-    backend = callspec.params.get("backend") if callspec else None
+    backend = _backend_param(item)
     function = getattr(item, "obj", None)
     code = getattr(function, "__code__", None)
     # drawn: a hypothesis test, or one that applies hypothesis's `given` in its body (test_determinism)

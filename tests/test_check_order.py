@@ -432,3 +432,8 @@ def test_with_first_call_costs_the_run_ends_sooner_when_backends_keep_to_their_h
     homed = simulate(check_order.arrange(checks, table, n_workers, first_call), seconds, n_workers, backends,
                      first_call)
     assert homed < 0.95 * plain, (homed, plain)
+
+
+def test_a_backend_never_measured_is_expected_to_pay_half_its_compile_cost_at_a_first_call():
+    assert check_order.first_call_prior(16.0) == 8.0
+    assert check_order.first_call_prior(0) == check_order.first_call_prior(None) == 0.0
