@@ -82,6 +82,8 @@ def run_benchmarks(run_dir: Path, backend_specs, device, env, console, timeout_s
                "--timeout", f"{timeout_s:g}", "--timeout-method", "thread"]
     for spec in backend_specs:
         command += ["--backend", spec]
+    if deadline is not None and time.monotonic() > deadline:
+        return [], "benchmarks not started: stopped: the run reached its --time-limit"
     with console.status("timing forward and backward of each backend (pytest-benchmark) ..."):
         rc, stopped = run_pytest(command, env, run_dir / "pytest.log", run_dir / ".none", None, deadline)
     if not partial.exists():
