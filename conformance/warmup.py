@@ -461,7 +461,11 @@ def backend_time(name: str, warm_summary: dict, records: list[dict]) -> dict:
         if r["backend"] == name:
             kernel_configs.update(r.get("kernel_configs") or ())
     jit = [r["jit"] for r in records if r["backend"] == name and r.get("jit")]
+    from .check_order import first_call_seconds
+    workers = {r.get("worker") for r in records if r["backend"] == name and r.get("outcome") in ("pass", "fail")}
     return {"compile_s": warm.get("compile_s", 0.0),
+            # worker processes that called the backend, and what its first call in one cost beyond a later one
+            "workers": len(workers - {None}), "first_call_s": first_call_seconds(records).get(name),
             "check_s": round(sum(r.get("duration_s") or 0.0 for r in records if r["backend"] == name), 3),
             # of the check seconds: Triton kernels and torch.compile graphs built inside checks (jit_watch.py)
             "check_jit_s": round(sum(j["seconds"] for j in jit), 3),

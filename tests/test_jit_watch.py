@@ -66,6 +66,7 @@ def test_kernels_built_inside_a_check_are_timed_and_reported(tmp_path, capsys):
     time = report["backends"]["builds-kernels"]["time"]
     assert time["check_jit_builds"] == 2 and time["check_jit_s"] == pytest.approx(jit["seconds"])
     assert report["backends"]["reference"]["time"]["check_jit_s"] == 0.0
+    assert time["workers"] == 1 and time["first_call_s"] is None  # one worker tells no first call apart
     summary = (run / "summary.md").read_text()
     assert "compiling in checks s" in summary and "_fwd_kernel x2" in summary
     page = (run / "index.html").read_text()
