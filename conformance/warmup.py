@@ -13,7 +13,9 @@ What compiled once is not compiled again: a manifest in the cache directory list
 configuration) jobs that finished ``ok`` under a *fingerprint* of everything that could change the compiled
 kernels (the versions of Python, torch, Triton and the vendor packages, the GPU, and the sources of the
 project's adapters and kernels). A run whose caches are warm skips those jobs; their checks load the
-kernels from the caches on first use. Delete the cache directory and everything is compiled again.
+kernels from the caches on first use. Jobs that ended in a compile error or a refusal are listed too and
+not tried again under the same fingerprint (their checks meet the error and report it); crashes and
+timeouts are tried again. Delete the cache directory and everything is compiled again.
 
 The manifest also keeps each job's last compile seconds, whatever the fingerprint: a run that has to
 compile again (after an upgrade or an edit) starts the longest jobs first, so the slowest backend's
@@ -343,14 +345,17 @@ def _job_key(job: Job) -> str:
 
 
 def _read_manifest(cache_dir: Path) -> dict:
-    """``{"compiled": {fingerprint: [job key, ...]}, "seconds": {job key: seconds}}`` (empty if unreadable)."""
+    """``{"compiled": {fingerprint: [job key, ...]}, "failed": {fingerprint: {job key: [outcome, message]}},
+    "seconds": {job key: seconds}}`` (empty if unreadable)."""
+    empty = {"compiled": {}, "failed": {}, "seconds": {}}
     try:
         data = json.loads((Path(cache_dir) / MANIFEST).read_text())
     except (OSError, ValueError):
-        return {"compiled": {}, "seconds": {}}
+        return empty
     if not isinstance(data, dict) or not isinstance(data.get("compiled"), dict):
-        return {"compiled": {}, "seconds": {}}
-    return {"compiled": data["compiled"], "seconds": dict(data.get("seconds") or {})}
+        return empty
+    failed = data.get("failed") if isinstance(data.get("failed"), dict) else {}
+    return {"compiled": data["compiled"], "failed": failed, "seconds": dict(data.get("seconds") or {})}
 
 
 def load_manifest(cache_dir: Path, print_: str) -> set[str]:
@@ -358,33 +363,67 @@ def load_manifest(cache_dir: Path, print_: str) -> set[str]:
     return set(_read_manifest(cache_dir)["compiled"].get(print_, []))
 
 
+# Outcomes that the same versions and sources give again: a compile error, a configuration refused. A crash
+# or a timeout may be the machine's (memory, another process), so those jobs run again.
+REPEATABLE = ("error", "unsupported")
+
+
+def load_failed(cache_dir: Path, print_: str) -> dict[str, tuple[str, str]]:
+    """Jobs that ended ``error`` or ``unsupported`` in an earlier run with the same fingerprint:
+    job key -> (outcome, message)."""
+    entries = _read_manifest(cache_dir)["failed"].get(print_, {})
+    if not isinstance(entries, dict):
+        return {}
+    return {key: (v[0], str(v[1] or "")) for key, v in entries.items()
+            if isinstance(v, list) and len(v) == 2 and v[0] in REPEATABLE}
+
+
 def load_seconds(cache_dir: Path) -> dict[str, float]:
     """Job key -> the compile seconds its last ``ok`` run took, under any fingerprint."""
     return _read_manifest(cache_dir)["seconds"]
 
 
-def save_manifest(cache_dir: Path, print_: str, jobs: list[Job], results: list[Result], done: set[str]) -> None:
-    """Add the jobs that finished ``ok`` to the manifest (compiled lists of other fingerprints are
-    dropped) and record their seconds."""
+def save_manifest(cache_dir: Path, print_: str, jobs: list[Job], results: list[Result], done: set[str],
+                  failed: dict[str, tuple[str, str]] | None = None) -> None:
+    """Add the jobs that finished ``ok`` to the manifest and record their seconds; keep the jobs that ended
+    in a :data:`REPEATABLE` failure (``failed``: what earlier runs recorded, plus this run's), so that the
+    next run with the same fingerprint does not try them again (lists of other fingerprints are dropped)."""
     by_key = {(job.name, job.config.key): _job_key(job) for job in jobs}
     ok = {by_key[r.backend, r.key]: r.seconds for r in results if r.outcome == "ok" and (r.backend, r.key) in by_key}
+    failures = dict(failed or {})
+    for r in results:  # (this run's jobs: the recalled ones are not among them)
+        key = by_key.get((r.backend, r.key))
+        if key is not None and r.outcome in REPEATABLE:
+            failures[key] = (r.outcome, r.message or "")
+    for key in ok:
+        failures.pop(key, None)
     seconds = {**load_seconds(cache_dir), **ok}
     path = Path(cache_dir) / MANIFEST
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"compiled": {print_: sorted(set(done) | set(ok))}, "seconds": seconds}, indent=0))
+    tmp.write_text(json.dumps({"compiled": {print_: sorted(set(done) | set(ok))},
+                               "failed": {print_: {k: list(v) for k, v in sorted(failures.items())}},
+                               "seconds": seconds}, indent=0))
     os.replace(tmp, path)
 
 
-def split_done(jobs: list[Job], done: set[str]) -> tuple[list[Job], list[Result]]:
-    """``(jobs still to run, results of those the manifest lists)``."""
-    todo, cached = [], []
+def split_done(jobs: list[Job], done: set[str], failed: dict[str, tuple[str, str]] | None = None
+               ) -> tuple[list[Job], list[Result]]:
+    """``(jobs still to run, results of those the manifest lists)``: compiled by an earlier run, or failed
+    there in a way the same versions and sources repeat (``failed``, reported with that run's message)."""
+    todo, known = [], []
+    failed = failed or {}
     for job in jobs:
-        if _job_key(job) in done:
-            cached.append(Result(job.name, job.config.key, "cached", 0.0, "compiled by an earlier run (manifest)"))
+        key = _job_key(job)
+        if key in done:
+            known.append(Result(job.name, job.config.key, "cached", 0.0, "compiled by an earlier run (manifest)"))
+        elif key in failed:
+            outcome, message = failed[key]
+            known.append(Result(job.name, job.config.key, outcome, 0.0,
+                                f"{message} (an earlier run with the same versions and sources; not tried again)"))
         else:
             todo.append(job)
-    return todo, cached
+    return todo, known
 
 
 def summarize(results: list[Result]) -> dict[str, dict]:
@@ -426,13 +465,13 @@ def run_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Pat
         envs += [pinned] * count
     started = time.monotonic()
     print_ = fingerprint(device)
-    done = load_manifest(cache_dir, print_)
-    todo, cached = split_done(jobs, done)
+    done, failed = load_manifest(cache_dir, print_), load_failed(cache_dir, print_)
+    todo, cached = split_done(jobs, done, failed)
     with view(todo) as shown:
         results = run_pool(todo, device=device, envs=envs, budget_s=ns.compile_timeout,
                            log_path=run_dir / "warmup.log", on_start=shown.started, on_result=shown.finished,
                            deadline=deadline, seconds=load_seconds(cache_dir), priors=priors) if todo else []
-    save_manifest(cache_dir, print_, jobs, results, done)
+    save_manifest(cache_dir, print_, jobs, results, done, failed)
     results = cached + results
     wall = round(time.monotonic() - started, 1)
     summary = summarize(results)
@@ -443,7 +482,7 @@ def run_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Pat
     counts: dict[str, int] = {}
     for r in results:
         counts[r.outcome] = counts.get(r.outcome, 0) + 1
-    console.print(f"warm-up: {len(jobs)} kernel configurations ({len(cached)} compiled by an earlier run) "
+    console.print(f"warm-up: {len(jobs)} kernel configurations ({len(cached)} settled by an earlier run) "
                   f"in {wall:g} s wall "
                   f"({', '.join(f'{n} {o}' for o, n in sorted(counts.items()))}; "
                   f"compile budget {ns.compile_timeout:g} s each)", highlight=False)

@@ -312,17 +312,24 @@ def test_a_second_run_skips_what_the_first_compiled(tmp_path, misbehaving):
         assert {w["outcome"] for w in first["backends"][name]["time"]["warmup"]} == outcomes
     assert {w["outcome"] for w in second["backends"]["narrow-fine"]["time"]["warmup"]} == {"cached"}
     assert second["backends"]["narrow-fine"]["time"]["compile_s"] == 0
-    # what failed to compile is tried again; the checks' verdicts do not change
-    assert {w["outcome"] for w in second["backends"]["narrow-raises"]["time"]["warmup"]} == {"error"}
+    # what failed to compile is not tried again under the same fingerprint: the error is recalled, with its
+    # message; the checks meet it themselves, and their verdicts do not change
+    recalled = second["backends"]["narrow-raises"]["time"]["warmup"]
+    assert {w["outcome"] for w in recalled} == {"error"} and {w["seconds"] for w in recalled} == {0.0}
+    assert all("no kernel for this configuration" in w["message"] and "not tried again" in w["message"]
+               for w in recalled)
     assert [r["outcome"] for r in first["records"]] == [r["outcome"] for r in second["records"]]
-    # a change to what the kernels depend on (here: the fingerprint) compiles everything again
+    # a change to what the kernels depend on (here: the fingerprint) compiles, and tries, everything again
     manifest = json.loads((cache_dir / warmup.MANIFEST).read_text())
     assert set(manifest["seconds"]) == set(next(iter(manifest["compiled"].values())))  # what compiled, timed
     manifest["compiled"] = {"another-fingerprint": next(iter(manifest["compiled"].values()))}
+    manifest["failed"] = {"another-fingerprint": next(iter(manifest["failed"].values()))}
     (cache_dir / warmup.MANIFEST).write_text(json.dumps(manifest))
     cli.main([*argv, "--name", "third"])
     third = json.loads((tmp_path / "third" / "report.json").read_text())
     assert {w["outcome"] for w in third["backends"]["narrow-fine"]["time"]["warmup"]} == {"ok"}
+    tried = third["backends"]["narrow-raises"]["time"]["warmup"]
+    assert {w["outcome"] for w in tried} == {"error"} and not any("not tried again" in w["message"] for w in tried)
 
 
 def test_warmup_starts_the_longest_known_compiles_first():
