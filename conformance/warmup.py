@@ -507,7 +507,7 @@ def backend_time(name: str, warm_summary: dict, records: list[dict]) -> dict:
             "workers": len(workers - {None}), "first_call_s": first_call_seconds(records).get(name),
             "check_s": round(sum(r.get("duration_s") or 0.0 for r in records if r["backend"] == name), 3),
             # of the check seconds: Triton kernels and torch.compile graphs built inside checks (jit_watch.py)
-            "check_jit_s": round(sum(j["seconds"] for j in jit), 3),
+            "check_jit_s": round(float(sum(j["seconds"] for j in jit)), 3),
             "check_jit_builds": sum(j["builds"] for j in jit),
             "kernel_configs_checked": len(kernel_configs), "warmup": warm.get("warmup", [])}
 
