@@ -83,8 +83,10 @@ def warm_problems(config: KernelConfig, extra=()):
 
 
 def warm(backend, config: KernelConfig, device: str) -> None:
-    """Call ``backend`` the way the checks will on ``config``: forward, backward where declared, and the
-    replicated form of a native broadcast-Q call (the native-vs-replicated check runs both)."""
+    """Call ``backend`` the way the checks will on ``config``: forward and backward where declared, the
+    forward alone too (inputs that need no gradient: a graph compiler such as torch.compile builds another
+    graph for those), and the replicated form of a native broadcast-Q call (the native-vs-replicated check
+    runs both)."""
     from .harness import Unsupported, run_backend
 
     extra = backend.capabilities.warmup_lengths
@@ -92,16 +94,11 @@ def warm(backend, config: KernelConfig, device: str) -> None:
     if config.broadcast_q and backend.capabilities.broadcast_q == "native":
         problems += warm_problems(dataclasses.replace(config, broadcast_q=False), extra)
     ran = False
+    modes = (True, False) if backend.capabilities.backward else (False,)
     for problem in problems:
-        gradients = backend.capabilities.backward
-        try:
-            run_backend(backend, problem, device, gradients=gradients)
-            ran = True
-        except Unsupported:
-            if not gradients:
-                continue
-            try:  # a backend may refuse only the backward of a configuration: still compile its forward
-                run_backend(backend, problem, device)
+        for gradients in modes:  # (a backend may refuse only the backward of a configuration)
+            try:
+                run_backend(backend, problem, device, gradients=gradients)
                 ran = True
             except Unsupported:
                 continue

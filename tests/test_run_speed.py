@@ -416,3 +416,31 @@ def test_triton_jfa_warms_up_past_its_size_switches_on_a_gpu(monkeypatch):
     (q, k), = TritonJfa().capabilities.warmup_lengths
     assert q == k and 148 < len(k) <= _REGISTER_SORTS[0]  # 148: the most SMs of a current GPU (B200)
     assert max(k) >= kernel_config().gluon_split_keys
+
+
+def test_the_warm_up_calls_the_forward_with_and_without_gradients():
+    # a graph compiler (torch.compile: flex) builds one graph for inputs that need gradients and another for
+    # those that do not; forward-only checks run the second, so the warm-up compiles both
+    from conformance.backend import Backend
+    from conformance.problem import Output
+
+    seen = []
+
+    class Recording(Backend):
+        name = "recording"
+        capabilities = Capabilities(broadcast_q="none")
+
+        def forward(self, args):
+            seen.append(args.q.requires_grad)
+            out = (args.q[..., :1] * 0).expand(-1, -1, args.v.shape[2]) + args.v.sum() * 0
+            return Output(out, torch.zeros(args.q.shape[1], args.q.shape[0]))
+
+    warmup.warm(Recording(), KernelConfig("float32", 16, None, 2, 1, "none", False, None), "cpu")
+    assert seen == [True, False] * len(warmup.WARM_LENGTHS)
+    seen.clear()
+
+    class ForwardOnly(Recording):
+        capabilities = Capabilities(broadcast_q="none", backward=False)
+
+    warmup.warm(ForwardOnly(), KernelConfig("float32", 16, None, 2, 1, "none", False, None), "cpu")
+    assert seen == [False] * len(warmup.WARM_LENGTHS)
