@@ -30,7 +30,7 @@ longest first.
 *First calls.* A worker process pays extra for its first check of a backend: imports, and loading the
 compiled kernels of the configurations it meets from the caches (on one H200 with warm caches, the first
 flex or FA4 check in a worker took 7-26 s where its later ones took under a second). Spread over every
-worker, those costs add up to a third of a run's check seconds. So a run also records, per backend, what
+worker, those costs came to a third of that run's check seconds. So a run also records, per backend, what
 its first check in a worker cost beyond a later one (:func:`first_call_seconds`), and the deal gives each
 backend with a cost of :data:`HOME_MIN_S` or more a few *home* shares, as many as its checks fill, where
 its checks go (dealt before the others, so that they find room): the other shares never pay its first
@@ -334,7 +334,8 @@ def arrange(checks: list[Check], table: dict[str, Measured], n_workers: int = 1,
     collection order), dealt into ``n_workers`` shares as worksteal cuts them, the shares end to end. Each
     sorted check goes to the share, among its backend's homes that have room (:func:`homes`; else among all
     that have room), whose expected seconds are least after it, counting the backend's first-call cost
-    (``first_call``: backend -> seconds) where the share holds none of its checks yet; ties to the first."""
+    (``first_call``: backend -> seconds) where the share holds none of its checks yet; ties to the first.
+    The homed backends' checks are dealt first, and run first within their shares."""
     expected = expected_seconds(checks, table)
     ranked = sorted(range(len(checks)), key=lambda i: (-expected[i], checks[i].rank, i))
     sizes = worksteal_shares(len(checks), n_workers)
