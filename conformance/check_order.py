@@ -89,6 +89,13 @@ def run_kind(device: str, profile: str, max_examples: int | None) -> str:
 
 
 # -- the tables -------------------------------------------------------------------------------------------
+def _seconds(value) -> float | None:
+    """``value`` as seconds: a finite, non-negative number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
 def parse_table(data) -> dict[str, Measured]:
     """``{check key: Measured}`` from a table's JSON (``{key: {"seconds": s, "backend": name}}``); entries
     that are not a finite, non-negative number of seconds are left out."""
@@ -98,10 +105,9 @@ def parse_table(data) -> dict[str, Measured]:
     for key, entry in data.items():
         if not isinstance(key, str) or not isinstance(entry, dict):
             continue
-        seconds, backend = entry.get("seconds"), entry.get("backend")
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
-            continue
-        table[key] = Measured(float(seconds), backend if isinstance(backend, str) else None)
+        seconds, backend = _seconds(entry.get("seconds")), entry.get("backend")
+        if seconds is not None:
+            table[key] = Measured(seconds, backend if isinstance(backend, str) else None)
     return table
 
 
@@ -109,17 +115,23 @@ def table_json(table: dict[str, Measured]) -> dict:
     return {key: {"seconds": m.seconds, "backend": m.backend} for key, m in sorted(table.items())}
 
 
-def read_file(path: Path) -> dict[str, dict[str, Measured]]:
-    """The cache's ``{run kind: table}``; a missing, unreadable or malformed file is an empty one (the
-    order then falls back on the priors; the next run writes a good file)."""
+def _file_section(path: Path, section: str, parse) -> dict:
+    """``{run kind: parse(entry)}`` of one section of the cache file; a missing, unreadable or malformed
+    file or section is an empty one (the order then falls back on the priors; the next run writes a good
+    file)."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return {}
-    kinds = data.get("kinds") if isinstance(data, dict) else None
+    kinds = data.get(section) if isinstance(data, dict) else None
     if not isinstance(kinds, dict):
         return {}
-    return {kind: parse_table(table) for kind, table in kinds.items() if isinstance(kind, str)}
+    return {kind: parse(entry) for kind, entry in kinds.items() if isinstance(kind, str)}
+
+
+def read_file(path: Path) -> dict[str, dict[str, Measured]]:
+    """The cache's ``{run kind: table}``."""
+    return _file_section(path, "kinds", parse_table)
 
 
 def _write_json(path: Path, data) -> None:
@@ -128,31 +140,33 @@ def _write_json(path: Path, data) -> None:
     atomic_write_text(path, json.dumps(data, indent=0, sort_keys=True) + "\n")
 
 
+def first_in_worker(records) -> list[bool]:
+    """Per record (in each worker's order): whether it was its worker's first call of its backend, i.e.
+    the first of the backend's checks there that called it (passed or failed)."""
+    seen, first = set(), []
+    for r in records:
+        place = (r.get("worker"), r.get("backend"))
+        first.append(r.get("outcome") in ("pass", "fail") and place not in seen)
+        if first[-1]:
+            seen.add(place)
+    return first
+
+
 def measured(records, first_call: dict[str, float] | None = None) -> dict[str, Measured]:
     """``{check key: Measured}`` of a run's report records that ran (every outcome but not-run) and have a
     duration; a check that was its worker's first call of its backend less that backend's ``first_call``
     cost (the deal counts first calls apart)."""
     from .plugin import check_key
     first_call = first_call or {}
-    table, seen = {}, set()
-    for r in records:
-        seconds = r.get("duration_s")
-        if r.get("outcome") == "not-run" or isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+    table = {}
+    for r, first in zip(records, first_in_worker(records)):
+        seconds = _seconds(r.get("duration_s"))
+        if r.get("outcome") == "not-run" or seconds is None:
             continue
-        if not (math.isfinite(seconds) and seconds >= 0):
-            continue
-        backend, place = r.get("backend"), (r.get("worker"), r.get("backend"))
-        if r.get("outcome") in ("pass", "fail") and place not in seen:
-            seen.add(place)
-            seconds = max(0.0, seconds - first_call.get(backend, 0.0))
-        table[check_key(r["id"])] = Measured(float(seconds), backend)
+        if first:
+            seconds = max(0.0, seconds - first_call.get(r.get("backend"), 0.0))
+        table[check_key(r["id"])] = Measured(seconds, r.get("backend"))
     return table
-
-
-def _seconds(value) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        return None
-    return float(value)
 
 
 def _median(values: list[float]) -> float:
@@ -181,18 +195,16 @@ def first_call_seconds(records) -> dict[str, float]:
     from .plugin import check_key
     firsts: dict[str, list[tuple[str, float]]] = {}
     later: dict[tuple[str, str | None], list[float]] = {}
-    seen = set()
-    for r in records:
-        seconds, backend, worker = _seconds(r.get("duration_s")), r.get("backend"), r.get("worker")
-        if r.get("outcome") not in ("pass", "fail") or seconds is None or not backend or not worker:
+    for r, first in zip(records, first_in_worker(records)):
+        seconds, backend = _seconds(r.get("duration_s")), r.get("backend")
+        if r.get("outcome") not in ("pass", "fail") or seconds is None or not backend or not r.get("worker"):
             continue
         function = function_of(check_key(r["id"]))
-        if (worker, backend) in seen:
+        if first:
+            firsts.setdefault(backend, []).append((function, seconds))
+        else:
             later.setdefault((backend, function), []).append(seconds)
             later.setdefault((backend, None), []).append(seconds)
-        else:
-            seen.add((worker, backend))
-            firsts.setdefault(backend, []).append((function, seconds))
     costs = {}
     for backend, first in firsts.items():
         if len(first) < 2 or (backend, None) not in later:
@@ -203,15 +215,8 @@ def first_call_seconds(records) -> dict[str, float]:
 
 
 def read_first_calls(path: Path) -> dict[str, dict[str, float]]:
-    """The cache file's ``{run kind: {backend: first-call seconds}}`` (empty where missing or malformed)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-    kinds = data.get("first_call") if isinstance(data, dict) else None
-    if not isinstance(kinds, dict):
-        return {}
-    return {kind: _first_call_table(table) for kind, table in kinds.items() if isinstance(kind, str)}
+    """The cache file's ``{run kind: {backend: first-call seconds}}``."""
+    return _file_section(path, "first_call", _first_call_table)
 
 
 def _first_call_table(data) -> dict[str, float]:

@@ -29,7 +29,7 @@ from .configs import coverage_of
 from .environment import environment
 from .live import LiveView, WarmupView
 from .pytest_session import RunStopped, run_benchmarks, run_pytest, stop_on_sigterm, timed_specs
-from .warmup import backend_time
+from .warmup import backend_times
 
 USAGE_ERROR = 2
 DEFAULT_TIMEOUT_S = 300.0
@@ -450,6 +450,7 @@ def cmd_run(ns) -> int:
     env_info = environment(device)
 
     def assemble(records, *, complete, rc, bench_status, timings, stop_reason=None) -> dict:
+        times = backend_times([info.name for _, info in chosen], warm_summary, records)
         return {
             "schema": rp.SCHEMA, "schema_version": rp.SCHEMA_VERSION,
             "run": {"name": name, "command": "jfa-conformance " + shlex.join(ns.argv),
@@ -464,8 +465,8 @@ def cmd_run(ns) -> int:
                     "resumed_from": ns.resume, "cache_dir": str(cache_dir), "cache_bytes_before": cache_bytes,
                     "warmup": warm_info, "environment": env_info},
             "backends": {info.name: {"source": info.source, "available": info.available, "reason": info.reason,
-                                     "capabilities": info.capabilities,
-                                     "time": backend_time(info.name, warm_summary, records)} for _, info in chosen},
+                                     "capabilities": info.capabilities, "time": times[info.name]}
+                         for _, info in chosen},
             "coverage": coverage_of(records),
             "records": records,
             "timings": timings,

@@ -147,13 +147,11 @@ def arrange_items(config, items) -> None:
         except ValueError as exc:
             raise pytest.UsageError(f"--jfa-check-seconds: {exc}") from None
     # a backend never measured: its declared compile cost hints at its first call (check_order.py)
-    for item in spec:
-        backend = _backend_param(item)
-        name = getattr(backend, "name", None)
-        if name is not None and name not in first_call:
-            prior = check_order.first_call_prior(getattr(getattr(backend, "capabilities", None), "compile_s", None))
-            if prior:
-                first_call[name] = prior
+    backends = {getattr(b, "name", None): b for b in map(_backend_param, spec)}
+    for name, backend in backends.items():
+        prior = check_order.first_call_prior(getattr(getattr(backend, "capabilities", None), "compile_s", None))
+        if name is not None and name not in first_call and prior:
+            first_call[name] = prior
     order = check_order.arrange([_as_check(item) for item in spec], table, _xdist_workers(config), first_call)
     items[:] = [spec[i] for i in order] + [item for item in items if not item.get_closest_marker("spec")]
 

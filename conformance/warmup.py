@@ -487,26 +487,31 @@ def run_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Pat
                      "budget_s": ns.compile_timeout}
 
 
-def backend_time(name: str, warm_summary: dict, records: list[dict]) -> dict:
-    """Compile time (the warm-up's jobs) apart from check time (the checks' durations) of one backend, and
-    the part of the check time spent compiling inside checks (records' ``jit``: Triton kernels, torch.compile
-    graphs)."""
-    warm = warm_summary.get(name, {})
-    kernel_configs = set()
-    for r in records:
-        if r["backend"] == name:
-            kernel_configs.update(r.get("kernel_configs") or ())
-    jit = [r["jit"] for r in records if r["backend"] == name and r.get("jit")]
+def backend_times(names, warm_summary: dict, records: list[dict]) -> dict[str, dict]:
+    """Per backend of ``names``: compile time (the warm-up's jobs) apart from check time (the checks'
+    durations), the part of the check time spent compiling inside checks (records' ``jit``: Triton kernels,
+    torch.compile graphs), and the worker processes that called it with what its first call in one cost
+    beyond a later one (check_order.py)."""
     from .check_order import first_call_seconds
-    workers = {r.get("worker") for r in records if r["backend"] == name and r.get("outcome") in ("pass", "fail")}
-    return {"compile_s": warm.get("compile_s", 0.0),
-            # worker processes that called the backend, and what its first call in one cost beyond a later one
-            "workers": len(workers - {None}), "first_call_s": first_call_seconds(records).get(name),
-            "check_s": round(sum(r.get("duration_s") or 0.0 for r in records if r["backend"] == name), 3),
-            # of the check seconds: Triton kernels and torch.compile graphs built inside checks (jit_watch.py)
+    first_calls = first_call_seconds(records)
+    by_backend: dict[str, list[dict]] = {}
+    for r in records:
+        by_backend.setdefault(r["backend"], []).append(r)
+    times = {}
+    for name in names:
+        mine, warm = by_backend.get(name, []), warm_summary.get(name, {})
+        jit = [r["jit"] for r in mine if r.get("jit")]
+        workers = {r.get("worker") for r in mine if r.get("outcome") in ("pass", "fail")} - {None}
+        times[name] = {
+            "compile_s": warm.get("compile_s", 0.0),
+            "workers": len(workers), "first_call_s": first_calls.get(name),
+            "check_s": round(sum(r.get("duration_s") or 0.0 for r in mine), 3),
             "check_jit_s": round(float(sum(j["seconds"] for j in jit)), 3),
             "check_jit_builds": sum(j["builds"] for j in jit),
-            "kernel_configs_checked": len(kernel_configs), "warmup": warm.get("warmup", [])}
+            "kernel_configs_checked": len({c for r in mine for c in (r.get("kernel_configs") or ())}),
+            "warmup": warm.get("warmup", []),
+        }
+    return times
 
 
 def main(argv: list[str] | None = None) -> int:

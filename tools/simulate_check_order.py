@@ -42,12 +42,8 @@ def main(argv=None) -> int:
     records = json.loads(ns.report.read_text())["records"]
     ran = [r for r in records if r.get("outcome") != "not-run" and isinstance(r.get("duration_s"), (int, float))]
     first_call = check_order.first_call_seconds(records)
-    own, seen = [], set()
-    for r in ran:
-        place = (r.get("worker"), r["backend"])
-        first = place not in seen and r["outcome"] in ("pass", "fail")
-        seen.add(place)
-        own.append(max(0.0, r["duration_s"] - (first_call.get(r["backend"], 0.0) if first else 0.0)))
+    own = [max(0.0, r["duration_s"] - (first_call.get(r["backend"], 0.0) if first else 0.0))
+           for r, first in zip(ran, check_order.first_in_worker(ran))]
     checks = [Check(check_key(r["id"]), r["backend"], r.get("test") != "test_edge_case") for r in ran]
     backends = [c.backend for c in checks]
     declared = {name: (info.get("capabilities") or {}).get("compile_s")
