@@ -247,10 +247,11 @@ def _causes(report, groups) -> list[str]:
 
 def _backend_table(report, summary) -> list[str]:
     times = perf.backend_times(report)
+    time_keys = perf.time_columns(times)
     out = ["<div class='scroll'><table><tr><th>backend</th><th>verdict</th>"
            + "".join(f"<th class='num'>{esc(LABEL[o] if o != 'unsupported' else 'unsupported')}</th>" for o in rp.OUTCOMES)
            + "<th class='num'>worst budget</th>"
-           + "".join(f"<th class='num'>{perf.TIME_LABELS[k]}</th>" for k in perf.time_columns(times)) + "</tr>"]
+           + "".join(f"<th class='num'>{perf.TIME_LABELS[k]}</th>" for k in time_keys) + "</tr>"]
     for name, s in summary.items():
         reason = (report.get("backends", {}).get(name) or {}).get("reason")
         verdict = s["verdict"] + (f" ({reason})" if reason and s["verdict"] == "supports nothing" else "")
@@ -260,7 +261,7 @@ def _backend_table(report, summary) -> list[str]:
                + f"<td class='num'>{fmt_budget(s['worst_budget'])}</td>")
         if times:
             t = times.get(name) or {}
-            row += "".join(f"<td class='num'>{_num(t.get(k), '.1f')}</td>" for k in perf.time_columns(times))
+            row += "".join(f"<td class='num'>{_num(t.get(k), '.1f')}</td>" for k in time_keys)
         out.append(row + "</tr>")
     out.append("</table></div>")
     if times:
@@ -268,7 +269,7 @@ def _backend_table(report, summary) -> list[str]:
                    "check s: seconds its checks ran"
                    + ("; compiling in checks s: of those, seconds spent inside checks compiling Triton kernels "
                       "(or loading them from its cache: milliseconds each) and torch.compile graphs, which the "
-                      "warm-up exists to take out of the checks" if "check_jit_s" in perf.time_columns(times) else "")
+                      "warm-up exists to take out of the checks" if "check_jit_s" in time_keys else "")
                    + ".</p>")
         built = perf.jit_in_checks(report)
         if built:
