@@ -37,6 +37,7 @@ test.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -220,8 +221,10 @@ def _store_counts(COUNTS_A, COUNTS_B, carry_a, carry_b, heads_a, heads_b, two, B
              mask=(offs < 2) & _flag(offs, two))
 
 
-# arguments that follow the batch (token totals, sequence counts) are not specialized on: one variant per config
-@triton.jit(do_not_specialize=['B', 'rows_q', 'rows_k'])
+# the builders' integer arguments are not specialized on (sizes follow the batch; flags, tiles and head counts the
+# call): one variant per sort size
+@triton.jit(do_not_specialize=['B', 'rows_q', 'rows_k', 'causal', 'broadcast', 'block_a', 'heads_a', 'kv_a', 'side_a',
+                                  'block_b', 'heads_b', 'kv_b', 'side_b', 'split', 'two'])
 def _order_kernel(CU_Q, CU_K, CU_Q_OUT, CU_K_OUT, ORDER, KEYS, B, rows_q, rows_k, causal, broadcast,
                   NBLK_A, START_A, COUNTS_A, block_a, heads_a, kv_a, side_a,
                   NBLK_B, START_B, COUNTS_B, block_b, heads_b, kv_b, side_b, split, two,
@@ -254,8 +257,9 @@ def _order_kernel(CU_Q, CU_K, CU_Q_OUT, CU_K_OUT, ORDER, KEYS, B, rows_q, rows_k
             tl.store(KEYS + idx, key, mask=ok)
 
 
-# arguments that follow the batch (token totals, sequence counts) are not specialized on: one variant per config
-@triton.jit(do_not_specialize=['B'])
+# the builders' integer arguments are not specialized on: one variant per block size
+@triton.jit(do_not_specialize=['B', 'broadcast', 'from_keys', 'block_a', 'heads_a', 'kv_a', 'side_a', 'block_b', 'heads_b',
+                                  'kv_b', 'side_b', 'split', 'two', 'write_columns'])
 def _lists_kernel(CU_Q, CU_K, ORDER, KEYS, B, broadcast, from_keys,
                   NBLK_A, START_A, COUNTS_A, block_a, heads_a, kv_a, side_a,
                   NBLK_B, START_B, COUNTS_B, block_b, heads_b, kv_b, side_b, split, two,
@@ -307,8 +311,8 @@ def _expand_one(s, pos, ok, NBLK, START, SEQ, BLK, ITEMS, heads, reverse, TILES:
             tl.store(ITEMS + t2 * heads + h * n2 + j, (t2 + j) * heads + h, mask=m)
 
 
-# arguments that follow the batch (token totals, sequence counts) are not specialized on: one variant per config
-@triton.jit(do_not_specialize=['B'])
+# the builders' integer arguments are not specialized on: one variant per block size
+@triton.jit(do_not_specialize=['B', 'heads_a', 'reverse_a', 'heads_b', 'reverse_b', 'two', 'broadcast', 'write_columns'])
 def _expand_kernel(ORDER, B, NBLK_A, START_A, SEQ_A, BLK_A, ITEMS_A, heads_a, reverse_a,
                    NBLK_B, START_B, SEQ_B, BLK_B, ITEMS_B, heads_b, reverse_b, two,
                    CU_Q, CU_COLS, COLS, broadcast, write_columns, SEQS: tl.constexpr, TILES: tl.constexpr):
@@ -444,7 +448,7 @@ def order_and_lists(cu_q, cu_k, rows_q, rows_k, specs: Sequence[ListSpec], *, ca
         else:  # past 4,096 keys a register sort compiles for minutes; the interpreter's is a Python loop
             keys = torch.sort(keys).values
     if not lists_done or columns is not None:
-        _lists_kernel[(1,)](order.cu_q, order.cu_k, order.order, keys if keys is not None else order.cu_k, n_seqs,
+        _lists_kernel[(1,)](order.cu_q, order.cu_k, order.order, keys if keys is not None else _no_keys(device), n_seqs,
                             flags[1], int(keys is not None), *list_args,
                             columns.cu if columns is not None else a.counts, int(columns is not None),
                             BLOCK=1024, num_warps=4)
@@ -457,6 +461,13 @@ def order_and_lists(cu_q, cu_k, rows_q, rows_k, specs: Sequence[ListSpec], *, ca
             columns.cols if columns is not None else a.counts, flags[1], int(columns is not None),
             SEQS=_EXPAND_SEQS, TILES=64, num_warps=4)
     return order, [TileList(x.seq, x.blk, x.items, x.counts, sp.heads, x.n_items) for x, sp in zip(arrays, specs)]
+
+
+@functools.lru_cache(maxsize=None)
+def _no_keys(device) -> torch.Tensor:
+    # the lists builder's KEYS when there are none (never read): int64 like real keys, so that both launches
+    # share one compiled variant
+    return torch.zeros(1, device=device, dtype=torch.int64)
 
 
 def columns_for(n_seqs, n_out_rows, device) -> Columns:

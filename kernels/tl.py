@@ -97,8 +97,9 @@ def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kt, stride_vt, offs_m, lo,
     return acc, l_i, m_i
 
 
-# arguments that follow the batch (token totals, sequence counts) are not specialized on: one variant per config
-@triton.jit(do_not_specialize=['stride_lh'])
+# arguments that follow the batch (token totals, sequence counts) or the head counts are not specialized on: one
+# variant per config
+@triton.jit(do_not_specialize=['stride_lh', 'H', 'GROUP'])
 def _fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS, N_ITEMS,
                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                 stride_ot, stride_oh, stride_lh,
@@ -209,8 +210,9 @@ def _bwd_kv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt
     return dk, dv
 
 
-# arguments that follow the batch (token totals, sequence counts) are not specialized on: one variant per config
-@triton.jit(do_not_specialize=['stride_lh'])
+# arguments that follow the batch (token totals, sequence counts) or the head counts are not specialized on: one
+# variant per config
+@triton.jit(do_not_specialize=['stride_lh', 'HKV', 'GROUP'])
 def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS, N_ITEMS,
                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                    stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh,
@@ -344,8 +346,9 @@ def _bwd_q_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kt, stride_vt,
     return dq
 
 
-# arguments that follow the batch (token totals, sequence counts) are not specialized on: one variant per config
-@triton.jit(do_not_specialize=['stride_dqs', 'stride_lh'])
+# arguments that follow the batch (token totals, sequence counts) or the head counts are not specialized on: one
+# variant per config
+@triton.jit(do_not_specialize=['stride_dqs', 'stride_lh', 'H', 'GROUP'])
 def _bwd_q_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
                   TILE_BLO, TILE_BHI, TILE_BLK, TILE_SLOT, ITEMS, N_ITEMS,
                   stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,

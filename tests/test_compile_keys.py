@@ -8,6 +8,7 @@ interpreter does not run, are outside it.
 """
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -93,6 +94,13 @@ def test_launch_key_follows_tritons_specialisation():
     assert stride_kinds == {("i32", "D"), ("constexpr", "1"), ("i32", "")}
     assert {dict((a[0], a[1:]) for a in key[1])["n"] for key in recorder.keys} == {("i32", "None")}
 
+    # each key compiles for sm_90 into its own binary (what tools/compile_census.py times)
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
+        pytest.skip("this Triton has no bundled ptxas")
+    compiled = [triton_keys.compile_key(kernel, key) for key in recorder.keys]
+    assert len({c.hash for c in compiled}) == 6
+    assert all(".target sm_90" in c.asm["ptx"] and c.asm["cubin"] for c in compiled)
+
 
 def test_kernel_view_gives_degenerate_dimensions_dense_strides():
     """Strides that address nothing (size-1 dimensions; every dimension of an empty tensor) are made the
@@ -115,3 +123,41 @@ def test_kernel_view_gives_degenerate_dimensions_dense_strides():
         assert view.shape == t.shape and torch.equal(view, t)
     dense = torch.zeros(4, 2, 8)
     assert kernel_view(dense) is dense  # nothing to change: no copy, no new view
+
+
+def test_head_counts_and_call_flags_select_no_variant():
+    """Within one kernel configuration, the only compile-key differences between calls are constexprs: head
+    counts (1 included), the GQA group (1 included) and the builders' flags (causal, broadcast, tile sizes)
+    are runtime values. Each "equal to 1" specialisation would otherwise double a configuration's compiles."""
+    import torch
+    from kernels import jagged_flash_attention
+
+    lens = [5, 0, 17, 3]
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
+    total = int(cu[-1])
+    with triton_keys.KeyRecorder() as recorder:
+        for hq, hkv in ((1, 1), (3, 3), (4, 2), (6, 1)):
+            for causal in (False, True):
+                g = torch.Generator().manual_seed(hq * 10 + hkv)
+                q = torch.randn(total, hq, 16, generator=g, dtype=torch.float16).requires_grad_()
+                k, v = (torch.randn(total, hkv, 16, generator=g, dtype=torch.float16).requires_grad_()
+                        for _ in range(2))
+                out, _ = jagged_flash_attention(q, k, v, cu, cu, None, None, causal=causal)
+                out.float().sum().backward()
+    from kernels import schedule, tl
+
+    def constexprs(function):  # the parameters a kernel declares tl.constexpr
+        return {n for n, a in inspect.get_annotations(function.fn).items() if "constexpr" in str(a)}
+
+    declared = {name: constexprs(getattr(module, name)) for module in (tl, schedule) for name in dir(module)
+                if hasattr(getattr(module, name), "fn")}
+    by_constexprs: dict[tuple, list] = {}
+    for key in recorder.keys:
+        fixed = tuple(a for a in key[1] if a[0] in declared[key[0]]) + key[2]
+        by_constexprs.setdefault((key[0], fixed), []).append(key)
+    kernels = {name for name, _ in by_constexprs}
+    assert {"_fwd_kernel", "_bwd_kv_kernel", "_bwd_q_kernel", "_order_kernel", "_lists_kernel"} <= kernels
+    split = {name: [triton_keys.difference(k, [keys[0]]) for k in keys[1:]]
+             for (name, _), keys in by_constexprs.items() if len(keys) > 1}
+    assert not split, f"calls of one configuration compile apart: {split}"
+    assert len({fixed for name, fixed in by_constexprs if name == "_fwd_kernel"}) == 2  # CAUSAL is a constexpr

@@ -339,6 +339,27 @@ def test_gpu_batches_of_any_size_share_one_compiled_variant(dtype):
     assert _compiled_variants() == before
 
 
+@pytest.mark.skipif(not _HAS_CUDA, reason="needs a CUDA GPU")
+def test_gpu_head_counts_share_one_compiled_variant():
+    # head counts and the GQA group are runtime values in every kernel (Gluon included, at D = 128 where it
+    # runs): one head, a GQA group of 1 and a new head count compile nothing new
+    def call(hq, hkv):
+        cu = _cu([600, 3, 17, 0])
+        g = torch.Generator(device=DEVICE).manual_seed(hq)
+        q = torch.randn(int(cu[-1]), hq, 128, device=DEVICE, generator=g).to(torch.bfloat16).requires_grad_()
+        k, v = (torch.randn(int(cu[-1]), hkv, 128, device=DEVICE, generator=g).to(torch.bfloat16).requires_grad_()
+                for _ in range(2))
+        out, lse = jagged_flash_attention(q, k, v, cu, cu, None, None, causal=True)
+        out.backward(torch.ones_like(out))
+        torch.cuda.synchronize()
+
+    call(4, 2)
+    before = _compiled_variants()
+    for hq, hkv in ((1, 1), (3, 3), (6, 1), (8, 2)):
+        call(hq, hkv)
+    assert _compiled_variants() == before
+
+
 def _lists_of(s):
     """What a backward list dict holds, as plain values (lists, columns, chunks, the order)."""
     out = {}

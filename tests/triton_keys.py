@@ -114,6 +114,35 @@ def load(path) -> dict[tuple, set[str]]:
             for r in rows}
 
 
+def compile_key(function, key: tuple):
+    """Compile the variant ``key`` (a :func:`launch_key`) of ``function`` (the kernel's JIT function, or its
+    interpreted form) for sm_90, as a GPU's first launch of it would: same constexprs, specialisations and
+    launch options. Needs Triton's bundled ptxas, not a GPU. Returns the compiled kernel."""
+    import ast
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    if not isinstance(function, JITFunction):  # (under TRITON_INTERPRET=1 the module holds the interpreted one)
+        function = JITFunction(function.fn)
+
+    backend = _backend()
+    signature, constexprs, attrs = {}, {}, {}
+    for i, (name, kind, *spec) in enumerate(key[1]):
+        value = spec[0] if spec else ""
+        if kind == "constexpr":
+            signature[name] = "constexpr"
+            constexprs[name] = ast.literal_eval(value)
+        else:
+            signature[name] = kind
+            if value not in ("", "None"):
+                attrs[(i,)] = backend.parse_attr(value)
+    return triton.compile(ASTSource(function, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=dict(key[2]))
+
+
 def difference(key: tuple, others) -> list[str]:
     """How ``key`` differs from the nearest key of the same kernel among ``others`` (for failure messages)."""
     best = None

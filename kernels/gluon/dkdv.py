@@ -281,7 +281,8 @@ def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, k
         pos = read_pos(pos_smem, tk % 2)
 
 
-@gluon.jit
+# the head counts are not specialized on: one variant per config
+@gluon.jit(do_not_specialize=['HKV', 'GROUP'])
 def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS,
                 COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, qk_scale,
                 HKV, GROUP, N_ITEMS, CU_COLS, dk_desc, dv_desc,

@@ -266,8 +266,9 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_rea
         pos = read_pos(pos_smem, tq % 2)
 
 
-# arguments that follow the batch (token totals, sequence counts) are not specialized on: one variant per config
-@gluon.jit(do_not_specialize=['stride_lh', 'stride_sh'])
+# arguments that follow the batch (token totals, sequence counts) or the head counts are not specialized on: one
+# variant per config
+@gluon.jit(do_not_specialize=['stride_lh', 'stride_sh', 'H', 'GROUP'])
 def dq_kernel(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS, COUNTER,
               stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, H, GROUP, N_ITEMS, dq_desc,
               O, STATS, COLS, stride_ot, stride_oh, stride_sh,

@@ -263,8 +263,9 @@ def _consumer(q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_rea
         pos = read_pos(pos_smem, tq % 2)
 
 
-# arguments that follow the batch (token totals, sequence counts) are not specialized on: one variant per config
-@gluon.jit(do_not_specialize=['stride_lh'])
+# arguments that follow the batch (token totals, sequence counts) or the head counts are not specialized on: one
+# variant per config
+@gluon.jit(do_not_specialize=['stride_lh', 'H', 'GROUP'])
 def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS, COUNTER,
                stride_ot, stride_oh, stride_lh, qk_scale, H, GROUP, N_ITEMS, o_desc,
                BROADCAST: gl.constexpr, CAUSAL: gl.constexpr,
