@@ -41,25 +41,9 @@ def _check_keys(tmp_path, profile="ci") -> dict:
     return triton_keys.load(out)
 
 
-def _warm_keys(profile="ci") -> dict:
-    """Keys the run's warm-up launches for triton-jfa's run set (the jobs `jfa-conformance run` sends its
-    warm-up workers, run here in-process)."""
-    from conformance import profiles, registry
-    from conformance.plugin import configs_for
-    from conformance.warmup import warm
-
-    backend = registry.resolve("triton-jfa")
-    configs = configs_for(backend, SEED, profiles.extra_kernel_configs(profile) or 0)
-    with triton_keys.KeyRecorder() as recorder:
-        for config in configs:
-            recorder.label = config.key
-            warm(backend, config, "cpu")
-    return recorder.keys
-
-
 def test_warmup_launches_every_variant_the_checks_launch(tmp_path):
     checks = _check_keys(tmp_path)
-    warm = _warm_keys()
+    warm = triton_keys.warm_keys("ci", SEED)
     assert checks and warm
     kernels = {key[0] for key in checks}
     assert {"_fwd_kernel", "_bwd_kv_kernel", "_bwd_q_kernel", "_order_kernel"} <= kernels  # forward, backward, builders
@@ -93,13 +77,6 @@ def test_launch_key_follows_tritons_specialisation():
     stride_kinds = {dict((a[0], a[1:]) for a in key[1])["stride"] for key in recorder.keys}
     assert stride_kinds == {("i32", "D"), ("constexpr", "1"), ("i32", "")}
     assert {dict((a[0], a[1:]) for a in key[1])["n"] for key in recorder.keys} == {("i32", "None")}
-
-    # each key compiles for sm_90 into its own binary (what tools/compile_census.py times)
-    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
-        pytest.skip("this Triton has no bundled ptxas")
-    compiled = [triton_keys.compile_key(kernel, key) for key in recorder.keys]
-    assert len({c.hash for c in compiled}) == 6
-    assert all(".target sm_90" in c.asm["ptx"] and c.asm["cubin"] for c in compiled)
 
 
 def test_kernel_view_gives_degenerate_dimensions_dense_strides():
@@ -161,3 +138,32 @@ def test_head_counts_and_call_flags_select_no_variant():
              for (name, _), keys in by_constexprs.items() if len(keys) > 1}
     assert not split, f"calls of one configuration compile apart: {split}"
     assert len({fixed for name, fixed in by_constexprs if name == "_fwd_kernel"}) == 2  # CAUSAL is a constexpr
+
+
+def test_compile_census_compiles_each_recorded_variant_for_sm90(tmp_path):
+    """tools/compile_census.py compiles every recorded key for sm_90, each into its own binary (in its own
+    process: the interpreter leaves Triton's language patched in the process that ran it)."""
+    import triton
+    import torch
+    from kernels import jagged_flash_attention
+
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
+        pytest.skip("this Triton has no bundled ptxas")
+    cu = torch.tensor([0, 3, 3, 10], dtype=torch.int32)
+    with triton_keys.KeyRecorder() as recorder:
+        for hq in (1, 2):
+            q, k, v = (torch.randn(10, hq, 16, dtype=torch.float16) for _ in range(3))
+            jagged_flash_attention(q, k, v, cu, cu, None, None, causal=hq == 2)
+    keys = tmp_path / "keys.json"
+    triton_keys.dump(recorder.keys, keys)
+    out = tmp_path / "census.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "compile_census.py"), "--keys", str(keys),
+                           "--json", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    import json
+    rows = json.loads(out.read_text())["variants"]
+    assert len(rows) == len(recorder.keys) >= 4  # the builders and the forward, causal or not
+    assert len({r["hash"] for r in rows}) == len(rows)
+    assert all(r["seconds"] > 0 and r["ptx_target"] in ("sm_90", "sm_90a") for r in rows)
+    assert "_fwd_kernel" in done.stdout

@@ -100,14 +100,19 @@ class KeyRecorder:
         return False
 
     def dump(self, path) -> None:
-        rows = [{"kernel": k[0], "args": [list(a) for a in k[1]], "options": [list(o) for o in k[2]],
-                 "labels": sorted(labels)} for k, labels in self.keys.items()]
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(rows, f)
+        dump(self.keys, path)
+
+
+def dump(keys: dict[tuple, set[str]], path) -> None:
+    """Write keys (with their labels) as JSON; :func:`load` reads them back."""
+    rows = [{"kernel": k[0], "args": [list(a) for a in k[1]], "options": [list(o) for o in k[2]],
+             "labels": sorted(labels)} for k, labels in keys.items()]
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(rows, f)
 
 
 def load(path) -> dict[tuple, set[str]]:
-    """What :meth:`KeyRecorder.dump` wrote, keyed as :func:`launch_key` keys."""
+    """What :func:`dump` wrote, keyed as :func:`launch_key` keys."""
     with open(path, encoding="utf-8") as f:
         rows = json.load(f)
     return {(r["kernel"], tuple(tuple(a) for a in r["args"]), tuple(tuple(o) for o in r["options"])): set(r["labels"])
@@ -115,18 +120,15 @@ def load(path) -> dict[tuple, set[str]]:
 
 
 def compile_key(function, key: tuple):
-    """Compile the variant ``key`` (a :func:`launch_key`) of ``function`` (the kernel's JIT function, or its
-    interpreted form) for sm_90, as a GPU's first launch of it would: same constexprs, specialisations and
-    launch options. Needs Triton's bundled ptxas, not a GPU. Returns the compiled kernel."""
+    """Compile the variant ``key`` (a :func:`launch_key`) of ``function`` (the kernel's JIT function) for
+    sm_90, as a GPU's first launch of it would: same constexprs, specialisations and launch options. Needs
+    Triton's bundled ptxas, not a GPU, and a process that has not run the interpreter (it leaves Triton's
+    language patched). Returns the compiled kernel."""
     import ast
 
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
-
-    if not isinstance(function, JITFunction):  # (under TRITON_INTERPRET=1 the module holds the interpreted one)
-        function = JITFunction(function.fn)
 
     backend = _backend()
     signature, constexprs, attrs = {}, {}, {}
@@ -141,6 +143,23 @@ def compile_key(function, key: tuple):
                 attrs[(i,)] = backend.parse_attr(value)
     return triton.compile(ASTSource(function, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
                           options=dict(key[2]))
+
+
+def warm_keys(profile: str = "ci", seed: int = 0) -> dict[tuple, set[str]]:
+    """Keys the run's warm-up launches for triton-jfa's run set under ``profile`` and ``seed`` (the jobs
+    `jfa-conformance run` sends its warm-up workers, run here in-process), each with the configurations
+    that launched it. Run under ``TRITON_INTERPRET=1``."""
+    from conformance import profiles, registry
+    from conformance.plugin import configs_for
+    from conformance.warmup import warm
+
+    backend = registry.resolve("triton-jfa")
+    configs = configs_for(backend, seed, profiles.extra_kernel_configs(profile) or 0)
+    with KeyRecorder() as recorder:
+        for config in configs:
+            recorder.label = config.key
+            warm(backend, config, "cpu")
+    return recorder.keys
 
 
 def difference(key: tuple, others) -> list[str]:

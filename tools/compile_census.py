@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -34,17 +35,7 @@ import triton_keys  # noqa: E402
 
 def record(profile: str, seed: int, path: str) -> None:
     """The keys of the warm-up's launches (run with TRITON_INTERPRET=1)."""
-    from conformance import profiles, registry
-    from conformance.plugin import configs_for
-    from conformance.warmup import warm
-
-    backend = registry.resolve("triton-jfa")
-    configs = configs_for(backend, seed, profiles.extra_kernel_configs(profile) or 0)
-    with triton_keys.KeyRecorder() as recorder:
-        for config in configs:
-            recorder.label = config.key
-            warm(backend, config, "cpu")
-    recorder.dump(path)
+    triton_keys.dump(triton_keys.warm_keys(profile, seed), path)
 
 
 def kernel_function(name: str):
@@ -59,8 +50,10 @@ def census(keys: dict) -> list[dict]:
     rows = []
     for key in sorted(keys, key=lambda k: (k[0], k[1])):
         start = time.perf_counter()
-        triton_keys.compile_key(kernel_function(key[0]), key)
-        rows.append({"kernel": key[0], "seconds": time.perf_counter() - start,
+        compiled = triton_keys.compile_key(kernel_function(key[0]), key)
+        target = re.search(r"^\.target (\w+)", compiled.asm["ptx"], re.M)
+        rows.append({"kernel": key[0], "seconds": time.perf_counter() - start, "hash": compiled.hash,
+                     "ptx_target": target.group(1) if target else None, "shared_bytes": compiled.metadata.shared,
                      "args": [list(a) for a in key[1]], "options": dict(key[2]), "configs": sorted(keys[key])})
     return rows
 
@@ -83,6 +76,8 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", default="ci", help="hypothesis profile whose kernel configurations to warm")
     parser.add_argument("--seed", type=int, default=0, help="the run's seed (which configurations are drawn)")
     parser.add_argument("--json", help="write every variant's key, configurations and seconds here")
+    parser.add_argument("--keys", help="compile the keys saved in this file (tests/triton_keys.py: dump) instead "
+                                       "of the warm-up's")
     parser.add_argument("--record", help=argparse.SUPPRESS)  # the interpreted half, in its own process
     ns = parser.parse_args(argv)
     if ns.record:
@@ -93,10 +88,11 @@ def main(argv=None) -> int:
         print(f"cannot read compile keys: {why}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
-        keys_path = os.path.join(tmp, "keys.json")
-        env = {**os.environ, "TRITON_INTERPRET": "1", "JFA_CACHE_DIR": os.path.join(tmp, "jfa-cache")}
-        subprocess.run([sys.executable, __file__, "--profile", ns.profile, "--seed", str(ns.seed),
-                        "--record", keys_path], env=env, check=True)
+        keys_path = ns.keys or os.path.join(tmp, "keys.json")
+        if not ns.keys:
+            env = {**os.environ, "TRITON_INTERPRET": "1", "JFA_CACHE_DIR": os.path.join(tmp, "jfa-cache")}
+            subprocess.run([sys.executable, __file__, "--profile", ns.profile, "--seed", str(ns.seed),
+                            "--record", keys_path], env=env, check=True)
         keys = triton_keys.load(keys_path)
         os.environ.pop("TRITON_INTERPRET", None)
         os.environ["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton-cache")  # every variant compiled afresh
@@ -107,7 +103,8 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"triton-jfa warm-up, {ns.profile} profile, seed {ns.seed}: Triton variants for sm_90")
+    what = f"the keys in {ns.keys}" if ns.keys else f"triton-jfa warm-up, {ns.profile} profile, seed {ns.seed}"
+    table = Table(title=f"{what}: Triton variants for sm_90")
     for column in ("kernel", "variants", "compile s", "s each", "variants differ in"):
         table.add_column(column, justify="right" if column in ("variants", "compile s", "s each") else "left")
     for kernel, krows in sorted(by_kernel.items(), key=lambda kv: -sum(r["seconds"] for r in kv[1])):
@@ -118,7 +115,8 @@ def main(argv=None) -> int:
     table.add_row("all", str(len(rows)), f"{total:.1f}", f"{total / max(1, len(rows)):.2f}", "", style="bold")
     Console(width=160).print(table)
     if ns.json:
-        Path(ns.json).write_text(json.dumps({"profile": ns.profile, "seed": ns.seed, "variants": rows}, indent=1))
+        source = {"keys": ns.keys} if ns.keys else {"profile": ns.profile, "seed": ns.seed}
+        Path(ns.json).write_text(json.dumps({**source, "variants": rows}, indent=1))
     return 0
 
 
