@@ -18,12 +18,10 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def _many_sequences():
-    """A warm-up batch past the sizes at which the compiled kernels change: 256 sequences, so that every
-    Gluon kernel has more tiles than a GPU has SMs (its dynamic deal, a compile of its own, which drawn
-    problems with many heads reach), still within the builder's smallest register sort (256 sequences); one
-    of them long enough for the Gluon forward (``Config.gluon_split_keys``)."""
-    lengths = (1,) * 255 + (max(kernel_config().gluon_split_keys, 1) + 88,)
+def _long_sequence():
+    """A warm-up batch with one sequence long enough for the Gluon forward (``Config.gluon_split_keys``),
+    which the warm-up's small problems never reach, beside a short one for the tl forward."""
+    lengths = (1, max(kernel_config().gluon_split_keys, 1) + 88)
     return lengths, lengths
 
 
@@ -50,7 +48,7 @@ class TritonJfa(Backend):
         if _interpreting():  # the interpreter runs every program in Python: keep drawn problems small
             self.capabilities = dataclasses.replace(self.capabilities, max_drawn_rows=160)
         else:
-            self.capabilities = dataclasses.replace(self.capabilities, warmup_lengths=(_many_sequences(),))
+            self.capabilities = dataclasses.replace(self.capabilities, warmup_lengths=(_long_sequence(),))
 
     def unavailable_reason(self, device: str) -> str | None:
         reason = super().unavailable_reason(device)

@@ -70,7 +70,7 @@ def forward(q, k, v, cu_q, cu_k, plan):
             qd, kd, vd, out, lse, cu_q, cu_k, t.seq, t.blk, t.items, counter,
             out.stride(0), out.stride(1), lse.stride(0), plan.scale * tl.LOG2E, hq, hq // hkv, t.counts, od,
             BROADCAST=plan.broadcast, CAUSAL=plan.causal, BLOCK_N=fwd.BLOCK_N, HEAD_D=d, HEAD_DV=dv,
-            STAGES=fwd.STAGES, DYNAMIC=dynamic, TMA_STORE=tma_store, num_warps=4)
+            STAGES=fwd.STAGES, TMA_STORE=tma_store, dynamic=int(dynamic), num_warps=4)
     t = s["fwd"]
     if t is not None and t.n_items > 0:
         bm, bn, w, st = plan.tiles.fwd
@@ -176,7 +176,7 @@ def _dkdv_gluon(q, k, v, do, stats, cu_cols, dk, dv, cu_q, cu_k, t, plan):
         qd, kd, vd, dod, statsd, dk, dv, cu_q, cu_k, t.seq, t.blk, t.items, counter,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), plan.scale, plan.scale * tl.LOG2E,
         hkv, hq // hkv, t.counts, cu_cols, dk_desc, dv_desc,
-        BROADCAST=plan.broadcast, CAUSAL=plan.causal, HEAD_D=d, HEAD_DV=dvd, STAGES=dkdv.STAGES, DYNAMIC=dynamic,
+        BROADCAST=plan.broadcast, CAUSAL=plan.causal, HEAD_D=d, HEAD_DV=dvd, STAGES=dkdv.STAGES, dynamic=int(dynamic),
         num_warps=4)
 
 
@@ -196,5 +196,5 @@ def _dq_gluon(q, k, v, do, out, lse, delta, stats, columns, cu_q, cu_k, t, plan)
         qd, kd, vd, dod, dq, lse, delta, cu_q, cu_k, t.seq, t.blk, t.items, counter,
         dq.stride(0), dq.stride(1), lse.stride(0), plan.scale, plan.scale * tl.LOG2E, hq, hq // hkv, t.counts, dqd,
         out, stats, columns.cols, out.stride(0), out.stride(1), stats.stride(0),
-        CAUSAL=plan.causal, HEAD_D=d, HEAD_DV=dvd, STAGES=gdq.STAGES, DYNAMIC=dynamic, num_warps=4)
+        CAUSAL=plan.causal, HEAD_D=d, HEAD_DV=dvd, STAGES=gdq.STAGES, dynamic=int(dynamic), num_warps=4)
     return dq

@@ -4,7 +4,7 @@ Covers the forward (kernels/gluon/fwd.py), the dK/dV kernel (kernels/gluon/dkdv.
 (kernels/gluon/dq.py) in the forms the host launches.  Catches Gluon API drift between Triton versions
 before a GPU run does, and pins what the generated code must keep, because a change that loses one of
 these is correct and slow: wgmma run asynchronously (never serialized by ptxas), TMA stores of the output
-tiles, no atomics but the dynamic grid's counter, few spills, the shared memory the host accounts for.  It
+tiles, no atomics but the dynamic deal's counter, few spills, the shared memory the host accounts for.  It
 also pins a known defect: in the forward's pipelined loop, ptxas places the wait for PV(j-1) before block
 j's exponentials, so the softmax does not overlap the MMA in flight.
 """
@@ -27,18 +27,18 @@ SMEM_PER_BLOCK = 232448  # sm_90
 CONFIGS = [
     # the forward: O by TMA stores where D == Dv, masked stores where not
     dict(causal=True),
-    dict(causal=True, dynamic=True, tma_store=True),
-    dict(broadcast=True, dynamic=True, tma_store=True),
+    dict(causal=True, tma_store=True),
+    dict(broadcast=True, tma_store=True),
     dict(head_d=64, head_dv=64, dtype="fp16", tma_store=True),
-    dict(head_d=128, head_dv=64, dynamic=True),
+    dict(head_d=128, head_dv=64),
     # the dK/dV kernel
     dict(kernel="bwd"),
-    dict(kernel="bwd", causal=True, dynamic=True),
-    dict(kernel="bwd", broadcast=True, dtype="fp16", dynamic=True),
+    dict(kernel="bwd", causal=True),
+    dict(kernel="bwd", broadcast=True, dtype="fp16"),
     # the dQ kernel (it also computes delta and writes the dK/dV kernel's statistics)
     dict(kernel="dq"),
-    dict(kernel="dq", causal=True, dynamic=True),
-    dict(kernel="dq", dtype="fp16", dynamic=True),
+    dict(kernel="dq", causal=True),
+    dict(kernel="dq", dtype="fp16"),
 ]
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gluon_sm90_probe.py")
 
@@ -63,8 +63,9 @@ def test_gluon_kernel_compiles_for_sm90(probed, i):
     # ptxas runs them asynchronously: it serializes every wgmma of a kernel ("insufficient register
     # resources") when an MMA is left in flight across a loop's back edge
     assert not result["wgmma_serialized"]
-    # the dynamic grid claims its items with one atomic (in the loader); nothing else adds atomically
-    assert result["atomics"] == (1 if config.get("dynamic") else 0) and result["tma_reduces"] == 0
+    # the dynamic deal claims its items with one atomic (in the loader, behind the runtime flag that picks
+    # the deal); nothing else adds atomically
+    assert result["atomics"] == 1 and result["tma_reduces"] == 0
     # whole 64-row output tiles by TMA stores: each consumer group stores dK and dV (dK/dV kernel), dQ (dQ
     # kernel) or, where D == Dv, O (forward)
     kernel = config.get("kernel", "fwd")

@@ -404,18 +404,16 @@ def test_malformed_warmup_lengths_name_the_field(bad):
 
 
 def test_triton_jfa_warms_up_past_its_size_switches_on_a_gpu(monkeypatch):
-    # on a GPU: more sequences than SMs (every Gluon kernel's dynamic deal) but within the smallest register
-    # sort, one of them past the Gluon forward's key split; under the interpreter nothing compiles
+    # on a GPU: one sequence past the Gluon forward's key split, one short of it (the Gluon kernels' deal is
+    # a runtime flag, so many tiles need no warm-up of their own); under the interpreter nothing compiles
     from backends.triton_jfa import TritonJfa
     from kernels.config import default as kernel_config
-    from kernels.schedule import _REGISTER_SORTS
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert TritonJfa().capabilities.warmup_lengths == ()
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     (q, k), = TritonJfa().capabilities.warmup_lengths
-    assert q == k and 148 < len(k) <= _REGISTER_SORTS[0]  # 148: the most SMs of a current GPU (B200)
-    assert max(k) >= kernel_config().gluon_split_keys
+    assert q == k and min(k) < kernel_config().gluon_split_keys <= max(k)
 
 
 def test_the_warm_up_calls_the_forward_with_and_without_gradients():

@@ -320,9 +320,9 @@ def test_gpu_batches_of_any_size_share_one_compiled_variant(dtype):
     # Triton specializes integer arguments equal to 1 or divisible by 16; the ones that follow the batch (token
     # totals, sequence counts) are declared unspecialized, so a new batch size or token total never compiles
     # again (the first batch has a long and short sequences: both forward paths and every list are built).
-    # Two choices do follow the batch, by design, and every batch here stays on one side of them: the
-    # builder's register sort size (up to 256 sequences) and the Gluon grid's mode (static while the items
-    # fit one program per SM)
+    # One choice does follow the batch, by design, and every batch here stays on one side of it: the
+    # builder's register sort size (up to 256 sequences).  The Gluon kernels' deal (static while the items
+    # fit one program per SM, dynamic past that: [600] * 14 has 140 forward items) is a runtime flag
     def call(lens):
         cu = _cu(lens)
         g = torch.Generator(device=DEVICE).manual_seed(len(lens))
@@ -334,7 +334,7 @@ def test_gpu_batches_of_any_size_share_one_compiled_variant(dtype):
 
     call([600, 3, 17, 0])
     before = _compiled_variants()
-    for lens in ([1], [16], [1] * 16, [5] * 17, [32, 32], [7] * 33 + [600], [160] * 2):
+    for lens in ([1], [16], [1] * 16, [5] * 17, [32, 32], [7] * 33 + [600], [160] * 2, [600] * 14):
         call(lens)
     assert _compiled_variants() == before
 

@@ -66,17 +66,15 @@ class BwdFlags:
     HEAD_D: gl.constexpr
     HEAD_DV: gl.constexpr
     STAGES: gl.constexpr
-    DYNAMIC: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, DYNAMIC):
+    def __init__(self, WG, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES):
         self.WG = gl.constexpr(WG)
         self.BROADCAST = gl.constexpr(BROADCAST)
         self.CAUSAL = gl.constexpr(CAUSAL)
         self.HEAD_D = gl.constexpr(HEAD_D)
         self.HEAD_DV = gl.constexpr(HEAD_DV)
         self.STAGES = gl.constexpr(STAGES)
-        self.DYNAMIC = gl.constexpr(DYNAMIC)
 
 
 @gluon.jit
@@ -112,7 +110,7 @@ def _kv_item(pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K, BROADCAST: gl.cons
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem,
             kv_ready, kv_empty, qdo_ready, qdo_empty, tail_bar,
-            ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, CU_COLS, HKV, GROUP, n_items, flags):
+            ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, CU_COLS, HKV, GROUP, n_items, dynamic, flags):
     HEAD_D: gl.constexpr = flags.HEAD_D
     HEAD_DV: gl.constexpr = flags.HEAD_DV
     STAGES: gl.constexpr = flags.STAGES
@@ -163,7 +161,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, stats_
                     n_tails += 1
                 r += 1
         tk += 1
-        pos = next_pos(pos, COUNTER, flags.DYNAMIC)
+        pos = next_pos(pos, COUNTER, dynamic)
     # no more items: a K/V buffer holding a position past the end stops the consumers
     kb = tk % 2
     mbarrier.wait(kv_empty.index(kb), ((tk // 2) & 1) ^ 1)
@@ -281,15 +279,15 @@ def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, k
         pos = read_pos(pos_smem, tk % 2)
 
 
-# the head counts are not specialized on: one variant per config
-@gluon.jit(do_not_specialize=['HKV', 'GROUP'])
+# the head counts and the deal are not specialized on: one variant per config
+@gluon.jit(do_not_specialize=['HKV', 'GROUP', 'dynamic'])
 def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS,
                 COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, qk_scale,
-                HKV, GROUP, N_ITEMS, CU_COLS, dk_desc, dv_desc,
+                HKV, GROUP, N_ITEMS, CU_COLS, dk_desc, dv_desc, dynamic,
                 BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
-                STAGES: gl.constexpr, DYNAMIC: gl.constexpr = False):
+                STAGES: gl.constexpr):
     # work items: (128-key block, kv head) in ITEMS' order; program p runs the launch positions p, then
-    # p + P, ... (DYNAMIC: those it claims from COUNTER)
+    # p + P, ... (dynamic != 0: those it claims from COUNTER)
     n_items = gl.load(N_ITEMS)  # the item count, written on the device by the schedule's builder
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DV], do_desc.layout)
@@ -315,16 +313,16 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
               DK, DV, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
               stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, qk_scale, dk_desc, dv_desc)
     gl.warp_specialize([
-        (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, DYNAMIC), )),
-        (_consumer, shared + (BwdFlags(1, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, DYNAMIC), )),
+        (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES), )),
+        (_consumer, shared + (BwdFlags(1, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES), )),
         (_loader, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem,
                    kv_ready, kv_empty, qdo_ready, qdo_empty, tail_bar,
-                   ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, CU_COLS, HKV, GROUP, n_items,
-                   BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, DYNAMIC))),
+                   ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, CU_COLS, HKV, GROUP, n_items, dynamic,
+                   BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES))),
     ], [4, 1], [232, 40])
 
 
-def compile_sm90(head_d=128, head_dv=128, stages=STAGES, causal=False, broadcast=False, dtype="bf16", dynamic=False):
+def compile_sm90(head_d=128, head_dv=128, stages=STAGES, causal=False, broadcast=False, dtype="bf16"):
     """``dkdv_kernel`` compiled for sm_90 on any machine (pipeline.compile_sm90)."""
     m, n = BLOCK_M.value, HALF_N.value
     types = {"q_desc": desc_type(dtype, m, head_d), "k_desc": desc_type(dtype, n, head_d),
@@ -333,6 +331,7 @@ def compile_sm90(head_d=128, head_dv=128, stages=STAGES, causal=False, broadcast
              "CU_Q": "*i32", "CU_K": "*i32", "TILE_SEQ": "*i32", "TILE_BLK": "*i32", "ITEMS": "*i32",
              "COUNTER": "*i32", "stride_dkt": "i32", "stride_dkh": "i32", "stride_dvt": "i32", "stride_dvh": "i32",
              "sm_scale": "fp32", "qk_scale": "fp32", "HKV": "i32", "GROUP": "i32", "N_ITEMS": "*i32",
-             "CU_COLS": "*i32", "dk_desc": desc_type(dtype, n, head_d), "dv_desc": desc_type(dtype, n, head_dv)}
+             "CU_COLS": "*i32", "dk_desc": desc_type(dtype, n, head_d), "dv_desc": desc_type(dtype, n, head_dv),
+             "dynamic": "i32"}
     return _compile(dkdv_kernel, types, dict(BROADCAST=broadcast, CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv,
-                                             STAGES=stages, DYNAMIC=dynamic))
+                                             STAGES=stages))

@@ -53,10 +53,9 @@ class DqFlags:
     HEAD_DV: gl.constexpr
     STAGES: gl.constexpr
     K_STAGES: gl.constexpr
-    DYNAMIC: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, CAUSAL, HEAD_D, HEAD_DV, STAGES, DYNAMIC):
+    def __init__(self, WG, CAUSAL, HEAD_D, HEAD_DV, STAGES):
         self.WG = gl.constexpr(WG)
         self.CAUSAL = gl.constexpr(CAUSAL)
         self.HEAD_D = gl.constexpr(HEAD_D)
@@ -64,13 +63,12 @@ class DqFlags:
         self.STAGES = gl.constexpr(STAGES)
         # block j-1's K stays for its dQ MMA while block j's K is read and block j+1's is loaded
         self.K_STAGES = gl.constexpr(STAGES + 1)
-        self.DYNAMIC = gl.constexpr(DYNAMIC)
 
 
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, pos_smem,
             q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, tail_bar,
-            ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, flags):
+            ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, dynamic, flags):
     HEAD_D: gl.constexpr = flags.HEAD_D
     HEAD_DV: gl.constexpr = flags.HEAD_DV
     STAGES: gl.constexpr = flags.STAGES
@@ -115,7 +113,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, po
                 n_tails += 1
         r0 += n_blocks
         tq += 1
-        pos = next_pos(pos, COUNTER, flags.DYNAMIC)
+        pos = next_pos(pos, COUNTER, dynamic)
     # no more items: a Q buffer holding a position past the end stops the consumers
     qb = tq % 2
     mbarrier.wait(q_empty.index(qb), ((tq // 2) & 1) ^ 1)
@@ -268,14 +266,13 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_rea
 
 # arguments that follow the batch (token totals, sequence counts) or the head counts are not specialized on: one
 # variant per config
-@gluon.jit(do_not_specialize=['stride_lh', 'stride_sh', 'H', 'GROUP'])
+@gluon.jit(do_not_specialize=['stride_lh', 'stride_sh', 'H', 'GROUP', 'dynamic'])
 def dq_kernel(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS, COUNTER,
               stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, H, GROUP, N_ITEMS, dq_desc,
-              O, STATS, COLS, stride_ot, stride_oh, stride_sh,
-              CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
-              DYNAMIC: gl.constexpr = False):
+              O, STATS, COLS, stride_ot, stride_oh, stride_sh, dynamic,
+              CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr):
     # work items: (128-row query tile, query head) in ITEMS' order; program p runs the launch positions p,
-    # then p + P, ... (DYNAMIC: those it claims from COUNTER)
+    # then p + P, ... (dynamic != 0: those it claims from COUNTER)
     n_items = gl.load(N_ITEMS)  # the item count, written on the device by the schedule's builder
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [4, HALF_M, HEAD_D], q_desc.layout)  # 2 buffers x 2 halves
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [4, HALF_M, HEAD_DV], do_desc.layout)
@@ -306,16 +303,16 @@ def dq_kernel(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, CU_Q, CU_K, TILE_
               stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, dq_desc, O, STATS, COLS, stride_ot, stride_oh,
               stride_sh)
     gl.warp_specialize([
-        (_consumer, shared + (DqFlags(0, CAUSAL, HEAD_D, HEAD_DV, STAGES, DYNAMIC), )),
-        (_consumer, shared + (DqFlags(1, CAUSAL, HEAD_D, HEAD_DV, STAGES, DYNAMIC), )),
+        (_consumer, shared + (DqFlags(0, CAUSAL, HEAD_D, HEAD_DV, STAGES), )),
+        (_consumer, shared + (DqFlags(1, CAUSAL, HEAD_D, HEAD_DV, STAGES), )),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, pos_smem,
                    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, tail_bar,
-                   ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-                   DqFlags(2, CAUSAL, HEAD_D, HEAD_DV, STAGES, DYNAMIC))),
+                   ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, dynamic,
+                   DqFlags(2, CAUSAL, HEAD_D, HEAD_DV, STAGES))),
     ], [4, 1], [232, 40])
 
 
-def compile_sm90(head_d=128, head_dv=128, stages=STAGES, causal=False, dtype="bf16", dynamic=False):
+def compile_sm90(head_d=128, head_dv=128, stages=STAGES, causal=False, dtype="bf16"):
     """``dq_kernel`` compiled for sm_90 on any machine (pipeline.compile_sm90)."""
     m, n = HALF_M.value, BLOCK_N.value
     types = {"q_desc": desc_type(dtype, m, head_d), "k_desc": desc_type(dtype, n, head_d),
@@ -324,6 +321,5 @@ def compile_sm90(head_d=128, head_dv=128, stages=STAGES, causal=False, dtype="bf
              "TILE_BLK": "*i32", "ITEMS": "*i32", "COUNTER": "*i32", "stride_dqt": "i32", "stride_dqh": "i32",
              "stride_lh": "i32", "sm_scale": "fp32", "qk_scale": "fp32", "H": "i32", "GROUP": "i32",
              "N_ITEMS": "*i32", "dq_desc": desc_type(dtype, m, head_d), "O": "*" + dtype, "STATS": "*fp32",
-             "COLS": "*i32", "stride_ot": "i32", "stride_oh": "i32", "stride_sh": "i32"}
-    return _compile(dq_kernel, types, dict(CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages,
-                                           DYNAMIC=dynamic))
+             "COLS": "*i32", "stride_ot": "i32", "stride_oh": "i32", "stride_sh": "i32", "dynamic": "i32"}
+    return _compile(dq_kernel, types, dict(CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages))

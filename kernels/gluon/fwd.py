@@ -50,11 +50,10 @@ class PartitionFlags:
     HEAD_D: gl.constexpr
     HEAD_DV: gl.constexpr
     STAGES: gl.constexpr
-    DYNAMIC: gl.constexpr
     TMA_STORE: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, DYNAMIC, TMA_STORE):
+    def __init__(self, WG, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE):
         self.WG = gl.constexpr(WG)
         self.BROADCAST = gl.constexpr(BROADCAST)
         self.CAUSAL = gl.constexpr(CAUSAL)
@@ -62,13 +61,13 @@ class PartitionFlags:
         self.HEAD_D = gl.constexpr(HEAD_D)
         self.HEAD_DV = gl.constexpr(HEAD_DV)
         self.STAGES = gl.constexpr(STAGES)
-        self.DYNAMIC = gl.constexpr(DYNAMIC)
         self.TMA_STORE = gl.constexpr(TMA_STORE)
 
 
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready,
-            k_empty, v_empty, tail_bar, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, flags):
+            k_empty, v_empty, tail_bar, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, dynamic,
+            flags):
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     HEAD_D: gl.constexpr = flags.HEAD_D
     HEAD_DV: gl.constexpr = flags.HEAD_DV
@@ -112,7 +111,7 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pos_smem, q_ready, q
                 n_tails += 1
         r0 += n_blocks
         tq += 1
-        pos = next_pos(pos, COUNTER, flags.DYNAMIC)
+        pos = next_pos(pos, COUNTER, dynamic)
     # no more items: a Q buffer holding a position past the end stops the consumers
     qb = tq % 2
     mbarrier.wait(q_empty.index(qb), ((tq // 2) & 1) ^ 1)
@@ -265,14 +264,14 @@ def _consumer(q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_rea
 
 # arguments that follow the batch (token totals, sequence counts) or the head counts are not specialized on: one
 # variant per config
-@gluon.jit(do_not_specialize=['stride_lh', 'H', 'GROUP'])
+@gluon.jit(do_not_specialize=['stride_lh', 'H', 'GROUP', 'dynamic'])
 def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS, COUNTER,
-               stride_ot, stride_oh, stride_lh, qk_scale, H, GROUP, N_ITEMS, o_desc,
+               stride_ot, stride_oh, stride_lh, qk_scale, H, GROUP, N_ITEMS, o_desc, dynamic,
                BROADCAST: gl.constexpr, CAUSAL: gl.constexpr,
                BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
-               STAGES: gl.constexpr, DYNAMIC: gl.constexpr = False, TMA_STORE: gl.constexpr = False):
+               STAGES: gl.constexpr, TMA_STORE: gl.constexpr = False):
     # work items: (128-row query tile, query head) in ITEMS' order; program p runs the launch positions p,
-    # p + P, ... (DYNAMIC: p, then those it claims from COUNTER, a zeroed int32)
+    # p + P, ... (dynamic != 0: p, then those it claims from COUNTER, a zeroed int32)
     n_items = gl.load(N_ITEMS)  # the item count, written on the device by the schedule's builder
     gl.static_assert(not TMA_STORE or HEAD_D == HEAD_DV, "TMA_STORE sends O out through a Q buffer")
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [4, 64, HEAD_D], q_desc.layout)  # 2 buffers x 2 halves
@@ -301,23 +300,21 @@ def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, I
               O, LSE, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, stride_ot, stride_oh,
               stride_lh, qk_scale, o_desc)
     gl.warp_specialize([
-        (_consumer, shared + (PartitionFlags(0, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, DYNAMIC,
-                                             TMA_STORE), )),
-        (_consumer, shared + (PartitionFlags(1, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, DYNAMIC,
-                                             TMA_STORE), )),
+        (_consumer, shared + (PartitionFlags(0, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE), )),
+        (_consumer, shared + (PartitionFlags(1, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE), )),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready,
                    k_empty, v_empty, tail_bar, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-                   PartitionFlags(2, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, DYNAMIC, TMA_STORE))),
+                   dynamic, PartitionFlags(2, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE))),
     ], [4, 1], [232, 40])
 
 
 def compile_sm90(block_n=BLOCK_N, head_d=128, head_dv=128, stages=STAGES, causal=False, broadcast=False,
-                 dtype="bf16", dynamic=False, tma_store=False):
+                 dtype="bf16", tma_store=False):
     """``fwd_kernel`` compiled for sm_90 on any machine (pipeline.compile_sm90)."""
     types = {"q_desc": desc_type(dtype, HALF_M, head_d), "k_desc": desc_type(dtype, block_n, head_d),
              "v_desc": desc_type(dtype, block_n, head_dv), "O": "*" + dtype, "LSE": "*fp32", "CU_Q": "*i32",
              "CU_K": "*i32", "TILE_SEQ": "*i32", "TILE_BLK": "*i32", "ITEMS": "*i32", "COUNTER": "*i32",
              "stride_ot": "i32", "stride_oh": "i32", "stride_lh": "i32", "qk_scale": "fp32", "H": "i32",
-             "GROUP": "i32", "N_ITEMS": "*i32", "o_desc": desc_type(dtype, HALF_M, head_dv)}
+             "GROUP": "i32", "N_ITEMS": "*i32", "o_desc": desc_type(dtype, HALF_M, head_dv), "dynamic": "i32"}
     return _compile(fwd_kernel, types, dict(BROADCAST=broadcast, CAUSAL=causal, BLOCK_N=block_n, HEAD_D=head_d,
-                                            HEAD_DV=head_dv, STAGES=stages, DYNAMIC=dynamic, TMA_STORE=tma_store))
+                                            HEAD_DV=head_dv, STAGES=stages, TMA_STORE=tma_store))

@@ -5,7 +5,8 @@ zeroing, output stores, and compiling a kernel for sm_90 without a GPU.
 Every kernel here is laid out the same way (as FA3 lays out its Hopper kernels): a one-warp loader
 partition streams tiles through TMA into rings of shared-memory buffers with ready / empty mbarriers, and
 two 4-warp consumer groups run ``wgmma`` on 64 rows each.  Program p takes launch position p first, then
-p + P, ... (round-robin) or, under ``DYNAMIC``, whichever position it claims next from an atomic counter;
+p + P, ... (round-robin) or, when the launch says ``dynamic`` (a runtime flag: one compiled variant serves
+both deals), whichever position it claims next from an atomic counter;
 the loader names each position to the consumers through a small shared buffer published with the item's
 first tile, and a position past the end stops them.  TMA descriptors cover the packed 2-D views
 ``[rows, heads * dim]``, so one descriptor serves every sequence; rows past a sequence end are the next
@@ -80,13 +81,14 @@ def query_tile(pos, ITEMS, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K,
 
 
 @gluon.jit
-def next_pos(pos, COUNTER, DYNAMIC: gl.constexpr):
-    # the loader's next launch position: round-robin, or (dynamic) the next one nobody has claimed;
-    # the first P positions are the programs' own, so the counter counts from P
-    if DYNAMIC:
-        return gl.num_programs(0) + gl.atomic_add(COUNTER, 1, sem="relaxed")
-    else:
-        return pos + gl.num_programs(0)
+def next_pos(pos, COUNTER, dynamic):
+    # the loader's next launch position: round-robin, or (dynamic != 0) the next one nobody has claimed;
+    # the first P positions are the programs' own, so the counter counts from P.  ``dynamic`` is a runtime
+    # value (one compiled variant serves both deals), read once per item by the loader alone
+    nxt = pos + gl.num_programs(0)
+    if dynamic != 0:
+        nxt = gl.num_programs(0) + gl.atomic_add(COUNTER, 1, sem="relaxed")
+    return nxt
 
 
 @gluon.jit
