@@ -46,7 +46,8 @@ class TritonJfa(Backend):
         self.capabilities = dataclasses.replace(
             self.capabilities, notes=f"{self.capabilities.notes}; kernels.Config {kernel_config()}")
         if _interpreting():  # the interpreter runs every program in Python: keep drawn problems small
-            self.capabilities = dataclasses.replace(self.capabilities, max_drawn_rows=160)
+            self.capabilities = dataclasses.replace(self.capabilities, max_drawn_rows=160,
+                                                    interpreted_by="Triton's interpreter (TRITON_INTERPRET=1)")
         else:
             self.capabilities = dataclasses.replace(self.capabilities, warmup_lengths=(_long_sequence(),))
 

@@ -49,6 +49,10 @@ class Capabilities:
     # configuration besides its own small problems, so that checks meeting those sizes find the variants
     # compiled. Under broadcast-Q the query lengths become one short dense block per sequence.
     warmup_lengths: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+    # What runs the backend in place of its kernels here (e.g. "Triton's interpreter"); "" for the kernels
+    # themselves. Its times would measure that, not a kernel: the benchmarks time it only when it is named
+    # with --backend, and reports mark its timings.
+    interpreted_by: str = ""
     notes: str = ""
 
     def __post_init__(self):

@@ -28,6 +28,7 @@ from . import workers
 from .configs import coverage_of
 from .environment import environment
 from .live import LiveView, WarmupView
+from .reporting.perf import BENCH_NOT_ASKED
 from .pytest_session import RunStopped, run_benchmarks, run_pytest, stop_on_sigterm, timed_specs
 from .warmup import backend_times
 
@@ -507,13 +508,14 @@ def cmd_run(ns) -> int:
         records = rp.complete_records(
             collected, records, f"never ran: {stop_reason}" if stop_reason else
             "never ran: the run stopped before reaching it (see pytest.log)", stopped=stop_reason is not None)
-        timings, bench_status = [], "not run (use --bench)"
+        timings, bench_status = [], BENCH_NOT_ASKED
         bench = ns.bench if ns.bench is not None else device.startswith("cuda")
         timed = timed_specs(ns.backend, chosen)
         if bench and stop_reason is not None:
             bench_status = f"not run: {stop_reason}"
         elif bench and not timed:
-            bench_status = "not run: no kernel backend to time (the references are timed when named with --backend)"
+            bench_status = ("not run: no kernel backend to time (the references, and backends an interpreter runs, "
+                            "are timed when named with --backend)")
         elif bench:
             timings, bench_status = run_benchmarks(run_dir, timed, device, env, console, ns.timeout, deadline)
     except RunStopped as exc:  # SIGTERM while the benchmarks ran

@@ -100,6 +100,9 @@ def run_benchmarks(run_dir: Path, backend_specs, device, env, console, timeout_s
 
 def timed_specs(named: list[str], chosen) -> list[str]:
     """The backends the benchmarks time: every chosen one, except that the references (float64 oracles, not
-    kernels; slow on a GPU's shapes) are timed only when the user named the backends (``named``: --backend)."""
+    kernels; slow on a GPU's shapes) and backends run by an interpreter here (``interpreted_by``: their times
+    are the interpreter's) are timed only when the user named the backends (``named``: --backend)."""
     from .registry import BUILTIN
-    return [spec for spec, info in chosen if named or spec not in BUILTIN]
+    return [spec for spec, info in chosen
+            if named or (spec not in BUILTIN and not (info.capabilities or {}).get("interpreted_by"))]
+

@@ -4,6 +4,8 @@ backend or run supplies, the reproducers a report directory holds, `compare`, an
 15 backends at 1400 px (headless Chromium, where installed)."""
 from __future__ import annotations
 
+import dataclasses
+import html
 import json
 import os
 import re
@@ -112,6 +114,38 @@ def test_the_performance_section_compile_times_and_coverage_render():
     assert "| reference | dense | forward | 1.000 | 0.960–1.040 | 5 | 1e+03 | 101% | 1.20x | 2.5 s |" in md
     assert "compile s | check s |" in md and "| 12.0 | 102.0 |" in md
     assert "| head_dim = 16 | 3 | 3 | 3 | 3 |" in md
+
+
+def test_a_backend_an_interpreter_runs_is_untimed_or_its_times_are_marked():
+    from conformance import pytest_session, registry
+    # an interpreter's times are not a kernel's: left out of the timed set unless named with --backend
+    sdpa = registry.describe("sdpa", "cpu")
+    interpreted = dataclasses.replace(sdpa, name="interp", capabilities={**sdpa.capabilities,
+                                                                       "interpreted_by": "Triton's interpreter"})
+    chosen = [("sdpa", sdpa), ("x.py:interp", interpreted)]
+    assert pytest_session.timed_specs([], chosen) == ["sdpa"]
+    assert pytest_session.timed_specs(["sdpa", "x.py:interp"], chosen) == ["sdpa", "x.py:interp"]
+    report = many_backends(4)
+    report["backends"]["triton-jfa"]["capabilities"] = {"interpreted_by": "Triton's interpreter"}
+    slow = [dict(t, median_s=0.6, tflops=1 / 0.6) for t in report["timings"] if t["backend"] == "triton-jfa"]
+    report["timings"] = [t for t in report["timings"] if t["backend"] != "triton-jfa"] + slow
+    page, md = render_html(report), render_markdown(report)
+    note = "triton-jfa: run by Triton's interpreter here, so its times measure the interpreter, not a kernel"
+    assert html.escape(note) in page and note in md
+    assert "0.002x" in page and "0.00x" not in page  # 1.2 ms against 600 ms: two significant digits
+    # untimed: said so, with how to time it anyway
+    report["timings"] = [t for t in report["timings"] if t["backend"] != "triton-jfa"]
+    assert html.escape("triton-jfa: not timed, since Triton's interpreter runs it here") in render_html(report)
+    report["timings"], report["run"]["benchmarks"] = [], "not run: no kernel backend to time"
+    page = render_html(report)
+    assert "No timings: not run: no kernel backend to time." in page and "triton-jfa: not timed" in page
+    report["run"]["benchmarks"] = perf.BENCH_NOT_ASKED
+    assert "run with <code>--bench</code>" in render_html(report) and "not timed" not in render_html(report)
+
+
+def test_speedups_keep_two_significant_digits_below_a_tenth():
+    assert [perf.fmt_speedup(x) for x in (None, 0.0, 0.0017, 0.0999, 0.1, 1.234, 12.0)] == \
+        ["", "0.00x", "0.0017x", "0.1x", "0.10x", "1.23x", "12.00x"]
 
 
 def test_unsupported_checks_collapse_to_one_line_per_backend_and_reason():

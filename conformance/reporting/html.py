@@ -52,6 +52,7 @@ details{margin:4px 0} summary{cursor:pointer}
 .v-incomplete{color:#374151;font-weight:600} .v-supports-nothing{color:#92400e;font-weight:600}
 img{max-width:100%;border:1px solid #eee}
 .note{color:#666;font-size:13px}
+.caveat{color:#8a4b00;background:#fff6e5;border-left:3px solid #e0a030;padding:4px 8px;font-size:13px}
 .cause{border:1px solid #d6d6d6;border-left:6px solid #dc2626;border-radius:4px;padding:8px 12px;margin:10px 0}
 .cause.crash{border-left-color:#7f1d1d} .cause.timeout{border-left-color:#f59e0b}
 .cause .what{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:13px;margin:4px 0;word-break:break-word}
@@ -292,9 +293,13 @@ def _backend_table(report, summary) -> list[str]:
 
 
 def _perf(report) -> list[str]:
+    caveats = [f"<p class='caveat'>{esc(line)}</p>" for line in perf.interpreter_notes(report)]
     if not report.get("timings"):
-        return ["<h2 id='performance'>Performance</h2>",
-                "<p class='note'>No timings in this run (run with <code>--bench</code>).</p>"]
+        status = (report.get("run") or {}).get("benchmarks")
+        if status in (None, perf.BENCH_NOT_ASKED):
+            return ["<h2 id='performance'>Performance</h2>",
+                    "<p class='note'>No timings in this run (run with <code>--bench</code>).</p>"]
+        return ["<h2 id='performance'>Performance</h2>", f"<p class='note'>No timings: {esc(status)}.</p>"] + caveats
     base = perf.baseline_backend(report)
     backends = perf.timed_backends(report)
     table = perf.rows(report, base)
@@ -303,7 +308,7 @@ def _perf(report) -> list[str]:
            "above 1 is faster; <code>--baseline-backend</code> picks another), the median time, then TFLOP/s on "
            "useful FLOPs (valid query-key pairs only, causal counted as visible pairs; backward 2.5× forward) and "
            "the rounds' interquartile range as ± half its share of the median. Hover for rounds, first call and "
-           "share of the device's peak.</p>"]
+           "share of the device's peak.</p>"] + caveats
     geo = perf.geomean_speedups(table)
     for direction in ("forward", "backward"):
         shown = [r for r in table if r.direction == direction]

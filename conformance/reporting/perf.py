@@ -13,6 +13,7 @@ from dataclasses import dataclass
 # default baseline is the first other built-in adapter of the report (FA4 where it ran).
 NOT_VENDOR = ("reference", "reference-online", "triton-jfa")
 BUILTIN_PREFIX = "backends."
+BENCH_NOT_ASKED = "not run (use --bench)"  # a report's run.benchmarks when the run did not ask for timings
 
 # Nominal dense (no sparsity) tensor-core peaks in TFLOP/s for 16-bit inputs, from NVIDIA's datasheets,
 # matched on the device name torch reports. A device not listed has no "share of peak" column.
@@ -42,6 +43,20 @@ def timed_backends(report: dict) -> list[str]:
     names = {t["backend"] for t in report.get("timings") or []}
     ordered = [b for b in report.get("backends", {}) if b in names]
     return ordered + sorted(names - set(ordered))
+
+
+def interpreter_notes(report: dict) -> list[str]:
+    """One line per backend an interpreter ran in this run (``Capabilities.interpreted_by``): its timings are
+    the interpreter's, or it was left untimed."""
+    timed = set(timed_backends(report))
+    notes = []
+    for name, entry in (report.get("backends") or {}).items():
+        by = (entry.get("capabilities") or {}).get("interpreted_by")
+        if by and name in timed:
+            notes.append(f"{name}: run by {by} here, so its times measure the interpreter, not a kernel")
+        elif by:
+            notes.append(f"{name}: not timed, since {by} runs it here (name it with --backend to time it anyway)")
+    return notes
 
 
 def is_vendor(report: dict, name: str) -> bool:
@@ -190,7 +205,10 @@ def fmt_tflops(value: float | None) -> str:
 
 
 def fmt_speedup(value: float | None) -> str:
-    return "" if value is None else f"{value:.2f}x"
+    """Two decimals; below 0.1, two significant digits (an interpreter's 0.0017x is not 0.00x)."""
+    if value is None:
+        return ""
+    return f"{value:.2f}x" if value >= 0.1 or value == 0 else f"{value:.2g}x"
 
 
 def fmt_spread(value: float | None) -> str:
