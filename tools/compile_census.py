@@ -87,6 +87,13 @@ def main(argv=None) -> int:
     if why:
         print(f"cannot read compile keys: {why}", file=sys.stderr)
         return 2
+    import triton
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
+        print("this Triton has no bundled ptxas: it cannot compile for sm_90 here", file=sys.stderr)
+        return 2
+    if ns.keys and not os.path.exists(ns.keys):
+        print(f"--keys: no such file: {ns.keys}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as tmp:
         keys_path = ns.keys or os.path.join(tmp, "keys.json")
         if not ns.keys:
