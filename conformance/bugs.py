@@ -555,6 +555,19 @@ CATALOG: tuple[BugClass, ...] = (
         "the values axis draws outliers (two channels of q and k and one key row in sixteen of v scaled x16) for "
         "every dtype and check; the reported failure needs FA4 on Blackwell, so only a GPU run can meet it"),
 
+    BugClass(
+        "misaligned-view-base", "Views whose base address is not 16-byte aligned",
+        (pull(FI, 4543, "review: TMA descriptors need a 16-byte aligned global address, so contiguous views at an "
+            "odd storage offset must be validated (regression tests for offset views added)"),),
+        "q, k, v (or out) with dense strides but a storage offset that is not a multiple of 16 bytes: slices of "
+        "a larger buffer",
+        BUG + "such a view is an ordinary tensor; a kernel must honour it or refuse it with a clear error, not "
+        "fault or read shifted rows",
+        "pending", (FWD, GRAD),
+        "a layout value with dense strides and a one-element storage offset (NaN before it). Held back: Triton and "
+        "inductor compile a variant of their own for a pointer that is not 16-byte aligned, so drawing it would "
+        "double the JIT backends' compiles unless the warm-up runs it for every configuration too"),
+
     # -- GPU only ---------------------------------------------------------------------------------------------
     BugClass(
         "int32-offset-overflow", "32-bit offset arithmetic overflows",
@@ -589,6 +602,18 @@ CATALOG: tuple[BugClass, ...] = (
         "gpu-only", (EDGE,),
         "the edge case queries_without_keys runs in every run; a hang becomes a timeout (--timeout) and the worker "
             "is replaced"),
+    BugClass(
+        "alignment-assumed-at-sequence-start", "Vector alignment assumed where a sequence starts",
+        (issue("fla-org/flash-linear-attention", 142, "varlen chunk kernel: a multiple_of hint on an address built "
+            "from the sequence start was false, giving a misaligned-address fault"),
+         issue(FA, 2192, "CuTe varlen forward on H100: the output pointer offset by a sequence start lost its "
+            "alignment and the copy failed IR verification")),
+        "sequence starts (cu_seqlens entries) that are not multiples of the vector width or block size",
+        BUG,
+        "gpu-only", (FWD, GRAD, EDGE),
+        "every drawn length law (uniform, Pareto, tile_edges, ...) and most edge cases put sequence starts at odd "
+            "rows, in every check; the fault or compile error happens on the GPU, where the harness records a "
+            "crash naming the problem"),
     BugClass(
         "varlen-backward-illegal-address", "Illegal memory access in the varlen backward",
         (issue(FA, 1311, "varlen flash attention backward: CUDA illegal memory access, with saved repro tensors"),
@@ -706,7 +731,8 @@ def render() -> str:
         lines += [f"### {b.id}", "", f"**{b.title}.** Status: {b.status}.", "", "Sources:", ""]
         lines += [f"- [{s.ref}]({s.url}) ({'pull request' if s.kind == 'pull' else 'issue'}): {s.says}"
                   for s in b.sources]
-        lines += ["", f"- Trigger: {b.trigger}.", f"- Under our conventions: {b.convention}."]
+        convention = b.convention.strip().rstrip(":")  # (BUG alone: "a bug")
+        lines += ["", f"- Trigger: {b.trigger}.", f"- Under our conventions: {convention}."]
         if b.caught_by:
             lines.append(f"- Caught by: {', '.join(b.caught_by)}.")
         if b.how:
