@@ -20,7 +20,11 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 # Tensor-level axes: how the caller hands the same numbers over (SPEC.md, "What the caller may pass").
 # The first value of each is the plain form, which a shrunk counterexample falls back to.
-LAYOUTS = ("packed", "row_strided", "head_strided")  # q, k, v: contiguous, or views of wider buffers
+# q, k, v: contiguous, views of wider buffers, or dense views whose base is not 16-byte aligned. The last is not
+# drawn (JIT compilers key a compiled kernel on 16-byte alignment, so drawing it would compile every kernel
+# configuration twice): the misaligned_views edge case runs it in every run.
+DRAWN_LAYOUTS = ("packed", "row_strided", "head_strided")
+LAYOUTS = DRAWN_LAYOUTS + ("offset_view",)
 OFFSETS_DTYPES = {"int32": torch.int32, "int64": torch.int64}
 OFFSETS_LAYOUTS = ("contiguous", "strided")  # cu_seqlens: contiguous, or every other element of a buffer
 GRAD_LAYOUTS = ("contiguous", "expanded", "transposed")  # the upstream gradient dO
@@ -251,7 +255,9 @@ def laid_out(t: torch.Tensor, layout: str) -> torch.Tensor:
 
     ``row_strided``: the rows of a wider buffer, as q, k and v sliced from one fused projection (row stride
     H*D + pad, storage offset pad). ``head_strided``: heads sliced from wider heads, as k and v split out of
-    one [rows, H, Dk + Dv] buffer (head stride D + pad).
+    one [rows, H, Dk + Dv] buffer (head stride D + pad). ``offset_view``: dense strides one element past the
+    start of a buffer, so the base is not 16-byte aligned (what a kernel assuming aligned bases for TMA or
+    vector loads mishandles).
     """
     if layout == "packed":
         return t
@@ -262,6 +268,9 @@ def laid_out(t: torch.Tensor, layout: str) -> torch.Tensor:
     elif layout == "head_strided":
         buffer = torch.full((rows, heads, dim + LAYOUT_PAD), float("nan"), dtype=t.dtype, device=t.device)
         view = buffer[:, :, LAYOUT_PAD // 2 : LAYOUT_PAD // 2 + dim]
+    elif layout == "offset_view":
+        buffer = torch.full((1 + rows * heads * dim,), float("nan"), dtype=t.dtype, device=t.device)
+        view = buffer[1:].view(rows, heads, dim)
     else:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     view.copy_(t)

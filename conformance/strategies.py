@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from .backend import Capabilities
 from .configs import (HEAD_DIMS, HEAD_LAYOUTS, SCALES, SLOW_PATH_MAX_HEADS, KernelConfig, axis_values, pinned,
                       tensor_axis_values)
-from .problem import GRAD_LAYOUTS, LAYOUTS, OFFSETS_DTYPES, OFFSETS_LAYOUTS, Problem, value_laws
+from .problem import DRAWN_LAYOUTS, GRAD_LAYOUTS, OFFSETS_DTYPES, OFFSETS_LAYOUTS, Problem, value_laws
 
 __all__ = ["HEAD_DIMS", "HEAD_LAYOUTS", "LENGTH_LAWS", "declared_values", "lengths", "problems"]
 
@@ -173,7 +173,7 @@ def problems(
         seqlens_q, seqlens_k = _shrink_to(caps.max_drawn_rows, seqlens_q, seqlens_k, config.broadcast_q)
     # How the caller hands the numbers over, and what they are: cheap to vary (no new kernel), so free.
     tensors = dict(
-        layout=draw(st.sampled_from(LAYOUTS), label="layout"),
+        layout=draw(st.sampled_from(DRAWN_LAYOUTS), label="layout"),
         offsets_layout=draw(st.sampled_from(OFFSETS_LAYOUTS), label="offsets_layout"),
         grad_layout=draw(st.sampled_from(GRAD_LAYOUTS), label="grad_layout"),
         values=draw(st.sampled_from(value_laws(config.dtype)), label="values"),

@@ -8,7 +8,7 @@ import torch
 
 from . import launch
 from .config import Config
-from .plan import backward_lists, default_config, prepare
+from .plan import backward_lists, default_config, kernel_layout, prepare
 from .schedule import TileList
 from .validation import max_seqlen
 
@@ -124,5 +124,5 @@ class JaggedPlan:
             for (field, want), (_, got) in zip(planned, self._layout_of(name, t)):
                 if got != want:
                     raise ValueError(f"{name}.{field} is {got}, but the plan was made for {want}")
-        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))  # as prepare did
+        q, k, v = (kernel_layout(t) for t in (q, k, v))  # as prepare did
         return _JaggedFlashAttention.apply(q, k, v, self._cu_q, self._cu_k, p)

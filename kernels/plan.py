@@ -154,6 +154,15 @@ def choose_paths(q, k, v, broadcast, n_out_rows, config: Config) -> Paths:
     return Paths("gluon", bwd, dq, "dq kernel" if dq == "gluon" else "preprocess")
 
 
+def kernel_layout(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as the kernels take it: unit last stride and a 16-byte aligned base, which every compiled variant
+    assumes (Triton would compile variants of their own for unaligned bases; TMA cannot load them).  Any other
+    view is copied; autograd carries the gradient back to it."""
+    if t.stride(-1) == 1 and t.data_ptr() % 16 == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, broadcast_q,
             config: Config, check_offsets=None, lists="forward"):
     """The host side of a call: validation, paths, tiles, and the forward's tile lists built on the device
@@ -171,7 +180,7 @@ def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
     broadcast, causal = bool(broadcast_q), bool(causal)
     d = q.shape[2]
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    q, k, v = (kernel_layout(t) for t in (q, k, v))
     n_seqs = cu_seqlens_k.shape[0] - 1
     n_out_rows = q.shape[0] * n_seqs if broadcast else q.shape[0]
     paths = choose_paths(q, k, v, broadcast, n_out_rows, config)

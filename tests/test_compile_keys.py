@@ -167,3 +167,34 @@ def test_compile_census_compiles_each_recorded_variant_for_sm90(tmp_path):
     assert len({r["hash"] for r in rows}) == len(rows)
     assert all(r["seconds"] > 0 and r["ptx_target"] in ("sm_90", "sm_90a") for r in rows)
     assert "_fwd_kernel" in done.stdout
+
+
+def test_views_with_unaligned_bases_are_copied_not_compiled_apart():
+    """A dense view one element into its buffer (no 16-byte aligned base) gets the aligned tensors' answers and
+    gradients, bit for bit, and launches their variants: the kernels copy it rather than compile for it."""
+    import torch
+    from kernels import JaggedPlan, jagged_flash_attention
+
+    cu = torch.tensor([0, 5, 5, 22], dtype=torch.int32)
+    g = torch.Generator().manual_seed(3)
+    base = [torch.randn(22, 2, 16, generator=g, dtype=torch.float16) for _ in range(3)]
+
+    def offset_view(t):
+        buffer = torch.full((1 + t.numel(),), float("nan"), dtype=t.dtype)
+        view = buffer[1:].view(t.shape)
+        view.copy_(t)
+        return view.requires_grad_()
+
+    results = []
+    for make in (lambda t: t.clone().requires_grad_(), offset_view):
+        q, k, v = (make(t) for t in base)
+        with triton_keys.KeyRecorder() as recorder:
+            out, lse = jagged_flash_attention(q, k, v, cu, cu, None, None, causal=True)
+            grads = torch.autograd.grad(out.float().sum(), (q, k, v))
+            plan_out, _ = JaggedPlan(q, k, v, cu, cu, None, None, causal=True)(q, k, v)
+        results.append((out, lse, grads, plan_out, set(recorder.keys)))
+    (out_a, lse_a, grads_a, plan_a, keys_a), (out_m, lse_m, grads_m, plan_m, keys_m) = results
+    assert base[0].data_ptr() % 16 == 0
+    assert keys_m == keys_a, f"{len(keys_m - keys_a)} variants launched for the unaligned views alone"
+    assert torch.equal(out_a, out_m) and torch.equal(lse_a, lse_m) and torch.equal(plan_a, plan_m)
+    assert all(torch.equal(a, m) for a, m in zip(grads_a, grads_m))

@@ -72,6 +72,7 @@ MUTANTS: dict[str, type[Unmutated]] = _registry(
     inputs.Int64OffsetsReadAsInt32,
     inputs.StridedOffsetsReadContiguous,
     inputs.TokenStrideAssumedPacked,
+    inputs.MisalignedBaseRoundedDown,
     inputs.NonContiguousGradOutReadPacked,
     inputs.FiniteRunningMaxSentinel,
     inputs.RunningMaxResetToZero,

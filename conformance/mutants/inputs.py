@@ -92,6 +92,23 @@ class TokenStrideAssumedPacked(Unmutated):
         return args.replace(q=as_packed(args.q), k=as_packed(args.k), v=as_packed(args.v))
 
 
+class MisalignedBaseRoundedDown(Unmutated):
+    name = "mutant-misaligned-base-rounded-down"
+    catalog_id = "misaligned-view-base"
+    bug = ("the kernel assumes q, k and v start on a 16-byte boundary (as a TMA descriptor or 128-bit loads "
+           "need): a view whose base is not aligned is read from the boundary below it, a few elements early")
+
+    def read_inputs(self, args):
+        def rounded_down(t):
+            per_line = max(1, 16 // t.element_size())
+            offset = t.storage_offset()
+            if offset % per_line == 0:
+                return t
+            return torch.as_strided(t, t.shape, t.stride(), offset - offset % per_line)
+
+        return args.replace(q=rounded_down(args.q), k=rounded_down(args.k), v=rounded_down(args.v))
+
+
 class NonContiguousGradOutReadPacked(Unmutated):
     name = "mutant-non-contiguous-grad-out-read-packed"
     catalog_id = "non-contiguous-grad-out"
