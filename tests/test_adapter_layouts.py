@@ -30,6 +30,7 @@ from backends.varlen_attn import VarlenAttn
 from conformance import oracle
 from conformance.harness import Run, oracle_call
 from conformance.problem import AttentionArgs, Problem, make_grad_out, make_inputs
+from conformance.problem import laid_out as spec_layout
 from conformance.tolerance import FORWARD_FACTOR, GRADIENT_FACTOR, Verdict, judge, magnitude
 
 PAD = 8  # elements of padding around a view: rows and heads stay 16-byte aligned in 2-byte dtypes
@@ -64,6 +65,11 @@ def head_strided(t: torch.Tensor) -> torch.Tensor:
     return view.copy_(t)
 
 
+def unaligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a dense view one element into a NaN-led buffer: no 16-byte aligned base (the spec's offset_view)."""
+    return spec_layout(t, "offset_view")
+
+
 def split_kv(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """k and v as the two halves of one [rows, Hkv, D + Dv] buffer (v starts D elements into it)."""
     buffer = torch.cat([k, v], dim=-1)
@@ -85,7 +91,7 @@ def permuted_grad(g: torch.Tensor) -> torch.Tensor:
 class Layout:
     offsets_dtype: torch.dtype = torch.int32
     offsets_strided: bool = False
-    qkv: str = "packed"  # packed, row_strided, head_strided, split_kv (head-strided k and v of one buffer)
+    qkv: str = "packed"  # packed, row_strided, head_strided, split_kv (head-strided k and v of one buffer), unaligned
     grad: str = "contiguous"  # contiguous, expanded, permuted
 
 
@@ -98,6 +104,7 @@ LAYOUTS = {
     "row_strided_qkv_expanded_grad": Layout(qkv="row_strided", grad="expanded"),
     "head_strided_qkv_permuted_grad": Layout(qkv="head_strided", grad="permuted"),
     "split_kv_expanded_grad": Layout(qkv="split_kv", grad="expanded"),
+    "unaligned_qkv": Layout(qkv="unaligned"),
     "all_at_once": Layout(torch.int64, True, "row_strided", "permuted"),
 }
 # The layouts whose offsets are contiguous: what an adapter must get right even against a kernel that reads
@@ -119,6 +126,8 @@ def laid_out(problem: Problem, layout: Layout, device="cpu") -> tuple[AttentionA
         q, k, v = head_strided(q), head_strided(k), head_strided(v)
     elif layout.qkv == "split_kv":
         q, (k, v) = head_strided(q), split_kv(k, v)
+    elif layout.qkv == "unaligned":
+        q, k, v = unaligned(q), unaligned(k), unaligned(v)
     grad = {"contiguous": grad, "expanded": expanded_grad(grad), "permuted": permuted_grad(grad)}[layout.grad]
     laid = args.replace(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
     assert all(torch.equal(getattr(laid, n), getattr(args, n)) for n in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"))
@@ -172,7 +181,9 @@ def test_layouts_keep_values_and_change_strides():
         args, grad = laid_out(problem, layout)
         assert args.cu_seqlens_k.dtype == layout.offsets_dtype, name
         assert (args.cu_seqlens_k.stride(0) == 2) == layout.offsets_strided, name
-        if layout.qkv != "packed":
+        if layout.qkv == "unaligned":
+            assert all(t.is_contiguous() and t.data_ptr() % 16 for t in (args.q, args.k, args.v)), name
+        elif layout.qkv != "packed":
             assert not any(t.is_contiguous() for t in (args.q, args.k, args.v)), name
             assert all(t.stride(-1) == 1 for t in (args.q, args.k, args.v)), name
         if layout.grad == "expanded":
