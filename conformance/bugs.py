@@ -565,9 +565,9 @@ CATALOG: tuple[BugClass, ...] = (
         "not fault or read shifted rows",
         "mutant", (EDGE,),
         "the layout axis's offset_view (dense strides, one element into a buffer that holds NaN before it), run by "
-        "the misaligned_views edge case in every run and dtype. It is not drawn: Triton and inductor compile a "
-        "variant of their own for a pointer that is not 16-byte aligned, so drawing it would compile every kernel "
-        "configuration of the JIT backends twice"),
+        "the misaligned_views edge case in every run and dtype. It is not drawn: Triton compiles a variant of its "
+        "own for a pointer that is not 16-byte aligned (inductor copies such inputs instead), so drawing it would "
+        "compile every kernel configuration of a Triton-based backend twice"),
 
     # -- GPU only ---------------------------------------------------------------------------------------------
     BugClass(

@@ -21,8 +21,8 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 # Tensor-level axes: how the caller hands the same numbers over (SPEC.md, "What the caller may pass").
 # The first value of each is the plain form, which a shrunk counterexample falls back to.
 # q, k, v: contiguous, views of wider buffers, or dense views whose base is not 16-byte aligned. The last is not
-# drawn (JIT compilers key a compiled kernel on 16-byte alignment, so drawing it would compile every kernel
-# configuration twice): the misaligned_views edge case runs it in every run.
+# drawn (Triton keys a compiled kernel on 16-byte pointer alignment, so drawing it would compile every kernel
+# configuration of a Triton-based backend twice): the misaligned_views edge case runs it in every run.
 DRAWN_LAYOUTS = ("packed", "row_strided", "head_strided")
 LAYOUTS = DRAWN_LAYOUTS + ("offset_view",)
 OFFSETS_DTYPES = {"int32": torch.int32, "int64": torch.int64}
