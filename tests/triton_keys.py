@@ -119,6 +119,12 @@ def load(path) -> dict[tuple, set[str]]:
             for r in rows}
 
 
+def has_ptxas() -> bool:
+    """Whether this Triton bundles ptxas, which compiling for sm_90 without a GPU needs."""
+    import triton
+    return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))
+
+
 def compile_key(function, key: tuple):
     """Compile the variant ``key`` (a :func:`launch_key`) of ``function`` (the kernel's JIT function) for
     sm_90, as a GPU's first launch of it would: same constexprs, specialisations and launch options. Needs

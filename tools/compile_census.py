@@ -87,8 +87,7 @@ def main(argv=None) -> int:
     if why:
         print(f"cannot read compile keys: {why}", file=sys.stderr)
         return 2
-    import triton
-    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
+    if not triton_keys.has_ptxas():
         print("this Triton has no bundled ptxas: it cannot compile for sm_90 here", file=sys.stderr)
         return 2
     if ns.keys and not os.path.exists(ns.keys):

@@ -136,7 +136,8 @@ def _perf(report) -> list[str]:
     lines = ["", "## Performance", "",
              f"Speedup against {_code(base)} (its median over the backend's; above 1 is faster), median ms, TFLOP/s on "
              "useful FLOPs. Every number, with spread, rounds and first-call time, is in the table below.", ""]
-    lines += [f"> {_md(line)}" for line in perf.interpreter_notes(report)] + [""] * bool(perf.interpreter_notes(report))
+    notes = perf.interpreter_notes(report)
+    lines += [f"> {_md(line)}" for line in notes] + [""] * bool(notes)
     for direction in ("forward", "backward"):
         shown = [r for r in table if r.direction == direction]
         if not shown:
