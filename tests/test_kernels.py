@@ -22,6 +22,7 @@ from kernels import Config, JaggedPlan, SUPPORTED_HEAD_DIMS, jagged_flash_attent
 from kernels import plan as kplan
 from kernels import schedule as sched
 from kernels import tl
+from kernels.gluon import dkdv
 
 _HAS_CUDA = torch.cuda.is_available()  # (without one, the root conftest.py set TRITON_INTERPRET=1)
 DEVICE = "cuda" if _HAS_CUDA else "cpu"
@@ -639,12 +640,12 @@ needs_gluon = pytest.mark.skipif(bool(_GLUON_WHY), reason=f"the Gluon kernels ca
 @pytest.mark.parametrize("config", [Config(), TL_ONLY], ids=["default", "tl"])
 def test_gpu_multiblock(dtype, causal, config):
     # the default kernels (on sm_90 for bf16/fp16: the Gluon forward for sequences with >= 512 keys, the Gluon
-    # dK/dV and dQ kernels at head dim 128; tl elsewhere) and the tl kernels alone
+    # dK/dV and dQ kernels at the head dims of dkdv.HEAD_DIMS; tl elsewhere) and the tl kernels alone
     gluon = config.gluon and not _GLUON_WHY and dtype != torch.float32
     for lens_q, lens_k, heads, d in (([300, 0, 513, 129, 64, 700], [257, 5, 513, 400, 0, 200], (4, 2), 128),
                                      ([129, 384], [700, 1], (2, 2), 64)):
         paths = run_case(lens_q, lens_k, hq=heads[0], hkv=heads[1], d=d, causal=causal, dtype=dtype, config=config)[3]
-        bwd = "gluon" if gluon and d == 128 else "tl"
+        bwd = "gluon" if gluon and d in dkdv.HEAD_DIMS else "tl"
         assert paths[:4] == ("gluon+tl" if gluon else "tl", bwd, bwd,
                              "dq kernel" if bwd == "gluon" else "preprocess"), paths
 
@@ -709,11 +710,11 @@ def run_gluon_case(case, causal, programs=3, dtype=None):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("programs", [3, 0], ids=["3-programs", "one-per-sm"])
 def test_gpu_gluon_kernels(case, causal, programs):
-    # the Gluon forward on every shape class it takes, and the Gluon dK/dV and dQ kernels where they run (head
-    # dim 128, D == Dv; dQ not for broadcast-Q), against the float64 reference's outputs and gradients
+    # the Gluon forward on every shape class it takes, and the Gluon dK/dV and dQ kernels where they run (D == Dv
+    # in dkdv.HEAD_DIMS; dQ not for broadcast-Q), against the float64 reference's outputs and gradients
     paths = run_gluon_case(case, causal, programs)[3]
     lens_q, lens_k, hq, hkv, d, dv, broadcast = GLUON_CASES[case]
-    bwd = "gluon" if d == dv == 128 else "tl"
+    bwd = "gluon" if d == dv and d in dkdv.HEAD_DIMS else "tl"
     assert paths[:3] == ("gluon", bwd, "tl" if broadcast else bwd), paths
 
 
