@@ -3,14 +3,18 @@
 paths each triton row records, and the GPU script's stages naming only known implementations and shapes."""
 import os
 import re
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.tools import bench
-from kernels.tools.bench import impl_sdpa, visible_pairs
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import bench  # noqa: E402  (tools/bench.py: a script, outside the packages)
+
+impl_sdpa, visible_pairs = bench.impl_sdpa, bench.visible_pairs
 
 
 def _per_sequence_sdpa(shape, q, k, v):
@@ -146,7 +150,7 @@ def test_plan_impls_launch_what_the_full_call_launches():
 
 
 def test_gpu_check_names_only_known_impls_and_shapes():
-    # kernels/tools/gpu_check.sh spends GPU time: a misspelt implementation or shape should fail here
+    # tools/gpu_check.sh spends GPU time: a misspelt implementation or shape should fail here
     script = open(os.path.join(os.path.dirname(bench.__file__), "gpu_check.sh")).read().replace("\\\n", "")
     named = {"impls": [], "shapes": [], "seeds": []}
     for option, value in re.findall(r"--(impls|once|shapes|s3-seeds) (\S+)", script):

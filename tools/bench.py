@@ -1,6 +1,6 @@
 """Benchmark: triton-jfa against FA4 (flash_attn.cute) and padded SDPA on one GPU, in one process.
 
-    python -m kernels.tools.bench [--out DIR] [--impls fa4,triton-plan,triton,triton-tl-plan,sdpa]
+    python tools/bench.py [--out DIR] [--impls fa4,triton-plan,triton,triton-tl-plan,sdpa]
                                   [--shapes S4b,S1,S1c,S2,S4a,S3] [--s3-seeds 1234,1,2] [--rounds N]
 
 Implementations: ``triton`` (a plain ``jagged_flash_attention`` call: validation and the tile lists built on the

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The kernels' GPU check, one stage per call (each fits a 10-minute slot on one H200):
-#   bash kernels/tools/gpu_check.sh OUT_DIR tests   tests/test_kernels.py and tests/test_schedule.py (the GPU tests
+#   bash tools/gpu_check.sh OUT_DIR tests   tests/test_kernels.py and tests/test_schedule.py (the GPU tests
 #                                                   and the rest, on the GPU) and tests/test_gluon_compile.py:
 #                                                   OUT_DIR/pytest.txt
-#   bash kernels/tools/gpu_check.sh OUT_DIR spec    the spec on triton-jfa (profile ci, on the GPU):
+#   bash tools/gpu_check.sh OUT_DIR spec    the spec on triton-jfa (profile ci, on the GPU):
 #                                                   OUT_DIR/spec/ci/ (summary.md, report.json, ...)
-#   bash kernels/tools/gpu_check.sh OUT_DIR bench   the timing table against FA4 and padded SDPA, three
+#   bash tools/gpu_check.sh OUT_DIR bench   the timing table against FA4 and padded SDPA, three
 #                                                   interleaved rounds, S3 on three Pareto draws:
 #                                                   OUT_DIR/bench.md, OUT_DIR/bench.json
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for the bench's FA4 rows; FA4_PATH, if set, is put
@@ -34,7 +34,7 @@ case $STAGE in
       --name ci >> "$LOG" 2>&1
     echo "spec rc=$?" | tee -a "$LOG"; tail -5 "$OUT_DIR/spec/ci/summary.md" 2>/dev/null ;;
   bench)
-    timeout 560 python3 -m kernels.tools.bench --out "$OUT_DIR" --rounds 3 --once sdpa,triton-tl-plan \
+    timeout 560 python3 tools/bench.py --out "$OUT_DIR" --rounds 3 --once sdpa,triton-tl-plan \
       --impls fa4,triton-plan,triton,triton-tl-plan,sdpa --shapes S4b,S1,S1c,S2,S4a,S3,S3s1,S3s2,S5 \
       --s3-seeds 1,2 --host >> "$LOG" 2>&1
     echo "bench rc=$?" | tee -a "$LOG"; cat "$OUT_DIR/bench.md" 2>/dev/null ;;
