@@ -1,8 +1,9 @@
 """`flex`: ``torch.nn.attention.flex_attention`` over the packed batch with a document mask.
 
 The packed q, k, v become one "sequence" each (``(1, H, total, D)``); a ``mask_mod`` keeps a query
-and a key when they belong to the same document and :func:`conformance.problem.key_visible` allows the
-pair, so every causal alignment is expressible. GQA is ``enable_gqa``. The LSE comes back through
+and a key when they belong to the same document and the causal convention
+(:func:`conformance.problem.key_visible`, as a per-document diagonal shift) allows the pair, so every causal
+alignment is expressible. GQA is ``enable_gqa``. The LSE comes back through
 ``return_aux=AuxRequest(lse=True)`` (``return_lse=True`` on torch < 2.9), natural log, ``(1, Hq, total_q)``.
 
 The BlockMask is built from the offsets alone (:func:`document_block_mask`), at block granularity:
@@ -10,8 +11,10 @@ The BlockMask is built from the offsets alone (:func:`document_block_mask`), at 
 
 Compiling is bounded: the packed rows are padded to a multiple of :data:`ROW_BUCKET` (rows of a sentinel
 document that sees nothing), so every problem up to that size has the same shapes, and flex is compiled
-with ``dynamic=False``. One kernel configuration (dtype, head dims, heads, scale, ...) then compiles once
-per bucket, instead of once per drawn length, or once into a slow dynamic-shape kernel.
+with ``dynamic=False``; the mask_mod's per-document tables are sized by a power-of-two bucket of the batch,
+and the causal mode is data in them. One kernel configuration (dtype, head dims, heads, scale, ...) then
+compiles once per bucket, instead of once per drawn length or batch size or causal mode, or once into a slow
+dynamic-shape kernel.
 
 On GPU flex_attention is compiled (the fused kernel, forward and backward). On CPU its compiled path
 returns no LSE and has no backward, so there the adapter runs flex's eager implementation, which
@@ -31,10 +34,11 @@ import os
 import torch
 
 from conformance.backend import Backend, Capabilities
-from conformance.problem import CAUSAL_MODES, AttentionArgs, Output, key_visible
+from conformance.problem import CAUSAL_MODES, AttentionArgs, Output
 
 BLOCK_SIZE = 128
 ROW_BUCKET = 4096  # padded rows cost nothing: their blocks are empty
+DOC_BUCKET = 64  # fewest per-document table entries (doc_slots)
 CPU_OPT_IN = "JFA_FLEX_CPU"  # the CPU path costs minutes per spec run and checks no flex kernel
 
 
@@ -88,26 +92,53 @@ def document_blocks(cu_q: torch.Tensor, cu_k: torch.Tensor, causal: str, block_s
     return any_blocks & ~full_blocks, full_blocks
 
 
+def diagonal_shift(len_q: torch.Tensor, len_k: torch.Tensor, causal: str) -> torch.Tensor:
+    """Per sequence, the ``shift`` for which ``key_visible(i, j, len_q, len_k, causal)`` is ``j <= i + shift`` for
+    every in-sequence pair (``none``: ``len_k``, past every key). The causal mode becomes data, so one compiled
+    kernel serves all three modes."""
+    if causal == "none":
+        return len_k.clone()
+    if causal == "bottom_right":
+        return len_k - len_q
+    if causal == "top_left":
+        return torch.zeros_like(len_k)
+    raise ValueError(f"causal must be one of {CAUSAL_MODES}, got {causal!r}")
+
+
+def doc_slots(batch: int) -> int:
+    """How many per-document entries the mask_mod's lookup tables hold: ``batch`` documents and two sentinels,
+    rounded up to a power of two (at least :data:`DOC_BUCKET`). The tables' shapes are part of what dynamo
+    compiles for, so batches of similar size share one graph instead of compiling one each."""
+    return max(DOC_BUCKET, 1 << (batch + 1).bit_length())
+
+
 def document_mask_mod(cu_q: torch.Tensor, cu_k: torch.Tensor, causal: str, pad_to: tuple[int, int]):
     """``mask_mod(b, h, q_idx, kv_idx)``: same document and visible under ``causal``. Padded positions up to
-    ``pad_to`` belong to sentinel documents that never match, so the kernel may evaluate them safely."""
+    ``pad_to`` belong to sentinel documents that never match, so the kernel may evaluate them safely. Every
+    shape it captures depends on ``pad_to`` and :func:`doc_slots` alone, and the causal mode enters as data
+    (:func:`diagonal_shift`): one compiled graph per bucket serves every batch and causal mode."""
     batch = cu_q.numel() - 1
     cu_q, cu_k = cu_q.long(), cu_k.long()
+    slots = doc_slots(batch)
 
     def doc_ids(cu, sentinel, length):
         ids = torch.full((length,), sentinel, dtype=torch.long, device=cu.device)
         ids[: int(cu[-1])] = torch.repeat_interleave(torch.arange(batch, device=cu.device), cu.diff())
         return ids
 
+    def table(values):
+        out = values.new_zeros(slots)
+        out[:batch] = values
+        return out
+
     doc_q, doc_k = doc_ids(cu_q, batch, pad_to[0]), doc_ids(cu_k, batch + 1, pad_to[1])
-    zeros = cu_q.new_zeros(2)
-    start_q, start_k = torch.cat([cu_q[:-1], zeros]), torch.cat([cu_k[:-1], zeros])
-    len_q, len_k = torch.cat([cu_q.diff(), zeros]), torch.cat([cu_k.diff(), zeros])
+    start_q, start_k = table(cu_q[:-1]), table(cu_k[:-1])
+    shift = table(diagonal_shift(cu_q.diff(), cu_k.diff(), causal))
 
     def mask_mod(b, h, q_idx, kv_idx):
         d = doc_q[q_idx]
         same = d == doc_k[kv_idx]
-        return same & key_visible(q_idx - start_q[d], kv_idx - start_k[d], len_q[d], len_k[d], causal)
+        return same & (kv_idx - start_k[d] <= q_idx - start_q[d] + shift[d])
 
     return mask_mod
 

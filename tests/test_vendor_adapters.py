@@ -18,12 +18,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from conformance import registry
-from backends.flex import Flex, document_blocks, document_mask_mod
+from backends.flex import DOC_BUCKET, Flex, document_block_mask, document_blocks, document_mask_mod
 from backends.sdpa_kernels import SdpaCudnn, SdpaEfficient, SdpaFlash, SdpaMath, only_kernel
 from backends.tlx_jfa import MODULE as TLX_MODULE
 from backends.tlx_jfa import TlxJfa
 from conformance.harness import Run, Unsupported, judge_forward, judge_gradients, run_backend
-from conformance.problem import Problem, make_inputs, offsets
+from conformance.problem import Problem, key_visible, make_inputs, offsets
 from conformance.spec.edge_cases import EDGE_CASES
 from conformance.strategies import problems
 from test_adapter_layouts import (CONTIGUOUS_OFFSETS, LAYOUTS, assert_meets_oracle, kernel_reads, laid_out,
@@ -399,6 +399,54 @@ def test_flex_block_mask_equals_dense_evaluation(lengths, causal, block):
                                 for row in _block_rows(dense.kv_num_blocks, dense.kv_indices)]
     assert full.tolist() == [[j in row for j in range(full.shape[1])]
                              for row in _block_rows(dense.full_kv_num_blocks, dense.full_kv_indices)]
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, database=None)
+@given(
+    lengths=st.lists(st.tuples(st.integers(0, 9), st.integers(0, 9)), min_size=1, max_size=5),
+    causal=st.sampled_from(("none", "bottom_right", "top_left")),
+)
+def test_flex_mask_mod_is_the_causal_convention_per_document(lengths, causal):
+    # the mask_mod's causal modes are a per-document diagonal shift (data, so one compiled graph serves every
+    # mode): every (query, key) pair of the packed batch, padding included, against key_visible per document
+    cu_q, cu_k = offsets([lq for lq, _ in lengths]), offsets([lk for _, lk in lengths])
+    total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
+    pad = (total_q + 3, total_k + 5)
+    mask_mod = document_mask_mod(cu_q, cu_k, causal, pad)
+    got = mask_mod(0, 0, torch.arange(pad[0])[:, None], torch.arange(pad[1])[None, :])
+    want = torch.zeros(pad, dtype=torch.bool)
+    for b, (lq, lk) in enumerate(lengths):
+        q0, k0 = int(cu_q[b]), int(cu_k[b])
+        want[q0:q0 + lq, k0:k0 + lk] = key_visible(torch.arange(lq)[:, None], torch.arange(lk)[None, :], lq, lk, causal)
+    assert torch.equal(got, want)
+
+
+def test_flex_compiles_one_graph_for_every_batch_size_and_causal_mode():
+    """What dynamo compiles flex for depends on the padded rows and the batch's power-of-two bucket alone:
+    batches of other sizes and the three causal modes reuse the graph (before, each batch size and mode
+    compiled its own: on a GPU seconds of tracing and lowering inside a check)."""
+    from torch._dynamo.utils import counters
+    from torch.nn.attention.flex_attention import flex_attention
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(flex_attention, dynamic=False, backend="eager")  # dynamo's guards, no codegen
+    rows = (256, 256)
+    q, k, v = (torch.randn(1, 2, 256, 16) for _ in range(3))
+
+    def graphs(lengths, causal):
+        cu = offsets(lengths)
+        compiled(q, k, v, block_mask=document_block_mask(cu, cu, causal, block_size=128, rows=rows))
+        return counters["stats"]["unique_graphs"]
+
+    try:
+        assert graphs([5, 7], "none") == 1
+        for lengths in ([5, 7, 9], [1] * (DOC_BUCKET - 2), [40, 0, 3]):
+            for causal in ("none", "bottom_right", "top_left"):
+                assert graphs(lengths, causal) == 1, (len(lengths), causal)
+        assert graphs([1] * (DOC_BUCKET - 1), "none") == 2  # the next bucket: one more graph
+    finally:
+        torch._dynamo.reset()
 
 
 def test_flex_block_mask_scales_without_dense_evaluation():
