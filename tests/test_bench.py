@@ -171,6 +171,26 @@ def test_the_head_dim_64_shape_is_timed_at_its_head_dim_and_leaves_the_others_un
                                                                       1024).sum())
 
 
+def _busy_validation(n):
+    return sum(i * i for i in range(n))
+
+
+def test_host_profile_names_where_a_call_spends_its_host_time():
+    import time as _time
+
+    def call():
+        _busy_validation(20000)
+        _time.sleep(0.001)
+    synced = []
+    top = bench.host_profile(call, calls=5, top=3, sync=lambda: synced.append(1))
+    assert len(top) == 3 and len(synced) == 2
+    where = [w for w, _ in top]
+    assert any("time.sleep" in w for w in where) and any("_busy_validation" in w or "genexpr" in w for w in where), top
+    sleep_us = dict(top)[next(w for w in where if "time.sleep" in w)]
+    assert 900 <= sleep_us < 4000  # per call (five calls: a total would be 5,000 or more)
+    assert [us for _, us in top] == sorted((us for _, us in top), reverse=True)
+
+
 def test_host_cost_is_per_call_and_the_table_shows_it(monkeypatch, tmp_path):
     import time as _time
     synced = []

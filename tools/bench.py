@@ -18,7 +18,8 @@ the first round also measures what a call costs the host: microseconds per
 call submitted back to back without waiting for the GPU (a call that waits
 shows its GPU time here too), and the GPU launches one call makes (kernels,
 memsets and copies, from torch.profiler).  Where the host cost per call exceeds
-the GPU time per call, the do_bench time is the host's.
+the GPU time per call, the do_bench time is the host's; the JSON also names the
+functions that take most of the host's time (``fwd_host_top``, ``bwd_host_top``).
 """
 from __future__ import annotations
 
@@ -272,6 +273,26 @@ def host_cost(fn, calls=50, sync=None, count_launches=True):
     return host_us, launches
 
 
+def host_profile(fn, calls=50, top=8, sync=None):
+    """Where the host time of ``fn`` goes: the ``top`` functions by time spent in them (not in their callees),
+    as ``[(where, microseconds per call), ...]`` over ``calls`` calls under cProfile (which slows every
+    Python call alike, so read the shares, not the absolute figures)."""
+    import cProfile
+    import pstats
+    sync = sync or torch.cuda.synchronize
+    fn()
+    sync()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    sync()
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, primitive calls, self s, cumulative s, ...)
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [(f"{os.path.basename(f)}:{line}({name})", round(v[2] / calls * 1e6, 1)) for (f, line, name), v in rows]
+
+
 def measure_host(make, shape, tensors):
     """host_cost of the forward and of the backward (torch.autograd.grad of one output) of an impl."""
     q, k, v, cu_q, cu_k = tensors
@@ -279,10 +300,13 @@ def measure_host(make, shape, tensors):
     fwd = make(shape, q, k, v, cu_q, cu_k)
     with torch.no_grad():
         f_us, f_n = host_cost(fwd)
+        f_top = host_profile(fwd)
     out = fwd()
     do = torch.randn_like(out)
-    b_us, b_n = host_cost(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True))
-    return dict(fwd_host_us=f_us, fwd_launches=f_n, bwd_host_us=b_us, bwd_launches=b_n)
+    bwd = lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)  # noqa: E731
+    b_us, b_n = host_cost(bwd)
+    return dict(fwd_host_us=f_us, fwd_launches=f_n, bwd_host_us=b_us, bwd_launches=b_n,
+                fwd_host_top=f_top, bwd_host_top=host_profile(bwd))
 
 
 def main(argv=None):
@@ -299,7 +323,8 @@ def main(argv=None):
     ap.add_argument("--once", default="",
                     help="impls timed in the first round only (slow baselines whose spread is not in question)")
     ap.add_argument("--host", action="store_true",
-                    help="also measure each impl's host microseconds and GPU launches per call (first round)")
+                    help="also measure each impl's host microseconds and GPU launches per call, and where the host "
+                         "time goes (the costliest functions under cProfile; first round)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     try:
