@@ -1,7 +1,9 @@
 """Benchmark: triton-jfa against FA4 (flash_attn.cute) and padded SDPA on one GPU, in one process.
 
     python tools/bench.py [--out DIR] [--impls fa4,triton-plan,triton,triton-tl-plan,sdpa]
-                                  [--shapes S4b,S1,S1c,S2,S4a,S3] [--s3-seeds 1234,1,2] [--rounds N]
+                          [--shapes S4b,S1,S1c,S2,S4a,S3] [--s3-seeds 1234,1,2] [--rounds N] [--host]
+
+(from a checkout with the package installed, or with the repository root on PYTHONPATH)
 
 Implementations: ``triton`` (a plain ``jagged_flash_attention`` call: validation and the tile lists built on the
 device at every call), ``triton-plan`` (calls of a ``JaggedPlan`` made once), ``triton-tl-plan`` (the same with
