@@ -4,7 +4,7 @@ the device).
     kernels ............ where ...................................................... else
     Gluon forward        sm_90, bf16/fp16, D and Dv in (64, 128), TMA layouts; the     tl forward
                          sequences with >= Config.gluon_split_keys keys
-    Gluon dK/dV          the same, and D == Dv == 128                                  tl dK/dV
+    Gluon dK/dV          the same, and D == Dv in (64, 128)                                  tl dK/dV
     Gluon dQ + delta     the same as dK/dV, and not broadcast-Q; runs first            preprocess pass, tl dQ
 
 Every path is deterministic: each gradient element has one writer, and broadcast-Q's dQ sums fp32 partials
