@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The kernels' GPU check, one stage per call (each fits a 10-minute slot on one H200):
-#   bash tools/gpu_check.sh OUT_DIR tests   tests/test_kernels.py and tests/test_schedule.py (the GPU tests
+#   bash tools/gpu_check.sh OUT_DIR tests   tests/test_kernels*.py and tests/test_schedule.py (the GPU tests
 #                                                   and the rest, on the GPU) and tests/test_gluon_compile.py:
 #                                                   OUT_DIR/pytest.txt
 #   bash tools/gpu_check.sh OUT_DIR spec    the spec on triton-jfa (profile ci, on the GPU):
@@ -25,7 +25,7 @@ git log -1 --format="commit %H%n%s" | tee -a "$LOG"
 case $STAGE in
   tests)
     # -rA names every outcome, so a run cut off by the limit still says which tests finished
-    timeout 560 python3 -m pytest tests/test_kernels.py tests/test_schedule.py tests/test_gluon_compile.py -rA -q -n "$WORKERS" \
+    timeout 560 python3 -m pytest tests/test_kernels.py tests/test_kernels_gpu.py tests/test_schedule.py tests/test_gluon_compile.py -rA -q -n "$WORKERS" \
       -p no:cacheprovider > "$OUT_DIR/pytest.txt" 2>&1
     echo "pytest rc=$?" | tee -a "$LOG"; tail -3 "$OUT_DIR/pytest.txt" ;;
   spec)
