@@ -117,6 +117,15 @@ def value_linearity(f: AttentionFn, args: AttentionArgs, gen: torch.Generator) -
     return [("out", together.float(), apart)]
 
 
+def not_applicable(name: str, capabilities) -> str | None:
+    """Why relation ``name`` cannot hold for a backend with ``capabilities`` whatever problem is drawn, or
+    None. Decided before drawing: a relation whose every example the backend would refuse costs a whole
+    check's worth of calls otherwise."""
+    if name == "empty_sequences_inserted" and not capabilities.zero_length:
+        return "it inserts zero-length sequences, which the backend declares it does not take"
+    return None
+
+
 RELATIONS = {
     "sequence_permutation": sequence_permutation,
     "empty_sequences_inserted": empty_sequences_inserted,

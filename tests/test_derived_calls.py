@@ -2,12 +2,17 @@
 hold those calls to what the backend declares: a declared refusal is unsupported, never a failure."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+from hypothesis import given, settings
 
 from conformance.reference import Reference
 from conformance import checks
 from conformance.harness import Unsupported
 from conformance.problem import Problem
+from conformance.relations import RELATIONS, not_applicable
+from conformance.strategies import problems
 from conformance.spec.test_unwritten_memory import guarded_forward_verdicts
 
 
@@ -47,3 +52,23 @@ def test_a_call_time_refusal_in_the_guarded_check_is_unsupported():
     with pytest.raises(Unsupported, match="refused"):
         guarded_forward_verdicts(RefusesBroadcast(), problem, "cpu")
     assert all(v.ok for v in guarded_forward_verdicts(RefusesBroadcast(), Problem((4,), (1,), dtype="float16"), "cpu"))
+
+
+class NoZeroLength(Reference):
+    """Declares, like the nested-tensor SDPA, that it takes no sequence of length 0."""
+    name = "no-zero-length"
+    capabilities = dataclasses.replace(Reference.capabilities, zero_length=False)
+
+
+@settings(max_examples=15, deadline=None)
+@given(problem=problems(NoZeroLength.capabilities, min_batch=1, dtype="float32"))
+def test_a_relation_no_drawn_problem_can_run_is_skipped_before_drawing(problem):
+    # the relation inserts empty sequences: every example would be refused after a wasted call, so the
+    # spec skips the check up front; the declaration must be exactly that
+    reason = not_applicable("empty_sequences_inserted", NoZeroLength.capabilities)
+    assert reason and "zero-length" in reason
+    with pytest.raises(Unsupported, match="zero-length"):
+        checks.relation(NoZeroLength(), problem, "cpu", "empty_sequences_inserted")
+    assert all(not_applicable(name, Reference.capabilities) is None for name in RELATIONS)
+    assert all(not_applicable(name, NoZeroLength.capabilities) is None for name in RELATIONS
+               if name != "empty_sequences_inserted")

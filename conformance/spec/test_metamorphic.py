@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance import checks
-from conformance.relations import RELATIONS
+from conformance.relations import RELATIONS, not_applicable
 from conformance.strategies import problems
 
 from .support import require, supported
@@ -17,6 +17,8 @@ pytestmark = pytest.mark.spec
 @pytest.mark.parametrize("relation", list(RELATIONS))
 @given(data=st.data())
 def test_metamorphic(backend, device, check, configs, relation, data):
+    reason = not_applicable(relation, backend.capabilities)
+    require(reason is None, f"{relation}: {reason}")
     problem = data.draw(problems(backend.capabilities, configs=configs, min_batch=1), label="problem")
     with supported(check):
         verdicts = checks.relation(backend, problem, device, relation)
