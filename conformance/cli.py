@@ -339,6 +339,9 @@ def print_summary(console, report: dict, regressions: list[dict], run_dir: Path 
         console.print(f"[yellow]compiling inside checks[/]: {total:.0f} s; most in "
                       + "; ".join(f"{escape(b['id'].rsplit('/', 1)[-1])} ({b['seconds']:.1f} s: "
                                   f"{escape(', '.join(b['what']))})" for b in built), highlight=False, soft_wrap=True)
+    phase = rp.check_phase_text(report["run"].get("checks"))
+    if phase:
+        console.print(phase, markup=False, highlight=False, soft_wrap=True)
     unrun, _ = rp.unrun_checks(report)
     if unrun:
         console.print(f"[yellow]not run[/] (no verdict): {sum(map(len, unrun.values()))} checks of "
@@ -464,7 +467,7 @@ def cmd_run(ns) -> int:
                     "time_limit_s": ns.time_limit, "workers": n_workers, "gpus": ns.gpus, "pytest_exit_code": rc,
                     "benchmarks": bench_status, "complete": complete, "stopped": stop_reason,
                     "resumed_from": ns.resume, "cache_dir": str(cache_dir), "cache_bytes_before": cache_bytes,
-                    "warmup": warm_info, "environment": env_info},
+                    "warmup": warm_info, "checks": check_phase, "environment": env_info},
             "backends": {info.name: {"source": info.source, "available": info.available, "reason": info.reason,
                                      "capabilities": info.capabilities, "time": times[info.name]}
                          for _, info in chosen},
@@ -487,7 +490,7 @@ def cmd_run(ns) -> int:
                   f"({cache_bytes / 1e6:.0f} MB)", highlight=False)
     import signal
     previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
-    records, timings, rc, finished, bench_status = [], [], None, False, "not run"
+    records, timings, rc, finished, bench_status, check_phase = [], [], None, False, "not run", None
     warm_summary, warm_info = {}, {"ran": False}
     try:
         deadline = time.monotonic() + ns.time_limit if ns.time_limit else None
@@ -496,9 +499,12 @@ def cmd_run(ns) -> int:
             warm_summary, warm_info = run_warmup(ns, chosen, device, run_dir, env, cache_dir, console, deadline,
                                                  _worker_sets(ns, device),
                                                  lambda jobs: WarmupView(console, jobs, enabled=not ns.quiet))
+        checks_started = time.time()
         with LiveView(console, enabled=not ns.quiet, flight_dir=run_dir / ".flight") as view:
             rc, stop_reason = run_pytest(command, env, run_dir / "pytest.log", records_path, view, deadline, snapshot)
+        checks_wall = time.time() - checks_started
         collected, records, finished = rp.read_record_stream(records_path)
+        check_phase = rp.check_phase(records, checks_started, checks_wall, n_workers)
         if rc in (3, 4) and not records and stop_reason is None:
             log_tail = (run_dir / "pytest.log").read_text(errors="replace")[-3000:]
             console.print(log_tail, markup=False)

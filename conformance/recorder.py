@@ -150,7 +150,8 @@ def build_record(item, report, call) -> dict:
     record = {
         "id": item.nodeid, **_identity(item), "outcome": outcome, "reason": reason,
         "message": _short(message) if message else None,
-        "duration_s": round(report.duration, 4), "examples": log.examples if log else 0,
+        "duration_s": round(report.duration, 4), "started_at": round(call.start, 3),
+        "examples": log.examples if log else 0,
         "unsupported_examples": dict(log.unsupported) if log else {},
         "axes": log.axes if log else {}, "kernel_configs": log.configs if log else {},
     }

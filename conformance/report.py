@@ -137,6 +137,32 @@ def timings_from_benchmark(bench: dict) -> list[dict]:
     return rows
 
 
+def check_phase(records: list[dict], started_at: float, wall_s: float, workers: int) -> dict:
+    """Where the check phase's wall time went: ``busy_s`` (the checks' own seconds, summed), the share of
+    ``workers`` x ``wall_s`` that is, the seconds before the first check started (worker start-up and
+    collection) and after the last one ended, and the worker processes used (more than ``workers`` when
+    some were replaced after a device fault or a hang)."""
+    ran = [r for r in records if r.get("started_at") is not None and r.get("duration_s") is not None]
+    busy = sum(r["duration_s"] for r in ran)
+    phase = {"wall_s": round(wall_s, 1), "workers": workers, "busy_s": round(busy, 1),
+             "busy_share": round(busy / (workers * wall_s), 3) if workers and wall_s > 0 else None,
+             "worker_processes": len({r.get("worker") for r in ran})}
+    if ran:
+        phase["before_first_check_s"] = round(min(r["started_at"] for r in ran) - started_at, 1)
+        phase["after_last_check_s"] = round(started_at + wall_s - max(r["started_at"] + r["duration_s"] for r in ran), 1)
+    return phase
+
+
+def check_phase_text(phase: dict | None) -> str | None:
+    """One line on the check phase (:func:`check_phase`), or None when there is nothing to say."""
+    if not phase or phase.get("busy_share") is None:
+        return None
+    return (f"checks: {phase['wall_s']:.0f} s wall on {phase['workers']} workers, {phase['busy_share']:.0%} of it busy "
+            f"({phase['busy_s']:.0f} s of checks); the first check started after {phase.get('before_first_check_s', 0):.0f} s, "
+            f"the last ended {phase.get('after_last_check_s', 0):.0f} s before the end; "
+            f"{phase['worker_processes']} worker processes")
+
+
 def timing_key(row: dict) -> tuple:
     return row["backend"], row["shape"], row["direction"]
 

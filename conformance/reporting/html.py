@@ -272,6 +272,9 @@ def _backend_table(report, summary) -> list[str]:
                       "(or loading them from its cache: milliseconds each) and torch.compile graphs, which the "
                       "warm-up exists to take out of the checks" if "check_jit_s" in time_keys else "")
                    + ".</p>")
+        phase = rp.check_phase_text((report.get("run") or {}).get("checks"))
+        if phase:
+            out.append(f"<p class='note'>{esc(phase)}.</p>")
         built = perf.jit_in_checks(report)
         if built:
             out.append(f"<details><summary>checks that compiled ({len(built)} shown)</summary><table>"
