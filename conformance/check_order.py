@@ -368,3 +368,15 @@ def arrange(checks: list[Check], table: dict[str, Measured], n_workers: int = 1,
     for share in shares:
         share.sort(key=lambda i: checks[i].backend not in home)  # (stable: longest first within each part)
     return [i for share in shares for i in share]
+
+
+def gated_last(order: list[int], gated: list[bool], n_workers: int) -> list[int]:
+    """``order`` (item indices laid out in worksteal's shares, :func:`arrange`) with, in each share, the
+    items ``gated[i]`` after the others, each group keeping its order: a worker runs what it can before it
+    waits for a backend still compiling."""
+    out, start = [], 0
+    for size in worksteal_shares(len(order), n_workers):
+        share = order[start:start + size]
+        out += [i for i in share if not gated[i]] + [i for i in share if gated[i]]
+        start += size
+    return out

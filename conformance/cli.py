@@ -285,6 +285,46 @@ def write_run_dir(run_dir: Path, report: dict, regressions: list[dict] | None = 
             print(f"jfa-conformance: could not render {filename}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
+class _Warming:
+    """The warm-up running in a thread beside the checks (warmup.py): ``join()`` gives its summary."""
+
+    def __init__(self, run, gate_dir: Path, gates: set[str]):
+        import threading
+        self.gate_dir, self.gates, self._result, self._error = gate_dir, gates, ({}, {"ran": False}), None
+
+        def target():
+            try:
+                self._result = run()
+            except BaseException as exc:  # noqa: BLE001 - re-raised in join()
+                self._error = exc
+
+        self._thread = threading.Thread(target=target, name="jfa-warmup", daemon=True)
+        self._thread.start()
+
+    def join(self) -> tuple[dict, dict]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+def _start_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Path, console, deadline) -> _Warming:
+    """Plan the warm-up, open a gate per backend with something to compile, and run it in a thread. The
+    checks start at once: those of backends with nothing to compile first, in every worker's share."""
+    from .warmup import open_gates, plan_warmup, run_warmup
+    plan = plan_warmup(ns, chosen, device, cache_dir)
+    gate_dir = run_dir / ".flight" / "warming"
+    open_gates(gate_dir, plan.warming())
+    if plan.todo:
+        console.print(f"warm-up: compiling {len(plan.todo)} kernel configurations of "
+                      f"{', '.join(sorted(plan.warming()))} beside the checks; their checks wait for them",
+                      highlight=False, soft_wrap=True)
+    # one live display at a time: the checks' view is live, the warm-up reports in lines
+    return _Warming(lambda: run_warmup(ns, plan, device, run_dir, env, cache_dir, console, deadline,
+                                       _worker_sets(ns, device), lambda jobs: WarmupView(console, jobs, enabled=False),
+                                       gate_dir=gate_dir), gate_dir, plan.warming())
+
+
 def print_summary(console, report: dict, regressions: list[dict], run_dir: Path | None) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -494,14 +534,18 @@ def cmd_run(ns) -> int:
     warm_summary, warm_info = {}, {"ran": False}
     try:
         deadline = time.monotonic() + ns.time_limit if ns.time_limit else None
+        warming = None
         if ns.warmup if ns.warmup is not None else device.startswith("cuda"):
-            from .warmup import run_warmup
-            warm_summary, warm_info = run_warmup(ns, chosen, device, run_dir, env, cache_dir, console, deadline,
-                                                 _worker_sets(ns, device),
-                                                 lambda jobs: WarmupView(console, jobs, enabled=not ns.quiet))
+            warming = _start_warmup(ns, chosen, device, run_dir, env, cache_dir, console, deadline)
+            if warming.gates:  # the checks of the backends still compiling wait at their gates
+                command += ["--jfa-warming", str(warming.gate_dir)]
         checks_started = time.time()
-        with LiveView(console, enabled=not ns.quiet, flight_dir=run_dir / ".flight") as view:
-            rc, stop_reason = run_pytest(command, env, run_dir / "pytest.log", records_path, view, deadline, snapshot)
+        try:
+            with LiveView(console, enabled=not ns.quiet, flight_dir=run_dir / ".flight") as view:
+                rc, stop_reason = run_pytest(command, env, run_dir / "pytest.log", records_path, view, deadline, snapshot)
+        finally:
+            if warming is not None:
+                warm_summary, warm_info = warming.join()
         checks_wall = time.time() - checks_started
         collected, records, finished = rp.read_record_stream(records_path)
         check_phase = rp.check_phase(records, checks_started, checks_wall, n_workers)

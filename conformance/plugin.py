@@ -40,6 +40,9 @@ def pytest_addoption(parser):
     group.addoption("--max-examples", type=int, default=None, help="override the profile's hypothesis max_examples")
     group.addoption("--jfa-only", default=None, metavar="PATH",
                     help="run only the spec checks whose ids are listed in PATH, one per line (see check_key)")
+    group.addoption("--jfa-warming", default=None, metavar="DIR",
+                    help="the run's warm-up gates (warmup.py): a check of a backend whose gate file is in DIR waits "
+                    "for it, outside its timeout; such checks go last in each worker's share")
     group.addoption("--jfa-check-seconds", default=None, metavar="PATH",
                     help="JSON table of the seconds earlier runs measured per check (check_order.py): the longest "
                     "expected run first, in equal shares per xdist worker; without it, drawn checks first")
@@ -152,8 +155,25 @@ def arrange_items(config, items) -> None:
         prior = check_order.first_call_prior(getattr(getattr(backend, "capabilities", None), "compile_s", None))
         if name is not None and name not in first_call and prior:
             first_call[name] = prior
-    order = check_order.arrange([_as_check(item) for item in spec], table, _xdist_workers(config), first_call)
+    workers = _xdist_workers(config)
+    order = check_order.arrange([_as_check(item) for item in spec], table, workers, first_call)
+    gates = config.getoption("jfa_warming")
+    if gates:  # the checks that would wait for the warm-up go last in each share
+        from .warmup import gated_backends
+        waiting = gated_backends(Path(gates))
+        order = check_order.gated_last(order, [getattr(_backend_param(item), "name", None) in waiting for item in spec],
+                                       workers)
     items[:] = [spec[i] for i in order] + [item for item in items if not item.get_closest_marker("spec")]
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest-timeout's timer: waiting is not checking
+def pytest_runtest_protocol(item, nextitem):
+    gates = item.config.getoption("jfa_warming", default=None)
+    name = getattr(_backend_param(item), "name", None)
+    if gates and name is not None:
+        from .warmup import wait_for_gate
+        wait_for_gate(Path(gates), name)
+    return (yield)
 
 
 def _xdist_workers(config) -> int:

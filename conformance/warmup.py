@@ -4,8 +4,9 @@ The first call of a JIT backend on a kernel configuration compiles (seconds to m
 any process, load the result from the persistent caches that ``jfa-conformance run`` points every process
 at (see cache.py). So the run first calls each backend once per configuration of its run set
 (configs.py) on a few tiny problems — forward, and backward where declared — in a pool of worker
-processes, timing each (backend, configuration) job, and only then starts the checks, whose timeout
-then measures checking rather than compiling. That holds only if the warm-up's calls launch every kernel
+processes, timing each (backend, configuration) job. The checks run beside it: those of backends with
+nothing to compile start at once, and a backend's checks wait (outside their timeout) until its last
+warm-up job has ended, so their timeout measures checking rather than compiling. That holds only if the warm-up's calls launch every kernel
 variant the checks launch; for the project's Triton kernel, tests/test_compile_keys.py checks it on the CPU
 with the compile keys a GPU would use.
 
@@ -435,14 +436,28 @@ def summarize(results: list[Result]) -> dict[str, dict]:
 
 
 # -- the run's warm-up phase ------------------------------------------------------------------------------
-def run_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Path, console, deadline,
-               worker_sets, view) -> tuple[dict, dict]:
-    """The run's warm-up: every backend's kernel configurations (configs.py) compiled before the checks,
-    those an earlier run compiled skipped (the manifest); a backend that timed out compiling starts the
-    checks as suspect (containment.py). ``view(jobs)`` is the live view's context manager."""
-    from . import containment, profiles, registry
+@dataclass
+class Plan:
+    """A run's warm-up before it starts: every job, those still to run, those an earlier run settled."""
+    jobs: list[Job]
+    todo: list[Job]
+    cached: list[Result]
+    priors: dict[str, float]
+    fingerprint: str
+    done: set[str]
+    failed: dict[str, tuple[str, str]]
+
+    def warming(self) -> set[str]:
+        """The backends (display names) whose checks must wait for this warm-up."""
+        return {job.name for job in self.todo}
+
+
+def plan_warmup(ns, chosen, device: str, cache_dir: Path) -> Plan:
+    """Every backend's kernel configurations (configs.py), less those an earlier run settled (the manifest)."""
+    from . import registry
     from .plugin import configs_for
     seed = ns.seed if ns.seed is not None else 0
+    from . import profiles
     extra = profiles.extra_kernel_configs(ns.profile) or 0
     jobs, priors = [], {}
     for spec, info in chosen:
@@ -456,35 +471,104 @@ def run_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Pat
             configs = tuple(c for c in configs if c.dtype in ns.dtype)
         jobs += [Job(spec, info.name, c) for c in configs]
         priors[spec] = backend.capabilities.compile_s
+    print_ = fingerprint(device)
+    done, failed = load_manifest(cache_dir, print_), load_failed(cache_dir, print_)
+    todo, cached = split_done(jobs, done, failed)
+    return Plan(jobs, todo, cached, priors, print_, done, failed)
+
+
+# -- gates: the checks of a backend start once its warm-up has finished ---------------------------------
+# The warm-up runs beside the checks: the checks of backends with nothing to compile (and of those whose
+# compiles an earlier run settled) start at once, and a worker that reaches a check of a backend still
+# compiling waits for that backend's last warm-up job. The wait is outside the check's timeout.
+def gate_path(gate_dir: Path, name: str) -> Path:
+    return Path(gate_dir) / f"{name}.warming"
+
+
+GATED = "gated.json"  # the backends gated at the start, fixed for the run: every xdist worker orders by it
+
+
+def open_gates(gate_dir: Path, names) -> None:
+    """Before the checks start: one file per backend whose checks must wait, and the list of them."""
+    Path(gate_dir).mkdir(parents=True, exist_ok=True)
+    for name in names:
+        gate_path(gate_dir, name).write_text("")
+    (Path(gate_dir) / GATED).write_text(json.dumps(sorted(names)))
+
+
+def gated_backends(gate_dir: Path) -> set[str]:
+    """The backends whose gates were opened at the start (released or not since)."""
+    try:
+        return set(json.loads((Path(gate_dir) / GATED).read_text()))
+    except (OSError, ValueError):
+        return set()
+
+
+def release_gate(gate_dir: Path | None, name: str) -> None:
+    if gate_dir is not None:
+        gate_path(gate_dir, name).unlink(missing_ok=True)
+
+
+def wait_for_gate(gate_dir: Path | None, name: str, poll_s: float = 0.2) -> float:
+    """Block while backend ``name`` is still compiling; the seconds waited. The warm-up releases every gate
+    when it ends, however it ends (its time limit included)."""
+    if gate_dir is None or not gate_path(gate_dir, name).exists():
+        return 0.0
+    start = time.monotonic()
+    while gate_path(gate_dir, name).exists():
+        time.sleep(poll_s)
+    return time.monotonic() - start
+
+
+def run_warmup(ns, plan: Plan, device: str, run_dir: Path, env: dict, cache_dir: Path, console, deadline,
+               worker_sets, view, gate_dir: Path | None = None) -> tuple[dict, dict]:
+    """Run ``plan``: compile in a pool of worker processes (one environment per worker of ``worker_sets``),
+    releasing each backend's gate in ``gate_dir`` when its last job ends; a backend that timed out
+    compiling starts its checks as suspect (containment.py). ``view(jobs)`` is the live view's context
+    manager."""
+    from . import containment
     envs = []
     for gpu, count in worker_sets:
         pinned = dict(env) if gpu is None else {**env, "CUDA_VISIBLE_DEVICES": gpu}
         envs += [pinned] * count
     started = time.monotonic()
-    print_ = fingerprint(device)
-    done, failed = load_manifest(cache_dir, print_), load_failed(cache_dir, print_)
-    todo, cached = split_done(jobs, done, failed)
-    with view(todo) as shown:
-        results = run_pool(todo, device=device, envs=envs, budget_s=ns.compile_timeout,
-                           log_path=run_dir / "warmup.log", on_start=shown.started, on_result=shown.finished,
-                           deadline=deadline, seconds=load_seconds(cache_dir), priors=priors) if todo else []
-    save_manifest(cache_dir, print_, jobs, results, done, failed)
-    results = cached + results
+    left: dict[str, int] = {}
+    compiled: dict[str, float] = {}
+    for job in plan.todo:
+        left[job.name] = left.get(job.name, 0) + 1
+    try:
+        with view(plan.todo) as shown:
+            def finished(result: Result) -> None:
+                if result.outcome == "timeout":
+                    containment.mark(run_dir / ".flight", result.backend, "suspect",
+                                     f"{result.backend} hung compiling {result.key}")
+                left[result.backend] -= 1
+                compiled[result.backend] = compiled.get(result.backend, 0.0) + result.seconds
+                if left[result.backend] == 0:
+                    release_gate(gate_dir, result.backend)
+                    if gate_dir is not None:
+                        console.print(f"warm-up: {result.backend} ready after {time.monotonic() - started:.0f} s "
+                                      f"({compiled[result.backend]:.0f} s of compiling)", highlight=False)
+                shown.finished(result)
+
+            results = run_pool(plan.todo, device=device, envs=envs, budget_s=ns.compile_timeout,
+                               log_path=run_dir / "warmup.log", on_start=shown.started, on_result=finished,
+                               deadline=deadline, seconds=load_seconds(cache_dir), priors=plan.priors) if plan.todo else []
+    finally:
+        for name in left:
+            release_gate(gate_dir, name)
+    save_manifest(cache_dir, plan.fingerprint, plan.jobs, results, plan.done, plan.failed)
+    results = plan.cached + results
     wall = round(time.monotonic() - started, 1)
-    summary = summarize(results)
-    for name, entry in summary.items():
-        timed_out = [w for w in entry["warmup"] if w["outcome"] == "timeout"]
-        if timed_out:
-            containment.mark(run_dir / ".flight", name, "suspect", f"{name} hung compiling {timed_out[0]['key']}")
     counts: dict[str, int] = {}
     for r in results:
         counts[r.outcome] = counts.get(r.outcome, 0) + 1
-    console.print(f"warm-up: {len(jobs)} kernel configurations ({len(cached)} settled by an earlier run) "
+    console.print(f"warm-up: {len(plan.jobs)} kernel configurations ({len(plan.cached)} settled by an earlier run) "
                   f"in {wall:g} s wall "
                   f"({', '.join(f'{n} {o}' for o, n in sorted(counts.items()))}; "
                   f"compile budget {ns.compile_timeout:g} s each)", highlight=False)
-    return summary, {"ran": True, "wall_s": wall, "jobs": len(jobs), "outcomes": counts,
-                     "budget_s": ns.compile_timeout}
+    return summarize(results), {"ran": True, "wall_s": wall, "jobs": len(plan.jobs), "outcomes": counts,
+                                "budget_s": ns.compile_timeout}
 
 
 def backend_times(names, warm_summary: dict, records: list[dict]) -> dict[str, dict]:

@@ -177,6 +177,24 @@ PLAIN = textwrap.dedent('''
     class NarrowRaises(Raises):
         name = "narrow-raises"
         capabilities = NARROW
+
+    _compiled = []
+
+    class SlowCompile(Reference):
+        """Its first call in a warm-up process takes COMPILE_S seconds; each warm-up call notes when it ended."""
+        name = "slow-compile"
+        capabilities = Capabilities(dtypes=("float32",), head_dims=(16,), causal_modes=("none",), gqa=False,
+                                    broadcast_q="none", compile_s=5.0)
+        def forward(self, args):
+            import sys
+            out = super().forward(args)
+            if "--serve" in sys.argv:
+                if not _compiled:
+                    time.sleep(float(os.environ.get("COMPILE_S", "0")))
+                    _compiled.append(True)
+                with open(os.environ["WARM_ENDS"], "a") as f:
+                    f.write(f"{time.time()}\\n")
+            return out
 ''')
 
 
@@ -330,6 +348,38 @@ def test_a_second_run_skips_what_the_first_compiled(tmp_path, misbehaving):
     assert {w["outcome"] for w in third["backends"]["narrow-fine"]["time"]["warmup"]} == {"ok"}
     tried = third["backends"]["narrow-raises"]["time"]["warmup"]
     assert {w["outcome"] for w in tried} == {"error"} and not any("not tried again" in w["message"] for w in tried)
+
+
+def test_checks_run_beside_the_warm_up_and_wait_only_for_their_own_backend(tmp_path, misbehaving, monkeypatch):
+    # the reference compiles nothing: its checks start while slow-compile compiles; slow-compile's checks wait
+    # for its warm-up, and the wait (about 10 s) is not charged to their 4 s timeout
+    ends = tmp_path / "warm-ends.txt"
+    monkeypatch.setenv("COMPILE_S", "10")
+    monkeypatch.setenv("WARM_ENDS", str(ends))
+    argv = ["run", "--report-dir", str(tmp_path), "-q", "-n", "2", "--warmup", "--cache-dir", str(tmp_path / "c"),
+            "--backend", "reference", "--backend", f"{misbehaving}:SlowCompile", "-k", "test_forward or test_lse",
+            "--timeout", "4", "--name", "beside"]
+    assert cli.main(argv) == 0
+    report = json.loads((tmp_path / "beside" / "report.json").read_text())
+    warm_done = max(float(line) for line in ends.read_text().split())
+    ran = [r for r in report["records"] if r["outcome"] == "pass"]
+    slow = [r for r in ran if r["backend"] == "slow-compile"]
+    reference = [r for r in ran if r["backend"] == "reference"]
+    assert slow and reference
+    assert min(r["started_at"] for r in reference) < warm_done  # checked while the other backend compiled
+    assert min(r["started_at"] for r in slow) >= warm_done  # not before its own warm-up ended
+    assert {w["outcome"] for w in report["backends"]["slow-compile"]["time"]["warmup"]} == {"ok"}
+    assert report["run"]["warmup"]["ran"] and report["run"]["checks"]["busy_s"] > 0
+
+
+def test_the_checks_that_would_wait_go_last_in_each_share():
+    from conformance.check_order import gated_last, worksteal_shares
+    order = [5, 0, 3, 1, 4, 2, 6]
+    gated = [i in (5, 1, 6) for i in range(7)]
+    assert worksteal_shares(7, 2) == [3, 4]
+    assert gated_last(order, gated, 2) == [0, 3, 5, 4, 2, 1, 6]  # shares [5, 0, 3] and [1, 4, 2, 6]
+    assert gated_last(order, [False] * 7, 3) == order
+    assert sorted(gated_last(order, gated, 4)) == sorted(order)
 
 
 def test_warmup_starts_the_longest_known_compiles_first():
