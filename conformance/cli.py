@@ -310,9 +310,17 @@ class _Warming:
 
 def _start_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Path, console, deadline) -> _Warming:
     """Plan the warm-up, open a gate per backend with something to compile, and run it in a thread. The
-    checks start at once: those of backends with nothing to compile first, in every worker's share."""
+    checks start at once: those of backends with nothing to compile first, in every worker's share. While
+    both run, each GPU holds twice the processes: the warm-up's hand back their cached memory after every
+    job, and the check workers' share (``env``, updated here) leaves room for every context."""
+    from .containment import MEMORY_SHARE_ENV, WARMUP_SHARE, memory_share
     from .warmup import open_gates, plan_warmup, run_warmup
     plan = plan_warmup(ns, chosen, device, cache_dir)
+    warm_env = dict(env)
+    if plan.todo and device.startswith("cuda") and MEMORY_SHARE_ENV not in os.environ:
+        per_gpu = max(n for _, n in _worker_sets(ns, device))
+        env[MEMORY_SHARE_ENV] = str(memory_share(per_gpu, warmup_per_gpu=per_gpu))
+        warm_env[MEMORY_SHARE_ENV] = str(WARMUP_SHARE)
     gate_dir = run_dir / ".flight" / "warming"
     open_gates(gate_dir, plan.warming())
     if plan.todo:
@@ -320,7 +328,7 @@ def _start_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: 
                       f"{', '.join(sorted(plan.warming()))} beside the checks; their checks wait for them",
                       highlight=False, soft_wrap=True)
     # one live display at a time: the checks' view is live, the warm-up reports in lines
-    return _Warming(lambda: run_warmup(ns, plan, device, run_dir, env, cache_dir, console, deadline,
+    return _Warming(lambda: run_warmup(ns, plan, device, run_dir, warm_env, cache_dir, console, deadline,
                                        _worker_sets(ns, device), lambda jobs: WarmupView(console, jobs, enabled=False),
                                        gate_dir=gate_dir), gate_dir, plan.warming())
 

@@ -105,6 +105,14 @@ def release_gpu_memory_over_share(share: float | None) -> bool:
     return True
 
 
-def memory_share(workers_per_gpu: int) -> float:
-    """Each worker's fraction of a GPU: an equal part of 92% (the CUDA contexts take the rest)."""
-    return round(0.92 / max(1, workers_per_gpu), 4)
+# A process's CUDA context with torch's kernels loaded, as a fraction of the GPU: about 0.6 GB of 80 GB.
+CONTEXT_SHARE = 0.008
+# What a warm-up process keeps cached between jobs (its problems are tiny): it hands back nearly everything.
+WARMUP_SHARE = 0.01
+
+
+def memory_share(workers_per_gpu: int, warmup_per_gpu: int = 0) -> float:
+    """Each check worker's fraction of a GPU: an equal part of 92% less every process's context and what
+    the warm-up's processes keep (``warmup_per_gpu`` of them while the warm-up runs beside the checks)."""
+    held = CONTEXT_SHARE * (workers_per_gpu + warmup_per_gpu) + WARMUP_SHARE * warmup_per_gpu
+    return round(max(0.01, (0.92 - held) / max(1, workers_per_gpu)), 4)
