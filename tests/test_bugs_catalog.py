@@ -75,7 +75,7 @@ def test_bugs_md_is_up_to_date():
 def test_bugs_md_keeps_the_fa4_versions_section_outside_the_generated_part():
     document = bugs.BUGS_MD.read_text()
     tail = document.split(bugs.END, 1)[1]
-    assert "## FA4 releases on the H200" in tail and "| b29 | b30 | b31 | b36 |" in tail
+    assert "## FA4 releases on sm_90 (H200, H100)" in tail and "| b29 | b30 | b31 | b36 |" in tail
     # the runs the table cites are in the repository
     for folder in re.findall(r"`(reports/examples/[^`]+/)`", tail):
         assert (bugs.BUGS_MD.parent.parent / folder).is_dir(), folder
