@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import time
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,10 @@ from .validation import validate_packed_inputs
 
 class Unsupported(Exception):
     """The backend cannot run this problem; the message is the reason shown in reports."""
+
+
+class OutOfMemory(RuntimeError):
+    """A backend call ran out of memory every time it was tried (:func:`call_backend`)."""
 
 
 class ContractError(AssertionError):
@@ -99,9 +104,46 @@ def checked_forward(backend: Backend, args: AttentionArgs) -> Output:
         raise Unsupported(str(exc) or f"{backend.name} raised NotImplementedError") from exc
 
 
+# Out of memory is not a device fault (the context stays usable), and on a GPU shared by a run's workers it
+# may be a neighbour's doing: the call is tried again after this process hands back its cached memory, after
+# each pause here; an OOM that outlasts them is the call's, reported with the device's free memory.
+OUT_OF_MEMORY = re.compile(r"out of memory", re.IGNORECASE)
+OOM_PAUSES_S = (0.5, 2.0)
+
+
 def call_backend(backend: Backend, args: AttentionArgs, grad_out: torch.Tensor | None = None) -> Run:
     """Run ``backend`` on ``args`` (emulating broadcast-Q when the backend only supports it that way);
-    with ``grad_out``, also backpropagate it through ``out`` and return dq, dk, dv."""
+    with ``grad_out``, also backpropagate it through ``out`` and return dq, dk, dv. A call that runs out
+    of memory is tried again (:data:`OOM_PAUSES_S`)."""
+    for pause in (*OOM_PAUSES_S, None):
+        try:
+            return _call_backend_once(backend, args, grad_out)
+        except Exception as exc:  # noqa: BLE001 - only out-of-memory errors are retried
+            if not OUT_OF_MEMORY.search(str(exc)):
+                raise
+            _release_memory(args.q.device)
+            if pause is None:
+                raise OutOfMemory(f"{type(exc).__name__}: {exc} [{_memory_note(args.q.device, len(OOM_PAUSES_S) + 1)}]") from exc
+            time.sleep(pause)
+    raise AssertionError("unreachable")
+
+
+def _release_memory(device: torch.device) -> None:
+    import gc
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _memory_note(device: torch.device, attempts: int) -> str:
+    note = f"out of memory in each of {attempts} attempts"
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        note += f"; the GPU had {free / 2**30:.1f} of {total / 2**30:.1f} GiB free after this process released its cache"
+    return note
+
+
+def _call_backend_once(backend: Backend, args: AttentionArgs, grad_out: torch.Tensor | None) -> Run:
     validate_packed_inputs(
         args.q, args.k, args.v, args.cu_seqlens_q, args.cu_seqlens_k, args.max_seqlen_q, args.max_seqlen_k,
         broadcast_q=args.broadcast_q, softmax_scale=args.softmax_scale,

@@ -72,3 +72,36 @@ def test_a_relation_no_drawn_problem_can_run_is_skipped_before_drawing(problem):
     assert all(not_applicable(name, Reference.capabilities) is None for name in RELATIONS)
     assert all(not_applicable(name, NoZeroLength.capabilities) is None for name in RELATIONS
                if name != "empty_sequences_inserted")
+
+
+class RunsOutOfMemory(Reference):
+    """Runs out of memory on its first ``failures`` calls, the way a kernel does on a GPU a neighbour fills."""
+    name = "runs-out-of-memory"
+
+    def __init__(self, failures):
+        self.failures, self.calls = failures, 0
+
+    def forward(self, args):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise RuntimeError("Triton Error [CUDA]: out of memory")
+        return super().forward(args)
+
+
+def test_a_call_that_runs_out_of_memory_is_tried_again_then_reported_as_such(monkeypatch):
+    from conformance import harness
+    monkeypatch.setattr(harness, "OOM_PAUSES_S", (0.0, 0.0))
+    problem = Problem((5, 3), (7, 4), dtype="float32")
+    transient = RunsOutOfMemory(failures=2)
+    run = harness.run_backend(transient, problem, "cpu", gradients=True)
+    assert transient.calls == 3 and run.dq is not None  # the third attempt ran, and is what is judged
+    assert all(v.ok for v in harness.judge_forward(problem, run) + harness.judge_gradients(problem, run))
+    lasting = RunsOutOfMemory(failures=99)
+    with pytest.raises(harness.OutOfMemory, match=r"RuntimeError: Triton Error \[CUDA\]: out of memory "
+                                                   r"\[out of memory in each of 3 attempts"):
+        harness.run_backend(lasting, problem, "cpu")
+    assert lasting.calls == 3
+    other = RunsOutOfMemory(failures=0)
+    other.forward = lambda args: (_ for _ in ()).throw(ValueError("bad head dim"))
+    with pytest.raises(ValueError, match="bad head dim"):  # anything else is not retried
+        harness.run_backend(other, problem, "cpu")
