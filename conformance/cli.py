@@ -288,9 +288,10 @@ def write_run_dir(run_dir: Path, report: dict, regressions: list[dict] | None = 
 class _Warming:
     """The warm-up running in a thread beside the checks (warmup.py): ``join()`` gives its summary."""
 
-    def __init__(self, run, gate_dir: Path, gates: set[str]):
+    def __init__(self, run, gate_dir: Path, gates: set[str], status=lambda: ""):
         import threading
         self.gate_dir, self.gates, self._result, self._error = gate_dir, gates, ({}, {"ran": False}), None
+        self.status = status  # what is compiling now, for the live view
 
         def target():
             try:
@@ -327,10 +328,16 @@ def _start_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: 
         console.print(f"warm-up: compiling {len(plan.todo)} kernel configurations of "
                       f"{', '.join(sorted(plan.warming()))} beside the checks; their checks wait for them",
                       highlight=False, soft_wrap=True)
-    # one live display at a time: the checks' view is live, the warm-up reports in lines
+    # one live display at a time: the checks' view is live and shows the warm-up's progress in a line of its own
+    views = []
+
+    def view(jobs):
+        views.append(WarmupView(console, jobs, enabled=False))
+        return views[-1]
+
     return _Warming(lambda: run_warmup(ns, plan, device, run_dir, warm_env, cache_dir, console, deadline,
-                                       _worker_sets(ns, device), lambda jobs: WarmupView(console, jobs, enabled=False),
-                                       gate_dir=gate_dir), gate_dir, plan.warming())
+                                       _worker_sets(ns, device), view, gate_dir=gate_dir), gate_dir, plan.warming(),
+                    status=lambda: views[-1].status() if views else "starting")
 
 
 def print_summary(console, report: dict, regressions: list[dict], run_dir: Path | None) -> None:
@@ -549,7 +556,8 @@ def cmd_run(ns) -> int:
                 command += ["--jfa-warming", str(warming.gate_dir)]
         checks_started = time.time()
         try:
-            with LiveView(console, enabled=not ns.quiet, flight_dir=run_dir / ".flight") as view:
+            with LiveView(console, enabled=not ns.quiet, flight_dir=run_dir / ".flight",
+                          compiling=warming.status if warming is not None and warming.gates else None) as view:
                 rc, stop_reason = run_pytest(command, env, run_dir / "pytest.log", records_path, view, deadline, snapshot)
         finally:
             if warming is not None:

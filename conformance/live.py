@@ -23,6 +23,7 @@ class WarmupView:
         for name, total in totals.items():
             self.tasks[name] = self.progress.add_task(name, backend=name, info="compiling: waiting", total=total)
             self.seconds[name] = 0.0
+        self.totals, self.done = totals, {name: 0 for name in totals}
 
     def __enter__(self):
         self.progress.__enter__()
@@ -36,6 +37,18 @@ class WarmupView:
         doing = f"compiling {now[0]}" + (f" (+{len(now) - 1} more)" if len(now) > 1 else "") if now else "done"
         return f"{self.seconds[name]:.0f} s compile; {doing}"
 
+    def status(self) -> str:
+        """``fa4 14/24 (compiling bfloat16 d72 h4:2 none, +3 more); flex 36/36``: each backend's configurations
+        done and what its processes compile now; "" once every one is done."""
+        parts = []
+        for name, total in self.totals.items():
+            if self.done[name] >= total:
+                continue
+            now = [key for (backend, key) in list(self.now.values()) if backend == name]  # (another thread writes it)
+            doing = f" (compiling {now[0]}" + (f", +{len(now) - 1} more)" if len(now) > 1 else ")") if now else ""
+            parts.append(f"{name} {self.done[name]}/{total}{doing}")
+        return "; ".join(parts)
+
     def started(self, worker: int, job) -> None:
         self.now[worker] = (job.name, job.config.key)
         self.progress.update(self.tasks[job.name], info=self._info(job.name))
@@ -44,6 +57,7 @@ class WarmupView:
         if result.worker is not None:
             self.now.pop(result.worker, None)
         self.seconds[result.backend] = self.seconds.get(result.backend, 0.0) + result.seconds
+        self.done[result.backend] = self.done.get(result.backend, 0) + 1
         self.progress.update(self.tasks[result.backend], advance=1, info=self._info(result.backend))
 
 
@@ -51,22 +65,40 @@ class LiveView:
     """Per-backend progress bars fed by the recorder's JSON lines (verdict counts, seconds spent checking),
     and a line saying what each worker is checking now (from the workers' flight files)."""
 
-    def __init__(self, console, enabled: bool, flight_dir: Path | None = None):
+    def __init__(self, console, enabled: bool, flight_dir: Path | None = None, compiling=None):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         self.progress = Progress(TextColumn("{task.fields[backend]:<18}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[counts]}"), TimeElapsedColumn(), console=console,
                                  disable=not enabled)
         self.tasks, self.counts, self.seconds, self.offset, self.buffer = {}, {}, {}, 0, ""
         self.flight_dir, self.now_task, self.last_look = flight_dir, None, 0.0
+        # the warm-up beside the checks: a callable giving a line on what is compiling now ("" when done)
+        self.compiling, self.compile_task = compiling, None
 
     def __enter__(self):
         self.progress.__enter__()
         return self
 
     def __exit__(self, *exc):
-        if self.now_task is not None:
-            self.progress.remove_task(self.now_task)
+        for task in (self.now_task, self.compile_task):
+            if task is not None:
+                self.progress.remove_task(task)
         self.progress.__exit__(*exc)
+
+    def _look(self) -> None:
+        """Refresh the "compiling now" and "checking now" lines (at most once a second)."""
+        self.last_look = time.monotonic()
+        if self.compiling is not None:
+            text = self.compiling()
+            if self.compile_task is None and text:
+                self.compile_task = self.progress.add_task("compiling", backend="compiling now", counts=text, total=None)
+            elif self.compile_task is not None:
+                self.progress.update(self.compile_task, counts=text or "done")
+        text = self.running_now()
+        if self.now_task is None and text:
+            self.now_task = self.progress.add_task("now", backend="checking now", counts=text, total=None)
+        elif self.now_task is not None:
+            self.progress.update(self.now_task, counts=text)
 
     def _task(self, backend: str, total=None):
         if backend not in self.tasks:
@@ -86,7 +118,8 @@ class LiveView:
                 continue
             if "started" not in flight or "backend" not in flight:
                 continue
-            what = f"probing {flight['backend']}" if flight.get("probe") else \
+            what = f"waiting for {flight['backend']}'s warm-up" if flight.get("waiting") else \
+                f"probing {flight['backend']}" if flight.get("probe") else \
                 f"{flight['backend']} {flight.get('feature', '')}" + \
                 (f" [{flight['dtype']}]" if flight.get("dtype") else "")
             elapsed = time.time() - flight["started"]
@@ -95,13 +128,8 @@ class LiveView:
         return "; ".join(text for _, text in rows[:6]) + (f"; +{len(rows) - 6} more" if len(rows) > 6 else "")
 
     def feed(self, path: Path) -> None:
-        if self.flight_dir is not None and time.monotonic() - self.last_look > 1.0:
-            self.last_look = time.monotonic()
-            text = self.running_now()
-            if self.now_task is None and text:
-                self.now_task = self.progress.add_task("now", backend="checking now", counts=text, total=None)
-            elif self.now_task is not None:
-                self.progress.update(self.now_task, counts=text)
+        if (self.flight_dir is not None or self.compiling is not None) and time.monotonic() - self.last_look > 1.0:
+            self._look()
         try:
             with open(path, encoding="utf-8") as f:
                 f.seek(self.offset)

@@ -171,8 +171,11 @@ def pytest_runtest_protocol(item, nextitem):
     gates = item.config.getoption("jfa_warming", default=None)
     name = getattr(_backend_param(item), "name", None)
     if gates and name is not None:
-        from .warmup import wait_for_gate
-        wait_for_gate(Path(gates), name)
+        from .recorder import note_waiting
+        from .warmup import gate_path, wait_for_gate
+        if gate_path(Path(gates), name).exists():
+            note_waiting(item.config, name)
+            wait_for_gate(Path(gates), name)
     return (yield)
 
 

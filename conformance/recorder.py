@@ -244,6 +244,15 @@ def note_probe(why: str | None, seconds: float | None) -> None:
     _write_flight()
 
 
+def note_waiting(config, backend: str) -> None:
+    """Say in the flight file that this process waits for ``backend``'s warm-up (the live view shows it)."""
+    path = _flight_path(config)
+    if path is not None:
+        _FLIGHT.clear()
+        _FLIGHT.update(path=path, waiting=backend, backend=backend, started=time.time())
+        _write_flight()
+
+
 def _watch(backend) -> None:
     """Note each forward call's problem in the flight file before the backend runs it."""
     if getattr(backend, "_jfa_watched", False):

@@ -499,3 +499,30 @@ def test_the_warm_up_calls_the_forward_with_and_without_gradients():
 
     warmup.warm(ForwardOnly(), KernelConfig("float32", 16, None, 2, 1, "none", False, None), "cpu")
     assert seen == [False] * len(warmup.WARM_LENGTHS)
+
+
+def test_the_live_view_says_what_compiles_and_who_waits_for_it(tmp_path):
+    from rich.console import Console
+
+    from conformance import recorder
+    from conformance.live import LiveView, WarmupView
+    config = lambda d: KernelConfig("float32", d, None, 1, 1, "none", False, None)  # noqa: E731
+    jobs = [warmup.Job("fa4", "fa4", config(16)), warmup.Job("fa4", "fa4", config(32)),
+            warmup.Job("flex", "flex", config(16))]
+    view = WarmupView(Console(file=open(tmp_path / "out", "w")), jobs, enabled=False)
+    assert view.status() == "fa4 0/2; flex 0/1"
+    view.started(0, jobs[0])
+    view.started(1, jobs[1])
+    assert view.status() == f"fa4 0/2 (compiling {config(16).key}, +1 more); flex 0/1"
+    view.finished(warmup.Result("fa4", config(16).key, "ok", 3.0, worker=0))
+    view.finished(warmup.Result("fa4", config(32).key, "ok", 4.0, worker=1))
+    assert view.status() == "flex 0/1"
+    view.finished(warmup.Result("flex", config(16).key, "ok", 1.0))
+    assert view.status() == ""
+    # a worker at a gate says so in its flight file, and the live view reads it
+    class Config:
+        def getoption(self, name, default=None):
+            return str(tmp_path) if name == "jfa_flight_dir" else default
+    recorder.note_waiting(Config(), "fa4")
+    live = LiveView(Console(file=open(tmp_path / "out2", "w")), enabled=False, flight_dir=tmp_path)
+    assert live.running_now().startswith("main waiting for fa4's warm-up")
