@@ -292,10 +292,11 @@ class _Warming:
         import threading
         self.gate_dir, self.gates, self._result, self._error = gate_dir, gates, ({}, {"ran": False}), None
         self.status = status  # what is compiling now, for the live view
+        self.stopping = threading.Event()  # set when the run ends early (SIGTERM, an error): compile no more
 
         def target():
             try:
-                self._result = run()
+                self._result = run(self.stopping)
             except BaseException as exc:  # noqa: BLE001 - re-raised in join()
                 self._error = exc
 
@@ -335,8 +336,9 @@ def _start_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: 
         views.append(WarmupView(console, jobs, enabled=False))
         return views[-1]
 
-    return _Warming(lambda: run_warmup(ns, plan, device, run_dir, warm_env, cache_dir, console, deadline,
-                                       _worker_sets(ns, device), view, gate_dir=gate_dir), gate_dir, plan.warming(),
+    return _Warming(lambda stop: run_warmup(ns, plan, device, run_dir, warm_env, cache_dir, console, deadline,
+                                            _worker_sets(ns, device), view, gate_dir=gate_dir, stop=stop),
+                    gate_dir, plan.warming(),
                     status=lambda: views[-1].status() if views else "starting")
 
 
@@ -560,7 +562,8 @@ def cmd_run(ns) -> int:
                           compiling=warming.status if warming is not None and warming.gates else None) as view:
                 rc, stop_reason = run_pytest(command, env, run_dir / "pytest.log", records_path, view, deadline, snapshot)
         finally:
-            if warming is not None:
+            if warming is not None:  # the checks are over (a full run's gates are all open by then): what the
+                warming.stopping.set()  # warm-up still compiles (for checks -k left out, or after a stop) serves nobody
                 warm_summary, warm_info = warming.join()
         checks_wall = time.time() - checks_started
         collected, records, finished = rp.read_record_stream(records_path)

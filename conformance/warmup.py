@@ -223,12 +223,13 @@ def order(jobs: list[Job], seconds: dict[str, float] | None = None,
 
 def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float, log_path: Path,
              on_result=None, on_start=None, deadline: float | None = None,
-             seconds: dict[str, float] | None = None, priors: dict[str, float] | None = None) -> list[Result]:
+             seconds: dict[str, float] | None = None, priors: dict[str, float] | None = None,
+             stop: threading.Event | None = None) -> list[Result]:
     """Run ``jobs`` on ``len(envs)`` worker processes (one environment each, e.g. a pinned GPU), in the
     order of :func:`order` (``seconds``: what earlier runs took; ``priors``: the backends' hints).
 
     ``on_start(worker_index, job)`` and ``on_result(result)`` feed a live view. Past ``deadline``
-    (time.monotonic) the jobs not yet finished are reported ``skipped``.
+    (time.monotonic), or once ``stop`` is set, the jobs not yet finished are reported ``skipped``.
     """
     pending = order(jobs, seconds, priors)
     results: list[Result] = []
@@ -248,7 +249,7 @@ def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float,
 
         try:
             while pending or any(w.job for w in workers):
-                if deadline is not None and time.monotonic() > deadline:
+                if deadline is not None and time.monotonic() > deadline or stop is not None and stop.is_set():
                     break
                 for i, worker in enumerate(workers):
                     if worker.job is not None:
@@ -521,7 +522,8 @@ def wait_for_gate(gate_dir: Path | None, name: str, poll_s: float = 0.2) -> floa
 
 
 def run_warmup(ns, plan: Plan, device: str, run_dir: Path, env: dict, cache_dir: Path, console, deadline,
-               worker_sets, view, gate_dir: Path | None = None) -> tuple[dict, dict]:
+               worker_sets, view, gate_dir: Path | None = None, stop: threading.Event | None = None
+               ) -> tuple[dict, dict]:
     """Run ``plan``: compile in a pool of worker processes (one environment per worker of ``worker_sets``),
     releasing each backend's gate in ``gate_dir`` when its last job ends; a backend that timed out
     compiling starts its checks as suspect (containment.py). ``view(jobs)`` is the live view's context
@@ -553,7 +555,8 @@ def run_warmup(ns, plan: Plan, device: str, run_dir: Path, env: dict, cache_dir:
 
             results = run_pool(plan.todo, device=device, envs=envs, budget_s=ns.compile_timeout,
                                log_path=run_dir / "warmup.log", on_start=shown.started, on_result=finished,
-                               deadline=deadline, seconds=load_seconds(cache_dir), priors=plan.priors) if plan.todo else []
+                               deadline=deadline, seconds=load_seconds(cache_dir), priors=plan.priors,
+                               stop=stop) if plan.todo else []
     finally:
         for name in left:
             release_gate(gate_dir, name)

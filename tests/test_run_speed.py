@@ -526,3 +526,18 @@ def test_the_live_view_says_what_compiles_and_who_waits_for_it(tmp_path):
     recorder.note_waiting(Config(), "fa4")
     live = LiveView(Console(file=open(tmp_path / "out2", "w")), enabled=False, flight_dir=tmp_path)
     assert live.running_now().startswith("main waiting for fa4's warm-up")
+
+
+def test_the_warm_up_ends_with_the_checks(tmp_path, misbehaving, monkeypatch):
+    # -k leaves slow-compile's checks out: the run does not wait for its 60 s of compiling
+    monkeypatch.setenv("COMPILE_S", "60")
+    monkeypatch.setenv("WARM_ENDS", str(tmp_path / "ends"))
+    started = time.monotonic()
+    argv = ["run", "--report-dir", str(tmp_path), "-q", "-n", "1", "--warmup", "--cache-dir", str(tmp_path / "c"),
+            "--backend", "reference", "--backend", f"{misbehaving}:SlowCompile", "-k", "test_forward[reference]",
+            "--name", "cut"]
+    cli.main(argv)  # (exit status 1: slow-compile has no check that ran, "supports nothing")
+    assert time.monotonic() - started < 50
+    report = json.loads((tmp_path / "cut" / "report.json").read_text())
+    assert {w["outcome"] for w in report["backends"]["slow-compile"]["time"]["warmup"]} == {"skipped"}
+    assert [r["outcome"] for r in report["records"] if r["backend"] == "reference"] == ["pass"]
