@@ -144,7 +144,7 @@ def check_phase(records: list[dict], started_at: float, wall_s: float, workers: 
     some were replaced after a device fault or a hang)."""
     ran = [r for r in records if r.get("started_at") is not None and r.get("duration_s") is not None]
     busy = sum(r["duration_s"] for r in ran)
-    phase = {"wall_s": round(wall_s, 1), "workers": workers, "busy_s": round(busy, 1),
+    phase = {"started_at": round(started_at, 3), "wall_s": round(wall_s, 1), "workers": workers, "busy_s": round(busy, 1),
              "busy_share": round(busy / (workers * wall_s), 3) if workers and wall_s > 0 else None,
              "worker_processes": len({r.get("worker") for r in ran})}
     if ran:

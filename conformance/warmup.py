@@ -536,6 +536,7 @@ def run_warmup(ns, plan: Plan, device: str, run_dir: Path, env: dict, cache_dir:
     started = time.monotonic()
     left: dict[str, int] = {}
     compiled: dict[str, float] = {}
+    ready: dict[str, float] = {}  # backend -> seconds into the warm-up when its last job ended (its gate opened)
     for job in plan.todo:
         left[job.name] = left.get(job.name, 0) + 1
     try:
@@ -548,6 +549,7 @@ def run_warmup(ns, plan: Plan, device: str, run_dir: Path, env: dict, cache_dir:
                 compiled[result.backend] = compiled.get(result.backend, 0.0) + result.seconds
                 if left[result.backend] == 0:
                     release_gate(gate_dir, result.backend)
+                    ready[result.backend] = round(time.monotonic() - started, 1)
                     if gate_dir is not None:
                         console.print(f"warm-up: {result.backend} ready after {time.monotonic() - started:.0f} s "
                                       f"({compiled[result.backend]:.0f} s of compiling)", highlight=False)
@@ -571,7 +573,7 @@ def run_warmup(ns, plan: Plan, device: str, run_dir: Path, env: dict, cache_dir:
                   f"({', '.join(f'{n} {o}' for o, n in sorted(counts.items()))}; "
                   f"compile budget {ns.compile_timeout:g} s each)", highlight=False)
     return summarize(results), {"ran": True, "wall_s": wall, "jobs": len(plan.jobs), "outcomes": counts,
-                                "budget_s": ns.compile_timeout}
+                                "budget_s": ns.compile_timeout, "ready_s": ready}
 
 
 def backend_times(names, warm_summary: dict, records: list[dict]) -> dict[str, dict]:

@@ -281,7 +281,7 @@ def test_the_check_phase_says_where_its_wall_time_went():
                {"worker": "gw2", "started_at": 150.0, "duration_s": 10.0},  # a replacement worker
                {"worker": None, "outcome": "not-run"}]
     phase = rp.check_phase(records, started_at=100.0, wall_s=100.0, workers=2)
-    assert phase == {"wall_s": 100.0, "workers": 2, "busy_s": 60.0, "busy_share": 0.3, "worker_processes": 3,
+    assert phase == {"started_at": 100.0, "wall_s": 100.0, "workers": 2, "busy_s": 60.0, "busy_share": 0.3, "worker_processes": 3,
                      "before_first_check_s": 5.0, "after_last_check_s": 40.0}
     text = rp.check_phase_text(phase)
     assert "30% of it busy" in text and "after 5 s" in text and "3 worker processes" in text

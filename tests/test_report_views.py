@@ -321,3 +321,15 @@ def test_the_committed_example_carries_its_reproducers():
     assert compile_error["count"] == 2 and compile_error["shared"][0]["property"] == "head_dim > head_dim_v"
     crash = next(c for c in causes.values() if c["outcome"] == "crash")
     assert crash["backend"] == "varlen-attn" and crash["shared"][0]["property"] == "every key length 0"
+
+
+def test_the_check_timeline_draws_each_worker_and_the_warm_up_ends():
+    from conformance.reporting import plots
+    records = [{"worker": "gw0", "backend": "sdpa", "started_at": 101.0, "duration_s": 4.0},
+               {"worker": "gw1", "backend": "fa4", "started_at": 130.0, "duration_s": 9.0},
+               {"worker": "gw10", "backend": "fa4", "started_at": 131.0, "duration_s": 2.0},
+               {"worker": None, "backend": "fa4", "outcome": "not-run"}]
+    phase = {"started_at": 100.0, "wall_s": 45.0}
+    png = plots.check_timeline(records, phase, {"fa4": 29.5})
+    assert png and png.startswith(b"\x89PNG")
+    assert plots.check_timeline(records, None) is None and plots.check_timeline([], phase) is None

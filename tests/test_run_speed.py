@@ -541,3 +541,19 @@ def test_the_warm_up_ends_with_the_checks(tmp_path, misbehaving, monkeypatch):
     report = json.loads((tmp_path / "cut" / "report.json").read_text())
     assert {w["outcome"] for w in report["backends"]["slow-compile"]["time"]["warmup"]} == {"skipped"}
     assert [r["outcome"] for r in report["records"] if r["backend"] == "reference"] == ["pass"]
+
+
+def test_a_profile_bounds_the_seconds_hypothesis_spends_shrinking():
+    from hypothesis.internal.conjecture import engine
+
+    from conformance import profiles
+    assert hasattr(engine, "MAX_SHRINKING_SECONDS")  # the engine constant the profiles set
+    try:
+        profiles.load("ci")
+        assert engine.MAX_SHRINKING_SECONDS == profiles.SHRINK_SECONDS["ci"] == 30
+        profiles.load("dev", max_examples=5)
+        assert engine.MAX_SHRINKING_SECONDS == profiles.SHRINK_SECONDS["dev"]
+        profiles.load("thorough")
+        assert engine.MAX_SHRINKING_SECONDS == 300
+    finally:
+        profiles.load("ci")

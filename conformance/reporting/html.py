@@ -272,9 +272,14 @@ def _backend_table(report, summary) -> list[str]:
                       "(or loading them from its cache: milliseconds each) and torch.compile graphs, which the "
                       "warm-up exists to take out of the checks" if "check_jit_s" in time_keys else "")
                    + ".</p>")
-        phase = rp.check_phase_text((report.get("run") or {}).get("checks"))
+        run = report.get("run") or {}
+        phase = rp.check_phase_text(run.get("checks"))
         if phase:
             out.append(f"<p class='note'>{esc(phase)}.</p>")
+            timeline = plots.check_timeline(report["records"], run.get("checks"), (run.get("warmup") or {}).get("ready_s"))
+            if timeline:
+                out.append("<details><summary>checks over time, per worker</summary>"
+                           + _img(timeline, "checks over time per worker", "") + "</details>")
         built = perf.jit_in_checks(report)
         if built:
             out.append(f"<details><summary>checks that compiled ({len(built)} shown)</summary><table>"

@@ -8,6 +8,7 @@ from collections import defaultdict
 import matplotlib
 
 matplotlib.use("Agg")  # no display on CI runners
+import matplotlib.patches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 
 BUDGET_CLIP = 2.0  # budgets beyond twice the allowance (NaN, inf) are drawn at the clip, labelled
@@ -95,4 +96,45 @@ def throughput_by_shape(table, backends: list[str], baseline: str | None) -> byt
         ax.grid(True, axis="y", alpha=0.3)
         ax.set_axisbelow(True)
     axes[0, 0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return _png(fig)
+
+
+def check_timeline(records, phase: dict | None, ready: dict | None = None) -> bytes | None:
+    """Each worker process's checks over the check phase, coloured by backend (``phase``: the run's
+    ``checks``, which holds the phase's start); dashed lines where a backend's warm-up ended (``ready``:
+    seconds from the same start, the warm-up having started with the checks). Gaps are start-up, waiting at a
+    gate, or idle."""
+    if not phase or phase.get("started_at") is None:
+        return None
+    spans = [(r.get("worker") or "?", r["backend"], r["started_at"] - phase["started_at"], r["duration_s"])
+             for r in records if r.get("started_at") is not None and r.get("duration_s") is not None]
+    if not spans:
+        return None
+
+    def worker_key(name):
+        digits = "".join(ch for ch in name if ch.isdigit())
+        return (int(digits) if digits else -1, name)
+
+    workers = sorted({w for w, *_ in spans}, key=worker_key)
+    backends = list(dict.fromkeys(b for _, b, *_ in sorted(spans, key=lambda s: s[2])))
+    colours = plt.get_cmap("tab20")
+    colour = {b: colours(i % 20) for i, b in enumerate(backends)}
+    fig, ax = plt.subplots(figsize=(12.0, 1.4 + 0.28 * len(workers)), layout="constrained")
+    for row, worker in enumerate(workers):
+        for backend in backends:
+            bars = [(start, max(seconds, 0.05)) for w, b, start, seconds in spans if w == worker and b == backend]
+            if bars:
+                ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=colour[backend], edgecolor="none")
+    for i, (backend, seconds) in enumerate(sorted((ready or {}).items(), key=lambda kv: kv[1])):
+        ax.axvline(seconds, color=colour.get(backend, "#555555"), linestyle="--", linewidth=1)
+        ax.text(seconds, 1.0 + 0.03 * (i % 2), backend, transform=ax.get_xaxis_transform(), ha="center",
+                va="bottom", fontsize=7, color=colour.get(backend, "#555555"))
+    ax.set_yticks(range(len(workers)), workers, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(phase.get("wall_s") or 0, max(start + seconds for _, _, start, seconds in spans)))
+    ax.set_xlabel("seconds since the checks started")
+    handles = [matplotlib.patches.Patch(color=colour[b], label=b) for b in backends]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_title("Checks over time, per worker process (dashed: a backend's warm-up done; gaps: start-up, "
+                 "waiting for a warm-up, idle)", fontsize=9, pad=22)
     return _png(fig)
