@@ -426,7 +426,13 @@ def _known_backend_names(config) -> set[str]:
         names.update(registry.known_names())
     except Exception:  # noqa: BLE001 - names only help parse node ids
         pass
-    names.update(n for n in config.getoption("backend", default=[]) or [])
+    for spec in config.getoption("backend", default=[]) or []:
+        names.add(spec)
+        try:  # a 'file.py:attr' or 'module:attr' backend is known by its own name in node ids
+            from . import registry
+            names.add(registry.resolve(spec).name)
+        except Exception:  # noqa: BLE001 - as above
+            pass
     return names
 
 

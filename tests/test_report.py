@@ -286,3 +286,20 @@ def test_the_check_phase_says_where_its_wall_time_went():
     text = rp.check_phase_text(phase)
     assert "30% of it busy" in text and "after 5 s" in text and "3 worker processes" in text
     assert rp.check_phase_text(None) is None and rp.check_phase([], 0.0, 0.0, 4)["busy_share"] is None
+
+
+def test_node_ids_of_a_backend_given_by_file_parse_to_its_own_name(tmp_path):
+    from conformance.recorder import _known_backend_names, check_identity
+    path = tmp_path / "mine.py"
+    path.write_text("from conformance.reference import Reference\n\n"
+                    "class Mine(Reference):\n    name = 'my-kernel'\n")
+
+    class Config:
+        def getoption(self, name, default=None):
+            return [f"{path}:Mine"] if name == "backend" else default
+    names = _known_backend_names(Config())
+    assert "my-kernel" in names
+    identity = check_identity("conformance/spec/test_edge_cases.py::test_edge_case[my-kernel-single_token-float16]",
+                              names)
+    assert identity == {"backend": "my-kernel", "test": "test_edge_case", "feature": "edge_case:single_token",
+                        "dtype": "float16"}
