@@ -34,7 +34,7 @@ import os
 import torch
 
 from conformance.backend import Backend, Capabilities
-from conformance.problem import CAUSAL_MODES, AttentionArgs, Output
+from conformance.problem import CAUSAL_MODES, AttentionArgs, Output, diagonal_shift
 
 BLOCK_SIZE = 128
 ROW_BUCKET = 4096  # padded rows cost nothing: their blocks are empty
@@ -90,19 +90,6 @@ def document_blocks(cu_q: torch.Tensor, cu_k: torch.Tensor, causal: str, block_s
     full_hi = torch.where(whole_q_block, (k0 + n_all) // block_size, full_lo)
     full_blocks = _interval_matrix(qb, full_lo, full_hi, n_qb, n_kb)
     return any_blocks & ~full_blocks, full_blocks
-
-
-def diagonal_shift(len_q: torch.Tensor, len_k: torch.Tensor, causal: str) -> torch.Tensor:
-    """Per sequence, the ``shift`` for which ``key_visible(i, j, len_q, len_k, causal)`` is ``j <= i + shift`` for
-    every in-sequence pair (``none``: ``len_k``, past every key). The causal mode becomes data, so one compiled
-    kernel serves all three modes."""
-    if causal == "none":
-        return len_k.clone()
-    if causal == "bottom_right":
-        return len_k - len_q
-    if causal == "top_left":
-        return torch.zeros_like(len_k)
-    raise ValueError(f"causal must be one of {CAUSAL_MODES}, got {causal!r}")
 
 
 def doc_slots(batch: int) -> int:

@@ -41,20 +41,25 @@ OUTLIER_GAIN = 16.0  # a power of two: the scaled channels stay exact in every d
 LAYOUT_PAD = 16
 
 
-def key_visible(q_pos: torch.Tensor, k_pos: torch.Tensor, len_q, len_k, causal: str) -> torch.Tensor:
-    """The masking convention, elementwise and broadcastable: may query ``q_pos`` see key ``k_pos``?
-
-    Positions are within one sequence. Bottom-right causal aligns the last query with the last key
-    (``j <= i + Lk - Lq``); top-left aligns the first ones (``j <= i``). Every backend and the oracle
-    build their masks from this function.
-    """
+def diagonal_shift(len_q, len_k, causal: str):
+    """The masking convention as data: per sequence, the ``shift`` for which query ``i`` may see key ``j``
+    exactly when ``j <= i + shift`` (ints, or tensors of per-sequence lengths). Bottom-right causal aligns the
+    last query with the last key (``Lk - Lq``); top-left aligns the first ones (``0``); no masking is a shift
+    past every key (``Lk``). A kernel that takes the shift as data serves every mode with one compile."""
     if causal == "none":
-        return torch.ones_like(q_pos + k_pos, dtype=torch.bool)
+        return len_k + 0
     if causal == "bottom_right":
-        return k_pos <= q_pos + (len_k - len_q)
+        return len_k - len_q
     if causal == "top_left":
-        return k_pos <= q_pos
+        return len_k * 0
     raise ValueError(f"causal must be one of {CAUSAL_MODES}, got {causal!r}")
+
+
+def key_visible(q_pos: torch.Tensor, k_pos: torch.Tensor, len_q, len_k, causal: str) -> torch.Tensor:
+    """The masking convention, elementwise and broadcastable: may query ``q_pos`` see key ``k_pos``
+    (positions within one sequence)? :func:`diagonal_shift` states it; every backend and the oracle build
+    their masks from one of the two."""
+    return k_pos <= q_pos + diagonal_shift(len_q, len_k, causal)
 
 
 def default_scale(head_dim: int) -> float:
