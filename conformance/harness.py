@@ -108,7 +108,7 @@ def checked_forward(backend: Backend, args: AttentionArgs) -> Output:
 # may be a neighbour's doing: the call is tried again after this process hands back its cached memory, after
 # each pause here; an OOM that outlasts them is the call's, reported with the device's free memory.
 OUT_OF_MEMORY = re.compile(r"out of memory", re.IGNORECASE)
-OOM_PAUSES_S = (0.5, 2.0)
+OOM_PAUSES_S = (1.0, 4.0)  # a neighbour finishing its check or warm-up job releases its memory within seconds
 
 
 def call_backend(backend: Backend, args: AttentionArgs, grad_out: torch.Tensor | None = None) -> Run:
