@@ -295,10 +295,14 @@ class _Warming:
         self.stopping = threading.Event()  # set when the run ends early (SIGTERM, an error): compile no more
 
         def target():
+            from .warmup import release_gate
             try:
                 self._result = run(self.stopping)
             except BaseException as exc:  # noqa: BLE001 - re-raised in join()
                 self._error = exc
+            finally:  # however the warm-up ended, no check waits for it any longer
+                for name in gates:
+                    release_gate(gate_dir, name)
 
         self._thread = threading.Thread(target=target, name="jfa-warmup", daemon=True)
         self._thread.start()

@@ -557,3 +557,16 @@ def test_a_profile_bounds_the_seconds_hypothesis_spends_shrinking():
         assert engine.MAX_SHRINKING_SECONDS == 300
     finally:
         profiles.load("ci")
+
+
+def test_a_warm_up_that_fails_releases_every_gate(tmp_path):
+    gates = tmp_path / "warming"
+    warmup.open_gates(gates, {"fa4", "flex"})
+
+    def broken(stop):
+        raise RuntimeError("the warm-up could not start")
+    warming = cli._Warming(broken, gates, {"fa4", "flex"})
+    with pytest.raises(RuntimeError, match="could not start"):
+        warming.join()
+    assert warmup.wait_for_gate(gates, "fa4") == 0.0 and not warmup.gate_path(gates, "flex").exists()
+    assert warmup.gated_backends(gates) == {"fa4", "flex"}  # the order the workers collected stays as it was
