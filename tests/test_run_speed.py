@@ -525,7 +525,8 @@ def test_the_live_view_says_what_compiles_and_who_waits_for_it(tmp_path):
             return str(tmp_path) if name == "jfa_flight_dir" else default
     recorder.note_waiting(Config(), "fa4")
     live = LiveView(Console(file=open(tmp_path / "out2", "w")), enabled=False, flight_dir=tmp_path)
-    assert live.running_now().startswith("main waiting for fa4's warm-up")
+    worker = __import__("os").environ.get("PYTEST_XDIST_WORKER", "main")
+    assert live.running_now().startswith(f"{worker} waiting for fa4's warm-up")
 
 
 def test_the_warm_up_ends_with_the_checks(tmp_path, misbehaving, monkeypatch):
