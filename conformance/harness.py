@@ -123,7 +123,8 @@ def call_backend(backend: Backend, args: AttentionArgs, grad_out: torch.Tensor |
                 raise
             _release_memory(args.q.device)
             if pause is None:
-                raise OutOfMemory(f"{type(exc).__name__}: {exc} [{_memory_note(args.q.device, len(OOM_PAUSES_S) + 1)}]") from exc
+                note = _memory_note(args.q.device, len(OOM_PAUSES_S) + 1)
+                raise OutOfMemory(f"{type(exc).__name__}: {exc} [{note}]") from exc
             time.sleep(pause)
     raise AssertionError("unreachable")
 
@@ -139,7 +140,8 @@ def _memory_note(device: torch.device, attempts: int) -> str:
     note = f"out of memory in each of {attempts} attempts"
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        note += f"; the GPU had {free / 2**30:.1f} of {total / 2**30:.1f} GiB free after this process released its cache"
+        note += (f"; the GPU had {free / 2**30:.1f} of {total / 2**30:.1f} GiB free after this process released "
+                 "its cache")
     return note
 
 

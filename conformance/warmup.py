@@ -6,9 +6,9 @@ at (see cache.py). So the run first calls each backend once per configuration of
 (configs.py) on a few tiny problems — forward, and backward where declared — in a pool of worker
 processes, timing each (backend, configuration) job. The checks run beside it: those of backends with
 nothing to compile start at once, and a backend's checks wait (outside their timeout) until its last
-warm-up job has ended, so their timeout measures checking rather than compiling. That holds only if the warm-up's calls launch every kernel
-variant the checks launch; for the project's Triton kernel, tests/test_compile_keys.py checks it on the CPU
-with the compile keys a GPU would use.
+warm-up job has ended, so their timeout measures checking rather than compiling. That holds only if the
+warm-up's calls launch every kernel variant the checks launch; for the project's Triton kernel,
+tests/test_compile_keys.py checks it on the CPU with the compile keys a GPU would use.
 
 What compiled once is not compiled again: a manifest in the cache directory lists the (backend,
 configuration) jobs that finished ``ok`` under a *fingerprint* of everything that could change the compiled
@@ -455,10 +455,9 @@ class Plan:
 
 def plan_warmup(ns, chosen, device: str, cache_dir: Path) -> Plan:
     """Every backend's kernel configurations (configs.py), less those an earlier run settled (the manifest)."""
-    from . import registry
+    from . import profiles, registry
     from .plugin import configs_for
     seed = ns.seed if ns.seed is not None else 0
-    from . import profiles
     extra = profiles.extra_kernel_configs(ns.profile) or 0
     jobs, priors = [], {}
     for spec, info in chosen:
@@ -551,7 +550,7 @@ def run_warmup(ns, plan: Plan, device: str, run_dir: Path, env: dict, cache_dir:
                     release_gate(gate_dir, result.backend)
                     ready[result.backend] = round(time.monotonic() - started, 1)
                     if gate_dir is not None:
-                        console.print(f"warm-up: {result.backend} ready after {time.monotonic() - started:.0f} s "
+                        console.print(f"warm-up: {result.backend} ready after {ready[result.backend]:.0f} s "
                                       f"({compiled[result.backend]:.0f} s of compiling)", highlight=False)
                 shown.finished(result)
 
