@@ -178,6 +178,12 @@ PLAIN = textwrap.dedent('''
         name = "narrow-raises"
         capabilities = NARROW
 
+    class HangsCompiling(Hangs):
+        """Hangs in its warm-up (and in its checks), as a compiler that never returns."""
+        name = "hangs-compiling"
+        capabilities = Capabilities(dtypes=("float32",), head_dims=(16,), causal_modes=("none",), gqa=False,
+                                    broadcast_q="none", compile_s=5.0)
+
     _compiled = []
 
     class SlowCompile(Reference):
@@ -571,3 +577,21 @@ def test_a_warm_up_that_fails_releases_every_gate(tmp_path):
         warming.join()
     assert warmup.wait_for_gate(gates, "fa4") == 0.0 and not warmup.gate_path(gates, "flex").exists()
     assert warmup.gated_backends(gates) == {"fa4", "flex"}  # the order the workers collected stays as it was
+
+
+def test_a_backend_that_hangs_compiling_beside_the_checks_opens_its_gate_at_the_compile_budget(tmp_path, misbehaving):
+    # its warm-up job is stopped at the compile budget, which opens its gate with the backend suspect: its
+    # checks are decided by a probe instead of each costing a timeout; the reference is judged meanwhile
+    argv = ["run", "--report-dir", str(tmp_path), "--name", "hangc", "-q", "-n", "2", "--warmup",
+            "--cache-dir", str(tmp_path / "c"), "--compile-timeout", "4", "--timeout", "8",
+            "--backend", "reference", "--backend", f"{misbehaving}:HangsCompiling", "-k", "test_forward or test_lse"]
+    started = time.monotonic()
+    assert cli.main(argv) == 1
+    assert time.monotonic() - started < 90
+    report = json.loads((tmp_path / "hangc" / "report.json").read_text())
+    assert "timeout" in {w["outcome"] for w in report["backends"]["hangs-compiling"]["time"]["warmup"]}
+    outcomes = _outcomes(report)
+    assert outcomes[("reference", "pass")] == 2
+    hung = outcomes.get(("hangs-compiling", "timeout"), 0)
+    assert hung <= 1 and hung + outcomes.get(("hangs-compiling", "not-run"), 0) == 2
+    assert all(r["reason"].startswith("hangs-compiling hung") for r in report["records"] if r["outcome"] == "not-run")
