@@ -285,67 +285,6 @@ def write_run_dir(run_dir: Path, report: dict, regressions: list[dict] | None = 
             print(f"jfa-conformance: could not render {filename}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
-class _Warming:
-    """The warm-up running in a thread beside the checks (warmup.py): ``join()`` gives its summary."""
-
-    def __init__(self, run, gate_dir: Path, gates: set[str], status=lambda: ""):
-        import threading
-        self.gate_dir, self.gates, self._result, self._error = gate_dir, gates, ({}, {"ran": False}), None
-        self.status = status  # what is compiling now, for the live view
-        self.stopping = threading.Event()  # set when the run ends early (SIGTERM, an error): compile no more
-
-        def target():
-            from .warmup import release_gate
-            try:
-                self._result = run(self.stopping)
-            except BaseException as exc:  # noqa: BLE001 - re-raised in join()
-                self._error = exc
-            finally:  # however the warm-up ended, no check waits for it any longer
-                for name in gates:
-                    release_gate(gate_dir, name)
-
-        self._thread = threading.Thread(target=target, name="jfa-warmup", daemon=True)
-        self._thread.start()
-
-    def join(self) -> tuple[dict, dict]:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-
-def _start_warmup(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Path, console, deadline) -> _Warming:
-    """Plan the warm-up, open a gate per backend with something to compile, and run it in a thread. The
-    checks start at once: those of backends with nothing to compile first, in every worker's share. While
-    both run, each GPU holds twice the processes: the warm-up's hand back their cached memory after every
-    job, and the check workers' share (``env``, updated here) leaves room for every context."""
-    from .containment import MEMORY_SHARE_ENV, WARMUP_SHARE, memory_share
-    from .warmup import open_gates, plan_warmup, run_warmup
-    plan = plan_warmup(ns, chosen, device, cache_dir)
-    warm_env = dict(env)
-    if plan.todo and device.startswith("cuda") and MEMORY_SHARE_ENV not in os.environ:
-        per_gpu = max(n for _, n in _worker_sets(ns, device))
-        env[MEMORY_SHARE_ENV] = str(memory_share(per_gpu, warmup_per_gpu=per_gpu))
-        warm_env[MEMORY_SHARE_ENV] = str(WARMUP_SHARE)
-    gate_dir = run_dir / ".flight" / "warming"
-    open_gates(gate_dir, plan.warming())
-    if plan.todo:
-        console.print(f"warm-up: compiling {len(plan.todo)} kernel configurations of "
-                      f"{', '.join(sorted(plan.warming()))} beside the checks; their checks wait for them",
-                      highlight=False, soft_wrap=True)
-    # one live display at a time: the checks' view is live and shows the warm-up's progress in a line of its own
-    views = []
-
-    def view(jobs):
-        views.append(WarmupView(console, jobs, enabled=False))
-        return views[-1]
-
-    return _Warming(lambda stop: run_warmup(ns, plan, device, run_dir, warm_env, cache_dir, console, deadline,
-                                            _worker_sets(ns, device), view, gate_dir=gate_dir, stop=stop),
-                    gate_dir, plan.warming(),
-                    status=lambda: views[-1].status() if views else "starting")
-
-
 def print_summary(console, report: dict, regressions: list[dict], run_dir: Path | None) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -557,7 +496,9 @@ def cmd_run(ns) -> int:
         deadline = time.monotonic() + ns.time_limit if ns.time_limit else None
         warming = None
         if ns.warmup if ns.warmup is not None else device.startswith("cuda"):
-            warming = _start_warmup(ns, chosen, device, run_dir, env, cache_dir, console, deadline)
+            from .warmup import start_beside
+            warming = start_beside(ns, chosen, device, run_dir, env, cache_dir, console, deadline,
+                                   _worker_sets(ns, device), lambda jobs: WarmupView(console, jobs, enabled=False))
             if warming.gates:  # the checks of the backends still compiling wait at their gates
                 command += ["--jfa-warming", str(warming.gate_dir)]
         checks_started = time.time()

@@ -524,9 +524,9 @@ def run_warmup(ns, plan: Plan, device: str, run_dir: Path, env: dict, cache_dir:
                worker_sets, view, gate_dir: Path | None = None, stop: threading.Event | None = None
                ) -> tuple[dict, dict]:
     """Run ``plan``: compile in a pool of worker processes (one environment per worker of ``worker_sets``),
-    releasing each backend's gate in ``gate_dir`` when its last job ends; a backend that timed out
-    compiling starts its checks as suspect (containment.py). ``view(jobs)`` is the live view's context
-    manager."""
+    releasing each backend's gate in ``gate_dir`` when its last job ends (:class:`Beside` releases the rest
+    however the warm-up ends); a backend that timed out compiling starts its checks as suspect
+    (containment.py). ``view(jobs)`` is the warm-up view's context manager."""
     from . import containment
     envs = []
     for gpu, count in worker_sets:
@@ -538,29 +538,25 @@ def run_warmup(ns, plan: Plan, device: str, run_dir: Path, env: dict, cache_dir:
     ready: dict[str, float] = {}  # backend -> seconds into the warm-up when its last job ended (its gate opened)
     for job in plan.todo:
         left[job.name] = left.get(job.name, 0) + 1
-    try:
-        with view(plan.todo) as shown:
-            def finished(result: Result) -> None:
-                if result.outcome == "timeout":
-                    containment.mark(run_dir / ".flight", result.backend, "suspect",
-                                     f"{result.backend} hung compiling {result.key}")
-                left[result.backend] -= 1
-                compiled[result.backend] = compiled.get(result.backend, 0.0) + result.seconds
-                if left[result.backend] == 0:
-                    release_gate(gate_dir, result.backend)
-                    ready[result.backend] = round(time.monotonic() - started, 1)
-                    if gate_dir is not None:
-                        console.print(f"warm-up: {result.backend} ready after {ready[result.backend]:.0f} s "
-                                      f"({compiled[result.backend]:.0f} s of compiling)", highlight=False)
-                shown.finished(result)
+    with view(plan.todo) as shown:
+        def finished(result: Result) -> None:
+            if result.outcome == "timeout":
+                containment.mark(run_dir / ".flight", result.backend, "suspect",
+                                 f"{result.backend} hung compiling {result.key}")
+            left[result.backend] -= 1
+            compiled[result.backend] = compiled.get(result.backend, 0.0) + result.seconds
+            if left[result.backend] == 0:
+                release_gate(gate_dir, result.backend)
+                ready[result.backend] = round(time.monotonic() - started, 1)
+                if gate_dir is not None:
+                    console.print(f"warm-up: {result.backend} ready after {ready[result.backend]:.0f} s "
+                                  f"({compiled[result.backend]:.0f} s of compiling)", highlight=False)
+            shown.finished(result)
 
-            results = run_pool(plan.todo, device=device, envs=envs, budget_s=ns.compile_timeout,
-                               log_path=run_dir / "warmup.log", on_start=shown.started, on_result=finished,
-                               deadline=deadline, seconds=load_seconds(cache_dir), priors=plan.priors,
-                               stop=stop) if plan.todo else []
-    finally:
-        for name in left:
-            release_gate(gate_dir, name)
+        results = run_pool(plan.todo, device=device, envs=envs, budget_s=ns.compile_timeout,
+                           log_path=run_dir / "warmup.log", on_start=shown.started, on_result=finished,
+                           deadline=deadline, seconds=load_seconds(cache_dir), priors=plan.priors,
+                           stop=stop) if plan.todo else []
     save_manifest(cache_dir, plan.fingerprint, plan.jobs, results, plan.done, plan.failed)
     results = plan.cached + results
     wall = round(time.monotonic() - started, 1)
@@ -573,6 +569,65 @@ def run_warmup(ns, plan: Plan, device: str, run_dir: Path, env: dict, cache_dir:
                   f"compile budget {ns.compile_timeout:g} s each)", highlight=False)
     return summarize(results), {"ran": True, "wall_s": wall, "jobs": len(plan.jobs), "outcomes": counts,
                                 "budget_s": ns.compile_timeout, "ready_s": ready}
+
+
+class Beside:
+    """The warm-up running in a thread beside the checks: ``join()`` gives its summary and report entry.
+    ``run(stop)`` runs it; ``stopping`` ends it early (the checks are over); ``status()`` says what compiles
+    now, for the live view. However the warm-up ends, every gate is released: no check waits on it."""
+
+    def __init__(self, run, gate_dir: Path, gates: set[str], status=lambda: ""):
+        self.gate_dir, self.gates, self.status = gate_dir, gates, status
+        self.stopping = threading.Event()
+        self._result, self._error = ({}, {"ran": False}), None
+
+        def target():
+            try:
+                self._result = run(self.stopping)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in join()
+                self._error = exc
+            finally:
+                for name in gates:
+                    release_gate(gate_dir, name)
+
+        self._thread = threading.Thread(target=target, name="jfa-warmup", daemon=True)
+        self._thread.start()
+
+    def join(self) -> tuple[dict, dict]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+def start_beside(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Path, console, deadline,
+                 worker_sets, make_view) -> Beside:
+    """Plan the warm-up, open a gate per backend with something to compile, and run it in a thread
+    (``make_view(jobs)``: a WarmupView, not live: the checks' view is, and shows its ``status()``). While
+    both run, each GPU holds twice the processes: the warm-up's hand back their cached memory after every
+    job, and the check workers' share (``env``, updated here) leaves room for every context."""
+    from .containment import MEMORY_SHARE_ENV, WARMUP_SHARE, memory_share
+    plan = plan_warmup(ns, chosen, device, cache_dir)
+    warm_env = dict(env)
+    if plan.todo and device.startswith("cuda") and MEMORY_SHARE_ENV not in os.environ:
+        per_gpu = max(n for _, n in worker_sets)
+        env[MEMORY_SHARE_ENV] = str(memory_share(per_gpu, warmup_per_gpu=per_gpu))
+        warm_env[MEMORY_SHARE_ENV] = str(WARMUP_SHARE)
+    gate_dir = run_dir / ".flight" / "warming"
+    open_gates(gate_dir, plan.warming())
+    if plan.todo:
+        console.print(f"warm-up: compiling {len(plan.todo)} kernel configurations of "
+                      f"{', '.join(sorted(plan.warming()))} beside the checks; their checks wait for them",
+                      highlight=False, soft_wrap=True)
+    views = []
+
+    def view(jobs):
+        views.append(make_view(jobs))
+        return views[-1]
+
+    return Beside(lambda stop: run_warmup(ns, plan, device, run_dir, warm_env, cache_dir, console, deadline,
+                                          worker_sets, view, gate_dir=gate_dir, stop=stop),
+                  gate_dir, plan.warming(), status=lambda: views[-1].status() if views else "starting")
 
 
 def backend_times(names, warm_summary: dict, records: list[dict]) -> dict[str, dict]:

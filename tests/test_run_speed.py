@@ -572,7 +572,7 @@ def test_a_warm_up_that_fails_releases_every_gate(tmp_path):
 
     def broken(stop):
         raise RuntimeError("the warm-up could not start")
-    warming = cli._Warming(broken, gates, {"fa4", "flex"})
+    warming = warmup.Beside(broken, gates, {"fa4", "flex"})
     with pytest.raises(RuntimeError, match="could not start"):
         warming.join()
     assert warmup.wait_for_gate(gates, "fa4") == 0.0 and not warmup.gate_path(gates, "flex").exists()
