@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.internal.conjecture import engine
 
 DEFAULT = "ci"
 _COMMON = dict(
@@ -32,6 +33,7 @@ for _name, _settings in PROFILES.items():
 # is reported, which is still a real failure. hypothesis has no setting for it: its engine's module
 # constant is set when a profile is loaded (tests/test_run_speed.py fails if a hypothesis release renames it).
 SHRINK_SECONDS = {"ci": 30, "dev": 120}
+_HYPOTHESIS_SHRINK_SECONDS = getattr(engine, "MAX_SHRINKING_SECONDS", 300)  # its own, for the other profiles
 
 
 def extra_kernel_configs(name: str | None) -> int | None:
@@ -47,8 +49,4 @@ def load(name: str, max_examples: int | None = None) -> None:
     else:
         base = name
     settings.load_profile(name)
-    from hypothesis.internal.conjecture import engine
     engine.MAX_SHRINKING_SECONDS = SHRINK_SECONDS.get(base, _HYPOTHESIS_SHRINK_SECONDS)
-
-
-_HYPOTHESIS_SHRINK_SECONDS = 300  # hypothesis's own

@@ -420,16 +420,19 @@ def pytest_xdist_node_collection_finished(node, ids):
 
 
 def _known_backend_names(config) -> set[str]:
-    names = set()
+    """The backend names node ids may hold: the registry's, and those of the backends the run names (a
+    'file.py:attr' or 'module:attr' backend is known by its own name in node ids)."""
+    names = set(config.getoption("backend", default=[]) or [])
     try:
         from . import registry
-        names.update(registry.known_names())
     except Exception:  # noqa: BLE001 - names only help parse node ids
+        return names
+    try:
+        names.update(registry.known_names())
+    except Exception:  # noqa: BLE001 - as above
         pass
-    for spec in config.getoption("backend", default=[]) or []:
-        names.add(spec)
-        try:  # a 'file.py:attr' or 'module:attr' backend is known by its own name in node ids
-            from . import registry
+    for spec in list(names):
+        try:
             names.add(registry.resolve(spec).name)
         except Exception:  # noqa: BLE001 - as above
             pass
