@@ -94,7 +94,8 @@ def test_kernel_view_gives_degenerate_dimensions_dense_strides():
     cases = [
         (one_row_one_head, (8, 8, 1)),
         (torch.empty(0, 3, 4).as_strided((0, 3, 4), (1, 1, 3)), (12, 4, 1)),  # what an empty dO can carry
-        (torch.empty(6, 1, 4).as_strided((6, 1, 4), (4, 1, 1)), (4, 4, 1)),   # one head
+        (torch.arange(24.0).as_strided((6, 1, 4), (4, 1, 1)), (4, 4, 1)),    # one head (set values: a NaN
+                                                                              # in empty memory is != itself)
         (base.view(3, 5)[:, :4].unsqueeze(1), (5, 4, 1)),                     # strided rows stay strided
     ]
     for t, strides in cases:
