@@ -363,8 +363,21 @@ def make_grad_out(problem: Problem, device: str | torch.device = "cpu") -> torch
     return g
 
 
+def layout_of(t: torch.Tensor) -> str:
+    """The ``LAYOUTS`` value a q, k or v tensor [rows, H, D] is laid out as (``laid_out``'s inverse)."""
+    rows, heads, dim = t.shape
+    if t.is_contiguous():
+        return "offset_view" if t.data_ptr() % 16 and rows * heads * dim else "packed"
+    if rows > 1 and t.stride(0) > heads * t.stride(1):
+        return "row_strided"
+    if heads > 1 and t.stride(1) > dim:
+        return "head_strided"
+    return "packed"
+
+
 def problem_of_args(args) -> Problem:
-    """The problem a backend call runs, as far as its arguments tell."""
+    """The problem a backend call runs, as far as its arguments tell: its shapes and options, and how q and
+    the offsets are laid out (so a reproducer of a crashed call passes the same kinds of views)."""
     return Problem(
         seqlens_q=tuple(args.seqlens_q), seqlens_k=tuple(args.seqlens_k),
         heads_q=args.q.shape[1], heads_kv=args.k.shape[1], head_dim=args.q.shape[2],
@@ -373,4 +386,6 @@ def problem_of_args(args) -> Problem:
         # The seed is unknown (the inputs may have been transformed); 0 keeps the problem replayable.
         scale=args.softmax_scale, seed=0, length_law="observed",
         offsets_dtype=str(args.cu_seqlens_k.dtype).removeprefix("torch."),
+        layout=layout_of(args.q),
+        offsets_layout="contiguous" if args.cu_seqlens_k.stride(0) == 1 else "strided",
     )

@@ -17,7 +17,8 @@ import pytest
 
 from conformance import cli, replay
 from conformance import report as rp
-from conformance.problem import Problem
+from conformance.problem import LAYOUTS, OFFSETS_LAYOUTS, Problem, make_inputs, problem_of_args
+from conformance.spec.edge_cases import EDGE_CASES
 from conformance.reporting import perf, render_html, render_markdown
 from conformance.reporting.__main__ import find_browser, scroll_width
 
@@ -260,6 +261,26 @@ def test_a_crash_reproducer_calls_the_backend_on_the_problem_it_was_running(tmp_
     assert replay.reproduce(spec).ok  # the reference gets that problem right
     assert not replay.reproduce({**spec, "backend": "conformance.mutants:LseBase2"}).ok
     assert "mode': 'call'" in (tmp_path / entry["script"]).read_text()
+
+
+@pytest.mark.parametrize("offsets_layout", OFFSETS_LAYOUTS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_problem_of_a_call_keeps_how_its_tensors_are_laid_out(layout, offsets_layout):
+    problem = Problem((5, 0, 17), (7, 3, 17), heads_q=2, heads_kv=2, head_dim=16, dtype="float16",
+                      layout=layout, offsets_layout=offsets_layout)
+    seen = problem_of_args(make_inputs(problem))
+    assert (seen.layout, seen.offsets_layout) == (layout, offsets_layout)
+
+
+def test_a_crash_reproducer_passes_the_views_the_dead_call_was_given():
+    # What a process that died in the misaligned_views edge case records: the call's own problem, which a
+    # reproducer must rebuild with the same unaligned bases, or a kernel that faults on them passes.
+    case = EDGE_CASES["misaligned_views"].replace(dtype="float16")
+    running = problem_of_args(make_inputs(case))
+    spec = {"backend": "reference", "device": "cpu", "problem": dataclasses.asdict(running), "mode": "call",
+            "gradients": False, "check": "test_edge_case", "params": {"case": "misaligned_views"}}
+    assert running.layout == "offset_view" and replay.reproduce(spec).ok
+    assert not replay.reproduce({**spec, "backend": "conformance.mutants:MisalignedBaseRoundedDown"}).ok
 
 
 def test_render_command_rewrites_a_moved_report(tmp_path, capsys):
