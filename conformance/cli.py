@@ -542,7 +542,7 @@ def cmd_run(ns) -> int:
     partial_junit = run_dir / ".junit.xml.partial"
     if partial_junit.exists():
         os.replace(partial_junit, run_dir / "junit.xml")
-    complete = finished and stop_reason is None and all(r["outcome"] != "not-run" for r in records)
+    complete = rp.verdicts_complete(collected, records, finished)
     report = assemble(records, complete=complete, rc=rc, bench_status=bench_status, timings=timings,
                       stop_reason=stop_reason)
     regressions = []

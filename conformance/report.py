@@ -119,6 +119,13 @@ def complete_records(collected: list[dict], records: list[dict], reason: str, *,
     return records + missing
 
 
+def verdicts_complete(collected: list[dict], records: list[dict], finished: bool) -> bool:
+    """Whether every check of the run has a verdict (``records`` as ``complete_records`` left them). A stop
+    that comes after the last verdict, while pytest closes its session, takes nothing away: such a run is
+    complete; the stop is still reported (``run.stopped``)."""
+    return (finished or bool(collected)) and all(r["outcome"] != "not-run" for r in records)
+
+
 def timings_from_benchmark(bench: dict) -> list[dict]:
     """One timing row per pytest-benchmark entry: median seconds and TFLOP/s on useful FLOPs."""
     rows = []

@@ -164,6 +164,23 @@ def test_record_stream_ignores_a_torn_last_line_and_completes_missing_checks(tmp
     assert [r["outcome"] for r in completed] == ["pass", "not-run"]
 
 
+def test_a_run_stopped_after_its_last_verdict_is_complete_and_says_it_stopped():
+    collected = [{"id": "t::f[a]", "backend": "a", "feature": "forward"}]
+    judged = rp.complete_records(collected, [record("a", "forward", "pass", id="t::f[a]")], "never ran: x", stopped=True)
+    unjudged = rp.complete_records(collected, [], "never ran: the run reached its --time-limit", stopped=True)
+    # pytest had not closed its session (no "finished" line) when the time limit came, after the last verdict
+    assert rp.verdicts_complete(collected, judged, finished=False)
+    assert not rp.verdicts_complete(collected, unjudged, finished=False)
+    assert not rp.verdicts_complete([], [], finished=False)  # nothing collected, nothing known
+    report = make_report(judged)
+    report["run"]["stopped"] = "the run reached its --time-limit"
+    text = render_markdown(report)
+    assert "did not finish" not in text and "after every check had its verdict" in text
+    assert rp.exit_code(report) == 0
+    report["run"]["complete"] = False
+    assert "did not finish" in render_markdown(report) and rp.exit_code(report) == 1
+
+
 def test_timings_count_useful_flops_only():
     causal = Problem((4, 2), (4, 2), heads_q=2, heads_kv=2, head_dim=8, causal="bottom_right")
     # visible pairs: 4+3+2+1 = 10 and 2+1 = 3 -> 13; forward = 4 * 13 * D * Hq

@@ -424,6 +424,8 @@ def render_html(report: dict, regressions: list[dict] | None = None) -> str:
              f"<p class='meta'>{esc(run_line(run)).replace('`', '')}</p>"]
     if not run.get("complete", True):
         parts.append("<p class='v-incomplete'>The run did not finish: checks that never ran are marked “not run”.</p>")
+    elif run.get("stopped"):
+        parts.append(f"<p class='note'>The run stopped ({esc(run['stopped'])}) after every check had its verdict.</p>")
     parts += ["<h2>Backends</h2>", *_backend_table(report, summary)]
     if any(s["verdict"] == "incomplete" for s in summary.values()):
         parts.append("<p class='note'>incomplete: no check failed, but some never ran (see “Not run”).</p>")

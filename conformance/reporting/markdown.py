@@ -211,6 +211,8 @@ def render_markdown(report: dict, regressions: list[dict] | None = None) -> str:
                                           f"{sh.get('profile')}, seed {sh.get('seed')})" for sh in run["shards"]) + ".", ""]
     if not run.get("complete", True):
         lines += ["**The run did not finish: checks that never ran are marked not run.**", ""]
+    elif run.get("stopped"):
+        lines += [f"The run stopped ({_md(run['stopped'])}) after every check had its verdict.", ""]
     times = perf.backend_times(report)
     time_keys = perf.time_columns(times)
     lines += ["| backend | verdict | pass | fail | crash | timeout | not run | xfail | unsupported | worst budget |"
