@@ -320,3 +320,18 @@ def test_node_ids_of_a_backend_given_by_file_parse_to_its_own_name(tmp_path):
                               names)
     assert identity == {"backend": "my-kernel", "test": "test_edge_case", "feature": "edge_case:single_token",
                         "dtype": "float16"}
+
+
+def test_timings_run_shape_by_shape_so_a_stopped_session_keeps_whole_rows():
+    import subprocess
+    import sys
+    bench = os.path.join(os.path.dirname(benchmarks.__file__), "benchmarks.py")
+    proc = subprocess.run([sys.executable, "-m", "pytest", bench, "-p", "conformance.plugin", "--collect-only", "-q",
+                           "-p", "no:cacheprovider", "--device", "cpu", "--backend", "sdpa", "--backend", "reference"],
+                          capture_output=True, text=True, timeout=300)
+    ids = [line.split("[", 1)[1].rstrip("]") for line in proc.stdout.splitlines() if "test_timing[" in line]
+    assert len(ids) == 2 * 2 * len(benchmarks.SHAPES), proc.stdout + proc.stderr
+    rows = [tuple(i.split("-", 1)[1].rsplit("-", 1)) for i in ids]  # (shape, direction), backend dropped
+    assert rows[:4] == [("dense", "forward")] * 2 + [("dense", "backward")] * 2
+    assert [r[0] for r in rows[::4]] == list(benchmarks.SHAPES)
+    assert [i.split("-", 1)[0] for i in ids[:2]] == ["sdpa", "reference"]  # the order the backends were named
