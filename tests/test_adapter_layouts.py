@@ -59,9 +59,10 @@ def row_strided(t: torch.Tensor) -> torch.Tensor:
 
 
 def head_strided(t: torch.Tensor) -> torch.Tensor:
-    """``t`` [rows, H, D] with each head sliced out of a wider one: head stride D + PAD, row stride H*(D + PAD)."""
+    """``t`` [rows, H, D] with each head sliced out of a wider one: head stride D + 2*PAD, row stride
+    H*(D + 2*PAD), PAD elements in (so the base stays 16-byte aligned: unaligned bases are ``unaligned``'s)."""
     rows, heads, dim = t.shape
-    view = _nan_buffer((rows, heads, dim + PAD), t)[..., PAD // 2: PAD // 2 + dim]
+    view = _nan_buffer((rows, heads, dim + 2 * PAD), t)[..., PAD: PAD + dim]
     return view.copy_(t)
 
 
@@ -186,6 +187,10 @@ def test_layouts_keep_values_and_change_strides():
         elif layout.qkv != "packed":
             assert not any(t.is_contiguous() for t in (args.q, args.k, args.v)), name
             assert all(t.stride(-1) == 1 for t in (args.q, args.k, args.v)), name
+        if layout.qkv != "unaligned":  # only `unaligned` moves a base or a row or head off a 16-byte boundary
+            for t in (args.q, args.k, args.v):
+                assert t.data_ptr() % 16 == 0, name
+                assert all(stride * t.element_size() % 16 == 0 for stride in t.stride()[:2]), name
         if layout.grad == "expanded":
             assert grad.stride(0) == 0
         elif layout.grad == "permuted":
