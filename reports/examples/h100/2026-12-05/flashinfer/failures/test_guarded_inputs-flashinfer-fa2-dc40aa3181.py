@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Reproducer: flashinfer-fa2 · guarded_inputs (crash)
+
+forward: CUDA error: an illegal memory access was encountered
+
+Check:    conformance/spec/test_unwritten_memory.py::test_guarded_inputs[flashinfer-fa2]
+Problem:  Problem(seqlens_q=[256, 1, 1, 1, 1, 2, 1, 6], seqlens_k=[1, 5, 2, 46, 1, 36, 1, 1], heads_q=4, heads_kv=2, head_dim=128, dtype='float16', causal='none', scale=0.3, length_law='observed', offsets_dtype='int64')
+          (the call in flight when the check's process died: the shapes and options are the ones
+          that failed, the input values come from the problem's seed and may differ from the run's)
+Recorded: NVIDIA H100 80GB HBM3 (compute capability 9.0); python 3.12.3; torch 2.11.0, triton 3.6.0, flashinfer-python 0.7.2.post1
+          jfa-conformance commit 7916ed70e6e1
+
+Needs jfa-conformance and the backend's own package installed, nothing from the report directory:
+    python test_guarded_inputs-flashinfer-fa2-dc40aa3181.py                      exit 1: reproduced, 0: passes now, 2: cannot run here
+    python test_guarded_inputs-flashinfer-fa2-dc40aa3181.py --backend reference  the same problem on another backend
+    python test_guarded_inputs-flashinfer-fa2-dc40aa3181.py --device cuda:1      on another device
+
+It calls the backend once on the problem and judges the result against the float64 oracle;
+CUDA_LAUNCH_BLOCKING=1 makes a device fault surface at the kernel launch that caused it.
+"""
+import os
+import sys
+
+REPRODUCER = {'backend': 'flashinfer-fa2',
+ 'device': 'cuda',
+ 'check': 'test_guarded_inputs',
+ 'params': {},
+ 'problem': {'seqlens_q': [256, 1, 1, 1, 1, 2, 1, 6],
+             'seqlens_k': [1, 5, 2, 46, 1, 36, 1, 1],
+             'heads_q': 4,
+             'heads_kv': 2,
+             'head_dim': 128,
+             'head_dim_v': None,
+             'dtype': 'float16',
+             'causal': 'none',
+             'broadcast_q': False,
+             'scale': 0.3,
+             'seed': 0,
+             'length_law': 'observed',
+             'offsets_dtype': 'int64',
+             'layout': 'packed',
+             'offsets_layout': 'contiguous',
+             'grad_layout': 'contiguous',
+             'values': 'normal'},
+ 'mode': 'call',
+ 'gradients': False,
+ 'nodeid': 'conformance/spec/test_unwritten_memory.py::test_guarded_inputs[flashinfer-fa2]',
+ 'outcome': 'crash'}
+
+if __name__ == "__main__":
+    # a device fault is then raised by the kernel launch that caused it (set before CUDA starts)
+    os.environ.setdefault("CUDA_LAUNCH_BLOCKING", "1")
+    from conformance.replay import reproducer_main
+
+    sys.exit(reproducer_main(REPRODUCER, sys.argv[1:]))
