@@ -453,6 +453,8 @@ def cmd_run(ns) -> int:
     spec_of = {info.name: spec for spec, info in chosen}
     env_info = environment(device)
 
+    timed_names: list[str] = []  # the backends the benchmarks time, once they start
+
     def assemble(records, *, complete, rc, bench_status, timings, stop_reason=None) -> dict:
         times = backend_times([info.name for _, info in chosen], warm_summary, records)
         return {
@@ -465,7 +467,8 @@ def cmd_run(ns) -> int:
                     "seed": ns.seed if ns.seed is not None else ("derandomized" if ns.profile == "ci" else None),
                     "dtypes": ns.dtype or None, "xfails_file": ns.xfails_file, "timeout_s": ns.timeout,
                     "time_limit_s": ns.time_limit, "workers": n_workers, "gpus": ns.gpus, "pytest_exit_code": rc,
-                    "benchmarks": bench_status, "complete": complete, "stopped": stop_reason,
+                    "benchmarks": bench_status, "timed_backends": timed_names or None, "complete": complete,
+                    "stopped": stop_reason,
                     "resumed_from": ns.resume, "cache_dir": str(cache_dir), "cache_bytes_before": cache_bytes,
                     "warmup": warm_info, "checks": check_phase, "environment": env_info},
             "backends": {info.name: {"source": info.source, "available": info.available, "reason": info.reason,
@@ -525,6 +528,8 @@ def cmd_run(ns) -> int:
         timings, bench_status = [], BENCH_NOT_ASKED
         bench = ns.bench if ns.bench is not None else device.startswith("cuda")
         timed = timed_specs(ns.backend, chosen)
+        if bench and stop_reason is None:
+            timed_names[:] = [info.name for spec, info in chosen if spec in timed and info.available]
         if bench and stop_reason is not None:
             bench_status = f"not run: {stop_reason}"
         elif bench and not timed:

@@ -119,6 +119,14 @@ def complete_records(collected: list[dict], records: list[dict], reason: str, *,
     return records + missing
 
 
+def coverage_columns(report: dict) -> list[str]:
+    """The backends of the coverage table in the report's backend order (the records' order is the order
+    the checks finished in)."""
+    coverage = report.get("coverage") or {}
+    listed = [b for b in report.get("backends") or {} if b in coverage]
+    return listed + [b for b in coverage if b not in listed]
+
+
 def verdicts_complete(collected: list[dict], records: list[dict], finished: bool) -> bool:
     """Whether every check of the run has a verdict (``records`` as ``complete_records`` left them). A stop
     that comes after the last verdict, while pytest closes its session, takes nothing away: such a run is

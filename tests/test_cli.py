@@ -178,6 +178,7 @@ def test_bench_times_forward_and_backward_and_gates_timing_regressions(tmp_path)
     assert all(t["median_s"] > 0 and t["tflops"] > 0 and 0 <= t["padding_waste"] < 1 for t in timings)
     assert all(t["min_s"] <= t["q1_s"] <= t["median_s"] <= t["q3_s"] for t in timings)  # what the gate compares
     assert (tmp_path / "reports" / "b1" / "benchmark.json").exists()
+    assert report["run"]["timed_backends"] == ["reference"]  # what the report's "not timed" note is read against
     # A baseline whose every round took half this run's fastest one (so the rounds lie apart, however
     # noisy this run was): every timing is a regression beyond the 10% threshold.
     faster = dict(report, timings=[dict(t, **dict.fromkeys(("median_s", "min_s", "q1_s", "q3_s"), t["min_s"] / 2))

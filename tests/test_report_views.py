@@ -117,6 +117,28 @@ def test_the_performance_section_compile_times_and_coverage_render():
     assert "| head_dim = 16 | 3 | 3 | 3 | 3 |" in md
 
 
+def test_backends_the_timings_never_reached_are_named_with_the_reason():
+    report = many_backends(4)
+    report["timings"] = [t for t in report["timings"] if t["backend"] != "triton-jfa"]
+    report["run"].update(timed_backends=["reference", "triton-jfa", "vendor-kernel-00-long-name"],
+                         benchmarks="stopped: the run reached its --time-limit; the timings finished before it are kept")
+    line = "not timed: triton-jfa (benchmarks: stopped: the run reached its --time-limit"
+    assert line in render_html(report) and line in render_markdown(report)
+    report["run"]["benchmarks"] = "ok"
+    assert "no timing for triton-jfa: each declares every timed shape unsupported" in render_markdown(report)
+    report["run"]["timed_backends"] = None  # reports written before the field: nothing claimed
+    assert "not timed:" not in render_markdown(report)
+
+
+def test_the_coverage_columns_follow_the_backend_table_not_the_finishing_order():
+    report = many_backends(4)
+    report["coverage"] = dict(reversed(list(report["coverage"].items())))
+    assert rp.coverage_columns(report) == list(report["backends"])
+    md = render_markdown(report)
+    header = next(line for line in md.splitlines() if line.startswith("| axis = value |"))
+    assert header.index("reference") < header.index("triton-jfa") < header.index("vendor-kernel-00")
+
+
 def test_a_backend_an_interpreter_runs_is_untimed_or_its_times_are_marked():
     from conformance import pytest_session, registry
     # an interpreter's times are not a kernel's: left out of the timed set unless named with --backend

@@ -301,7 +301,7 @@ def _backend_table(report, summary) -> list[str]:
 
 
 def _perf(report) -> list[str]:
-    caveats = [f"<p class='caveat'>{esc(line)}</p>" for line in perf.interpreter_notes(report)]
+    caveats = [f"<p class='caveat'>{esc(line)}</p>" for line in perf.timing_notes(report)]
     if not report.get("timings"):
         status = (report.get("run") or {}).get("benchmarks")
         if status in (None, perf.BENCH_NOT_ASKED):
@@ -386,7 +386,7 @@ def _coverage(report) -> list[str]:
     coverage = report.get("coverage")
     if not isinstance(coverage, dict) or not coverage:
         return []
-    backends = list(coverage)
+    backends = rp.coverage_columns(report)
     axes: dict[str, dict[str, None]] = {}
     for per_backend in coverage.values():
         for axis, values in (per_backend or {}).items():

@@ -136,7 +136,7 @@ def _perf(report) -> list[str]:
     lines = ["", "## Performance", "",
              f"Speedup against {_code(base)} (its median over the backend's; above 1 is faster), median ms, TFLOP/s on "
              "useful FLOPs. Every number, with spread, rounds and first-call time, is in the table below.", ""]
-    notes = perf.interpreter_notes(report)
+    notes = perf.timing_notes(report)
     lines += [f"> {_md(line)}" for line in notes] + [""] * bool(notes)
     for direction in ("forward", "backward"):
         shown = [r for r in table if r.direction == direction]
@@ -179,7 +179,7 @@ def _coverage(report) -> list[str]:
     coverage = report.get("coverage")
     if not isinstance(coverage, dict) or not coverage:
         return []
-    backends = list(coverage)
+    backends = rp.coverage_columns(report)
     lines = ["", "<details><summary>Coverage: problems per axis value</summary>", "",
              "| axis = value | " + " | ".join(map(_md, backends)) + " |", "|---|" + "---:|" * len(backends)]
     axes: dict[str, dict[str, None]] = {}

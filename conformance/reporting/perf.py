@@ -45,9 +45,10 @@ def timed_backends(report: dict) -> list[str]:
     return ordered + sorted(names - set(ordered))
 
 
-def interpreter_notes(report: dict) -> list[str]:
+def timing_notes(report: dict) -> list[str]:
     """One line per backend an interpreter ran in this run (``Capabilities.interpreted_by``): its timings are
-    the interpreter's, or it was left untimed."""
+    the interpreter's, or it was left untimed; and one line for the backends the benchmarks were to time
+    (``run.timed_backends``) that have no timing, with the benchmarks' status (a time limit, a failure)."""
     timed = set(timed_backends(report))
     notes = []
     for name, entry in (report.get("backends") or {}).items():
@@ -56,6 +57,14 @@ def interpreter_notes(report: dict) -> list[str]:
             notes.append(f"{name}: run by {by} here, so its times measure the interpreter, not a kernel")
         elif by:
             notes.append(f"{name}: not timed, since {by} runs it here (name it with --backend to time it anyway)")
+    run = report.get("run") or {}
+    missing = [name for name in run.get("timed_backends") or [] if name not in timed]
+    status = run.get("benchmarks") or "unknown"
+    if missing and status == "ok":
+        notes.append(f"no timing for {', '.join(missing)}: each declares every timed shape unsupported, or its "
+                     "timings failed (pytest.log says which)")
+    elif missing:
+        notes.append(f"not timed: {', '.join(missing)} (benchmarks: {status})")
     return notes
 
 
