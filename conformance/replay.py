@@ -132,16 +132,22 @@ def _params(record: dict, check: str) -> dict:
     return _json_safe(params)
 
 
+def _edge_case_problem(check: str, params: dict) -> Problem | None:
+    """The fixed problem an edge case runs (at the record's dtype); None for other checks."""
+    if check != "test_edge_case" or "case" not in params:
+        return None
+    from .spec.edge_cases import EDGE_CASES
+
+    case = EDGE_CASES.get(params["case"])
+    return None if case is None else case.replace(dtype=params.get("dtype", case.dtype))
+
+
 def _problem_dict(record: dict, check: str, params: dict) -> dict | None:
-    problem = record.get("problem")
+    """The problem to rebuild: an edge case's own (it is what the check ran, layouts included, whatever the
+    record kept of it), else the record's."""
+    problem = _edge_case_problem(check, params) or record.get("problem")
     if isinstance(problem, Problem):
         problem = dataclasses.asdict(problem)
-    if problem is None and check == "test_edge_case" and "case" in params:
-        from .spec.edge_cases import EDGE_CASES
-
-        case = EDGE_CASES.get(params["case"])
-        if case is not None:
-            problem = dataclasses.asdict(case.replace(dtype=params.get("dtype", case.dtype)))
     return None if problem is None else _json_safe(problem)
 
 
@@ -296,12 +302,13 @@ def pytest_command(record: dict, backend_spec: str, run: dict | None = None) -> 
 
 def reproducer_mode(record: dict) -> tuple[str, bool]:
     """``(mode, gradients)``: ``call`` the backend on the problem a dead process was running (the check
-    around that call cannot be rebuilt), or rerun the ``check``; whether the call includes the backward."""
+    around that call cannot be rebuilt: hypothesis drew it), or rerun the ``check`` (a failure's, or an edge
+    case's, whose fixed problem is the one that ran); whether the call includes the backward."""
     check = record.get("test") or check_name({"nodeid": record.get("id")})
-    if record.get("problem_source") != "running":
+    if record.get("problem_source") != "running" or check == "test_edge_case":  # an edge case reruns exactly
         return "check", False
     phase = DEVICE_FAULT_PHASE.search(record.get("message") or "")
-    gradients = check in ("test_gradients", "test_edge_case") or bool(phase and phase.group(1) == "backward")
+    gradients = check == "test_gradients" or bool(phase and phase.group(1) == "backward")
     return "call", gradients
 
 

@@ -305,6 +305,26 @@ def test_a_crash_reproducer_passes_the_views_the_dead_call_was_given():
     assert not replay.reproduce({**spec, "backend": "conformance.mutants:MisalignedBaseRoundedDown"}).ok
 
 
+def test_an_edge_case_crash_reruns_the_edge_case_with_its_own_inputs(tmp_path):
+    # A record of a process that died in misaligned_views, as reports made before crashed calls kept their
+    # layouts have it: the running problem with packed tensors. The edge case's problem is fixed, so the
+    # reproducer reruns the edge case itself, unaligned views included.
+    running = EDGE_CASES["misaligned_views"].replace(dtype="float16", layout="packed", seed=0)
+    record = rec("conformance.mutants:MisalignedBaseRoundedDown", "edge_case:misaligned_views", "crash",
+                 dtype="float16", message="worker 'gw3' crashed while running 'x'")
+    record.update(id="conformance/spec/test_edge_cases.py::test_edge_case[x-misaligned_views-float16]",
+                  test="test_edge_case", params={"case": "misaligned_views"}, problem=running.summary(),
+                  problem_source="running")
+    assert replay.reproducer_mode(record) == ("check", False)
+    entry = replay.write_reproducer(tmp_path, record)
+    text = (tmp_path / entry["script"]).read_text()
+    assert "'layout': 'offset_view'" in text and "'mode': 'check'" in text
+    spec = {"backend": "conformance.mutants:MisalignedBaseRoundedDown", "device": "cpu", "check": "test_edge_case",
+            "params": {"case": "misaligned_views", "dtype": "float16"}, "mode": "check",
+            "problem": dataclasses.asdict(EDGE_CASES["misaligned_views"].replace(dtype="float16"))}
+    assert not replay.reproduce(spec).ok and replay.reproduce({**spec, "backend": "reference"}).ok
+
+
 def test_render_command_rewrites_a_moved_report(tmp_path, capsys):
     from conformance.reporting.__main__ import main
     run_dir, report = _failing_report(tmp_path)
