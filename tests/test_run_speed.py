@@ -395,21 +395,22 @@ def test_the_checks_that_would_wait_go_last_in_each_share():
     assert sorted(gated_last(order, gated, 4)) == sorted(order)
 
 
-def test_warmup_starts_the_longest_known_compiles_first():
+def test_warmup_opens_the_cheapest_gates_first_and_starts_each_backends_longest_compiles_first():
     config = lambda d: KernelConfig("float32", d, None, 1, 1, "none", False, None)  # noqa: E731
     jobs = [warmup.Job("a", "a", config(16)), warmup.Job("a", "a", config(32)), warmup.Job("b", "b", config(16)),
             warmup.Job("b", "b", config(32)), warmup.Job("c", "c", config(16))]
     key = lambda job: (job.name, job.config.head_dim)  # noqa: E731
     # nothing known: backends interleaved
     assert [key(j) for j in warmup.order(jobs)] == [("a", 16), ("b", 16), ("c", 16), ("a", 32), ("b", 32)]
-    # known seconds first; an unknown job of a known backend is expected to take that backend's mean, one of
-    # an unknown backend the mean of everything (here 10 + 1 + 40 over 3 = 17)
-    seconds = {f"a | {config(16).key}": 10.0, f"a | {config(32).key}": 1.0, f"b | {config(16).key}": 40.0}
-    assert [key(j) for j in warmup.order(jobs, seconds)] == [("b", 16), ("b", 32), ("c", 16), ("a", 16), ("a", 32)]
-    # a cold cache: the backends' declared compile costs order them, measured seconds still win over them
+    # an unknown job of a known backend is expected to take that backend's mean, one of an unknown backend
+    # the mean of everything (here 10 + 1 + 40 over 3 = 17): a 11 s in all, c 17 s, b 80 s
+    seconds = {f"a | {config(16).key}": 1.0, f"a | {config(32).key}": 10.0, f"b | {config(16).key}": 40.0}
+    assert [key(j) for j in warmup.order(jobs, seconds)] == [("a", 32), ("a", 16), ("c", 16), ("b", 16), ("b", 32)]
+    # a cold cache: the backends' declared compile costs order them (b, declaring none, expects 0 s);
+    # measured seconds still win over them
     priors = {"a": 2.0, "b": None, "c": 30.0}
-    assert [key(j) for j in warmup.order(jobs, None, priors)] == [("c", 16), ("a", 16), ("a", 32), ("b", 16), ("b", 32)]
-    assert [key(j) for j in warmup.order(jobs, seconds, priors)] == [("b", 16), ("b", 32), ("c", 16), ("a", 16), ("a", 32)]
+    assert [key(j) for j in warmup.order(jobs, None, priors)] == [("b", 16), ("b", 32), ("a", 16), ("a", 32), ("c", 16)]
+    assert [key(j) for j in warmup.order(jobs, seconds, priors)] == [("a", 32), ("a", 16), ("c", 16), ("b", 16), ("b", 32)]
 
 
 def test_a_manifest_in_an_unknown_format_is_ignored(tmp_path):

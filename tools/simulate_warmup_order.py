@@ -1,0 +1,67 @@
+"""When each backend's gate would open under two warm-up orders, simulated from a report's measured jobs.
+
+    python tools/simulate_warmup_order.py reports/examples/h100/2026-12-05/flashinfer/report.json [--workers 15]
+
+A report lists every warm-up job with its seconds (``backends.<name>.time.warmup``). The simulation hands
+the jobs, in order, to the first free of ``--workers`` workers (as the warm-up's pool does) and prints the
+time each backend's last job ends (its gate: its checks wait for it) under the warm-up's order
+(``conformance.warmup.order``, given the measured seconds, as a run that compiles again after an upgrade
+is) and under longest-job-first over all backends. It is a model: it leaves out the workers' start-up and
+the contention of many compilers on the CPU cores, which made the real gates open later.
+"""
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from conformance import warmup  # noqa: E402
+
+
+def gates(jobs, seconds: dict[str, float], workers: int) -> dict[str, float]:
+    free = [0.0] * workers
+    ends: dict[str, float] = {}
+    for job in jobs:
+        start = heapq.heappop(free)
+        end = start + seconds[f"{job.backend} | {job.config.key}"]
+        ends[job.backend] = max(ends.get(job.backend, 0.0), end)
+        heapq.heappush(free, end)
+    return ends
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("report")
+    parser.add_argument("--workers", type=int, default=15)
+    args = parser.parse_args(argv)
+    report = json.loads(Path(args.report).read_text())
+    jobs, seconds = [], {}
+    for name, entry in (report.get("backends") or {}).items():
+        for w in ((entry.get("time") or {}).get("warmup") or []):
+            job = SimpleNamespace(backend=name, name=name, config=SimpleNamespace(key=w["key"]))
+            jobs.append(job)
+            seconds[f"{name} | {w['key']}"] = float(w["seconds"])
+    if not jobs:
+        print("the report lists no warm-up jobs", file=sys.stderr)
+        return 2
+    orders = {"warm-up order": warmup.order(jobs, seconds),
+              "longest job first": sorted(jobs, key=lambda j: -seconds[f"{j.backend} | {j.config.key}"])}
+    names = sorted({j.backend for j in jobs})
+    print(f"{len(jobs)} jobs, {sum(seconds.values()):.0f} compile-seconds, {args.workers} workers")
+    print("order".ljust(20) + "".join(n.rjust(20) for n in names))
+    for label, jobs_in_order in orders.items():
+        ends = gates(jobs_in_order, seconds, args.workers)
+        print(label.ljust(20) + "".join(f"{ends[n]:.0f} s".rjust(20) for n in names))
+    measured = (report.get("run") or {}).get("warmup", {}).get("ready_s") or {}
+    if measured:
+        print("measured".ljust(20) + "".join((f"{measured[n]:.0f} s" if n in measured else "").rjust(20) for n in names))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
