@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The suite's GPU runs behind the example reports (reports/examples/<gpu>/<date>/README.md), one stage per call:
+#   bash tools/gpu_runs.sh OUT_DIR ci        `jfa-conformance run` (ci profile) twice: from the compile caches as
+#                                            they are (a fresh machine: empty), then again with the caches the
+#                                            first left; GPU memory sampled every second: OUT_DIR/reports/{cold,warm}/,
+#                                            OUT_DIR/{cold,warm}-gpu-mem.csv
+#   bash tools/gpu_runs.sh OUT_DIR bench     a warm run with --bench: OUT_DIR/reports/bench/
+#   bash tools/gpu_runs.sh OUT_DIR layouts   tests/test_adapter_layouts.py (every adapter under caller layouts):
+#                                            OUT_DIR/layouts.txt
+#   bash tools/gpu_runs.sh OUT_DIR fa4-old   the spec on older FA4 releases, each alone: OLD_FA4 names folders
+#                                            holding one release each (pip install --no-deps --target DIR
+#                                            flash-attn-4==4.0.0bNN): OUT_DIR/reports/fa4-<folder name>/
+#   bash tools/gpu_runs.sh OUT_DIR flashinfer  the four flashinfer backends: OUT_DIR/reports/flashinfer/
+# FA4_PATH and FLASHINFER_PATH, if set, are put on PYTHONPATH (with the CuTe DSL packages under FA4_PATH).
+# LIMIT sets each run's --time-limit (default 300 s). At the end the reports are packed into OUT_DIR/reports.tgz.
+set -u
+OUT_DIR=${1:?usage: gpu_runs.sh OUT_DIR ci|bench|layouts|fa4-old|flashinfer}
+STAGE=${2:?usage: gpu_runs.sh OUT_DIR ci|bench|layouts|fa4-old|flashinfer}
+LIMIT=${LIMIT:-300}
+if [ -n "${FA4_PATH:-}" ]; then
+  export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:${PYTHONPATH:-}
+fi
+if [ -n "${FLASHINFER_PATH:-}" ]; then
+  export PYTHONPATH=$FLASHINFER_PATH:${PYTHONPATH:-} PATH=$FLASHINFER_PATH/bin:$PATH
+fi
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT_DIR/reports"
+LOG=$OUT_DIR/log_$STAGE.txt
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$LOG"
+git log -1 --format="commit %H%n%s" | tee -a "$LOG"
+run() {  # NAME [jfa-conformance run arguments...]: one run, timed, with the GPU's memory sampled
+  local name=$1; shift
+  nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 1000 > "$OUT_DIR/$name-gpu-mem.csv" &
+  local sampler=$!
+  local t0=$(date +%s)
+  timeout $((LIMIT + 120)) python3 -m conformance.cli run -q --profile ci --time-limit "$LIMIT" --name "$name" \
+    --report-dir "$OUT_DIR/reports" "$@" > "$OUT_DIR/$name.log" 2>&1
+  local rc=$?
+  kill $sampler 2>/dev/null
+  local peak=$(awk -F', ' 'BEGIN{m=0}{if($2+0>m)m=$2+0}END{print m}' "$OUT_DIR/$name-gpu-mem.csv")
+  echo "$name: rc=$rc, $(( $(date +%s) - t0 )) s, GPU memory peak $peak MiB" | tee -a "$LOG"
+  sed -n 1,20p "$OUT_DIR/reports/$name/summary.md" 2>/dev/null | tee -a "$LOG"
+}
+case $STAGE in
+  ci)
+    run cold --no-bench
+    run warm --no-bench ;;
+  bench)
+    run bench --bench ;;
+  layouts)
+    timeout 560 python3 -m pytest tests/test_adapter_layouts.py -rA -q -p no:cacheprovider > "$OUT_DIR/layouts.txt" 2>&1
+    echo "layouts rc=$?" | tee -a "$LOG"; tail -15 "$OUT_DIR/layouts.txt" ;;
+  fa4-old)
+    for dir in ${OLD_FA4:?OLD_FA4: folders of older FA4 releases}; do
+      PYTHONPATH=$dir:$PYTHONPATH run "fa4-$(basename "$dir")" --backend fa4 --no-bench
+    done ;;
+  flashinfer)
+    run flashinfer --no-bench --timeout 1200 --backend flashinfer --backend flashinfer-fa2 --backend flashinfer-fa3 \
+      --backend flashinfer-cudnn ;;
+  *)
+    echo "unknown stage $STAGE (ci, bench, layouts, fa4-old or flashinfer)" >&2; exit 2 ;;
+esac
+tar czf "$OUT_DIR/reports.tgz" -C "$OUT_DIR" reports
