@@ -368,10 +368,10 @@ def layout_of(t: torch.Tensor) -> str:
     rows, heads, dim = t.shape
     if t.is_contiguous():
         return "offset_view" if t.data_ptr() % 16 and rows * heads * dim else "packed"
-    if rows > 1 and t.stride(0) > heads * t.stride(1):
-        return "row_strided"
     if heads > 1 and t.stride(1) > dim:
         return "head_strided"
+    if rows > 1 and t.stride(0) != heads * dim:  # (one head: a wider head is a wider row)
+        return "row_strided"
     return "packed"
 
 

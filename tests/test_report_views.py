@@ -292,6 +292,9 @@ def test_the_problem_of_a_call_keeps_how_its_tensors_are_laid_out(layout, offset
                       layout=layout, offsets_layout=offsets_layout)
     seen = problem_of_args(make_inputs(problem))
     assert (seen.layout, seen.offsets_layout) == (layout, offsets_layout)
+    one_head = problem_of_args(make_inputs(problem.replace(heads_q=1, heads_kv=1)))
+    # one head: head-strided views are rows of a wider buffer, which a reproducer rebuilds as such
+    assert one_head.layout == {"head_strided": "row_strided"}.get(layout, layout)
 
 
 def test_a_crash_reproducer_passes_the_views_the_dead_call_was_given():
