@@ -126,6 +126,10 @@ class FlashInfer(Backend):
     requires: tuple[str, ...] = ("flashinfer",)
     compiled_at_first_use = True  # by FlashInfer's JIT
     minimum_capability = (8, 0)
+    # seconds of FlashInfer's JIT per configuration, measured with 15 builds at once from an empty cache (one
+    # H100, 16 cores, 0.7.2.post1; reports/examples/h100/2026-12-05/flashinfer/): auto 1,022 s, fa2 388 s,
+    # fa3 1,081 s over 12 configurations each
+    compile_s: float | None = 85.0
 
     def __init__(self, *, plan_cache_size: int = PLAN_CACHE_SIZE, workspace_bytes: int = WORKSPACE_BYTES):
         if plan_cache_size < 1 or workspace_bytes < 1:
@@ -146,6 +150,7 @@ class FlashInfer(Backend):
             broadcast_q="emulated",
             backward=False,
             min_compute_capability=self.minimum_capability,
+            compile_s=self.compile_s,
             notes=f"flashinfer-python {_version()}: BatchPrefillWithRaggedKVCacheWrapper, "
             f"backend='{self.implementation}'; base-2 LSE [rows, Hq] converted; causal needs Lk >= Lq per "
             "sequence; no empty batch; forward only",
@@ -208,12 +213,14 @@ class FlashInfer(Backend):
 class FlashInferFA2(FlashInfer):
     name = "flashinfer-fa2"
     implementation = "fa2"
+    compile_s = 32.0
 
 
 class FlashInferFA3(FlashInfer):
     name = "flashinfer-fa3"
     implementation = "fa3"
     minimum_capability = (9, 0)
+    compile_s = 90.0
 
     def unavailable_reason(self, device: str) -> str | None:
         reason = super().unavailable_reason(device)
@@ -231,6 +238,9 @@ class FlashInferCudnn(FlashInfer):
     implementation = "cudnn"
     requires = ("flashinfer", "cudnn")
     compiled_at_first_use = False
+    # cuDNN builds its graphs in each process, and nothing a cache keeps: a warm-up would only delay the
+    # checks (its 12 configurations took 44 s on the H100 and held the checks back until 127 s into the run)
+    compile_s = 0.0
 
     def unavailable_reason(self, device: str) -> str | None:
         reason = super().unavailable_reason(device)
