@@ -41,7 +41,7 @@ class Capabilities:
     # most 4 query heads (for slow paths such as Triton's interpreter). Named edge cases still run in full.
     max_drawn_rows: int | None = None
     # A cost hint: typical seconds the first call spends compiling one kernel configuration (JIT backends).
-    # On a cold cache the warm-up has measured nothing yet and starts the dearest backends' compiles first.
+    # On a cold cache the warm-up has measured nothing yet and orders the backends by it (warmup.order).
     # 0 declares that the backend compiles nothing a cache could keep: the warm-up skips it. None: unknown.
     compile_s: float | None = None
     # Problem sizes at which the backend's compiled kernels change (a persistent grid once the work outnumbers
