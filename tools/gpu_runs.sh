@@ -10,12 +10,17 @@
 #   bash tools/gpu_runs.sh OUT_DIR fa4-old   the spec on older FA4 releases, each alone: OLD_FA4 names folders
 #                                            holding one release each (pip install --no-deps --target DIR
 #                                            flash-attn-4==4.0.0bNN): OUT_DIR/reports/fa4-<folder name>/
+#   bash tools/gpu_runs.sh OUT_DIR dev       a run of the dev profile (the caches as they are): OUT_DIR/reports/dev/
 #   bash tools/gpu_runs.sh OUT_DIR flashinfer  the four flashinfer backends: OUT_DIR/reports/flashinfer/
+#   bash tools/gpu_runs.sh OUT_DIR flashinfer-bench  the flashinfer backends with --bench beside fa4 and
+#                                            triton-jfa (baseline fa4): OUT_DIR/reports/flashinfer-bench/
+#   bash tools/gpu_runs.sh OUT_DIR host      tools/host_costs.py: a plain call's host time piece by piece:
+#                                            OUT_DIR/host_costs.json
 # FA4_PATH and FLASHINFER_PATH, if set, are put on PYTHONPATH (with the CuTe DSL packages under FA4_PATH).
 # LIMIT sets each run's --time-limit (default 300 s). At the end the reports are packed into OUT_DIR/reports.tgz.
 set -u
-OUT_DIR=${1:?usage: gpu_runs.sh OUT_DIR ci|bench|layouts|fa4-old|flashinfer}
-STAGE=${2:?usage: gpu_runs.sh OUT_DIR ci|bench|layouts|fa4-old|flashinfer}
+OUT_DIR=${1:?usage: gpu_runs.sh OUT_DIR ci|bench|dev|layouts|fa4-old|flashinfer|flashinfer-bench|host}
+STAGE=${2:?usage: gpu_runs.sh OUT_DIR ci|bench|dev|layouts|fa4-old|flashinfer|flashinfer-bench|host}
 LIMIT=${LIMIT:-300}
 if [ -n "${FA4_PATH:-}" ]; then
   export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:${PYTHONPATH:-}
@@ -54,10 +59,17 @@ case $STAGE in
     for dir in ${OLD_FA4:?OLD_FA4: folders of older FA4 releases}; do
       PYTHONPATH=$dir:$PYTHONPATH run "fa4-$(basename "$dir")" --backend fa4 --no-bench
     done ;;
+  dev)
+    run dev --no-bench --profile dev ;;
+  host)
+    timeout 300 python3 tools/host_costs.py --out "$OUT_DIR/host_costs.json" 2>&1 | tee -a "$LOG" ;;
+  flashinfer-bench)
+    run flashinfer-bench --bench --baseline-backend fa4 --backend fa4 --backend triton-jfa --backend flashinfer \
+      --backend flashinfer-fa2 --backend flashinfer-fa3 --backend flashinfer-cudnn ;;
   flashinfer)
     run flashinfer --no-bench --timeout 1200 --backend flashinfer --backend flashinfer-fa2 --backend flashinfer-fa3 \
       --backend flashinfer-cudnn ;;
   *)
-    echo "unknown stage $STAGE (ci, bench, layouts, fa4-old or flashinfer)" >&2; exit 2 ;;
+    echo "unknown stage $STAGE (ci, bench, dev, layouts, fa4-old, flashinfer, flashinfer-bench or host)" >&2; exit 2 ;;
 esac
 tar czf "$OUT_DIR/reports.tgz" -C "$OUT_DIR" reports
