@@ -8,7 +8,7 @@ Problem:  Problem(seqlens_q=[5, 0, 17], seqlens_k=[7, 3, 17], dtype='bfloat16', 
           (the call in flight when the check's process died: the shapes and options are the ones
           that failed, the input values come from the problem's seed and may differ from the run's)
 Recorded: NVIDIA H100 80GB HBM3 (compute capability 9.0); python 3.12.3; torch 2.11.0, triton 3.6.0, flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1
-          jfa-conformance commit 7916ed70e6e1
+          jfa-conformance commit b07d71ae4095 with uncommitted changes
 
 Needs jfa-conformance and the backend's own package installed, nothing from the report directory:
     python test_edge_case-varlen-attn-1270df0219.py                      exit 1: reproduced, 0: passes now, 2: cannot run here

@@ -7,7 +7,7 @@ Check:    conformance/spec/test_kernel_configs.py::test_kernel_configs[fa4]
 Problem:  Problem(seqlens_q=[5, 5, 5, 5], seqlens_k=[7, 3, 17, 1], heads_q=4, heads_kv=2, head_dim=72, dtype='bfloat16', causal='none', broadcast_q=True, scale=1.0, seed=97, offsets_dtype='int64')
           (the failing example)
 Recorded: NVIDIA H100 80GB HBM3 (compute capability 9.0); python 3.12.3; torch 2.11.0, triton 3.6.0, flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1
-          jfa-conformance commit 7916ed70e6e1
+          jfa-conformance commit b07d71ae4095 with uncommitted changes
 
 Needs jfa-conformance and the backend's own package installed, nothing from the report directory:
     python test_kernel_configs-fa4-02b9867016.py                      exit 1: reproduced, 0: passes now, 2: cannot run here
