@@ -371,8 +371,8 @@ def _lists_of(s):
             out[name] = (value.cu.tolist(), value.cols[:n].tolist() if n else [], value.n_cols)
         elif isinstance(value, sched.Order):
             out[name] = (value.order.tolist(), value.cu_q.tolist(), value.cu_k.tolist())
-        elif isinstance(value, sched.Chunks):
-            out[name] = tuple(x.tolist() if isinstance(x, torch.Tensor) else x for x in value)
+        elif isinstance(value, sched.Chunks):  # (past n_tiles the arrays are unused and unwritten)
+            out[name] = tuple(x[:value.n_tiles].tolist() if isinstance(x, torch.Tensor) else x for x in value)
     return out
 
 
