@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import launcher, tl
+from . import tl
 from .plan import backward_lists, gluon_programs, tma_refusal
 
 
@@ -66,8 +66,7 @@ def forward(q, k, v, cu_q, cu_k, plan):
         tma_store = d == dv  # O leaves through a Q buffer
         # (without TMA stores the kernel never touches o_desc: Q's descriptor stands in)
         od = _descriptors(((out, fwd.HALF_M),))[0] if tma_store else qd
-        launcher.launch(
-            fwd.fwd_kernel, (n_programs,),
+        fwd.fwd_kernel[(n_programs,)](
             qd, kd, vd, out, lse, cu_q, cu_k, t.seq, t.blk, t.items, counter,
             out.stride(0), out.stride(1), lse.stride(0), plan.scale * tl.LOG2E, hq, hq // hkv, t.counts, od,
             BROADCAST=plan.broadcast, CAUSAL=plan.causal, BLOCK_N=fwd.BLOCK_N, HEAD_D=d, HEAD_DV=dv,
@@ -75,8 +74,7 @@ def forward(q, k, v, cu_q, cu_k, plan):
     t = s["fwd"]
     if t is not None and t.n_items > 0:
         bm, bn, w, st = plan.tiles.fwd
-        launcher.launch(
-            tl._fwd_kernel, (t.n_items,),
+        tl._fwd_kernel[(t.n_items,)](
             q, k, v, out, lse, cu_q, cu_k, t.seq, t.blk, t.items, t.counts,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1), lse.stride(0), plan.scale * tl.LOG2E,
@@ -109,8 +107,7 @@ def backward(do, q, k, v, out, lse, cu_q, cu_k, plan):
     if paths.dq == "gluon":  # first: it writes delta and the statistics
         dq = _dq_gluon(q, k, v, do, out, lse, delta, stats, columns, cu_q, cu_k, s["q_gluon"], plan)
     elif n_out > 0:
-        launcher.launch(
-            tl._bwd_preprocess, (_cdiv(n_out, 64), hq),
+        tl._bwd_preprocess[(_cdiv(n_out, 64), hq)](
             out, do, delta, lse, stats, cu_q if columns is None else columns.cols, n_out, out.stride(0),
             out.stride(1), do.stride(0), do.stride(1), delta.stride(0), stats.stride(0),
             BLOCK=64, HEAD_DV=dvd, WRITE_STATS=columns is not None, num_warps=4)
@@ -119,8 +116,7 @@ def backward(do, q, k, v, out, lse, cu_q, cu_k, plan):
     elif s["kv"].n_items > 0 and k.shape[0] > 0:
         t = s["kv"]
         bm, bn, w, st = plan.tiles.kv
-        launcher.launch(
-            tl._bwd_kv_kernel, (t.n_items,),
+        tl._bwd_kv_kernel[(t.n_items,)](
             q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, t.seq, t.blk, t.items, t.counts,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0),
@@ -147,8 +143,7 @@ def _dq_tl(q, k, v, do, lse, delta, cu_q, cu_k, s, plan):
         dq_buf = torch.empty(q.shape, device=q.device, dtype=q.dtype).unsqueeze(0)
     if n_programs > 0 and q.shape[0] > 0:
         bm, bn, w, st = plan.tiles.q
-        launcher.launch(
-            tl._bwd_q_kernel, (n_programs,),
+        tl._bwd_q_kernel[(n_programs,)](
             q, k, v, do, lse, delta, dq_buf, cu_q, cu_k, *tiles, counts,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), dq_buf.stride(0), dq_buf.stride(1), dq_buf.stride(2),
@@ -177,8 +172,7 @@ def _dkdv_gluon(q, k, v, do, stats, cu_cols, dk, dv, cu_q, cu_k, t, plan):
     n_programs, dynamic, counter = _grid(t, q.device, plan.config)
     statsd = TensorDescriptor.from_tensor(stats, [1, m], dkdv.STATS_LAYOUT)
     dk_desc, dv_desc = _descriptors(((dk, n), (dv, n)))
-    launcher.launch(
-        dkdv.dkdv_kernel, (n_programs,),
+    dkdv.dkdv_kernel[(n_programs,)](
         qd, kd, vd, dod, statsd, dk, dv, cu_q, cu_k, t.seq, t.blk, t.items, counter,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), plan.scale, plan.scale * tl.LOG2E,
         hkv, hq // hkv, t.counts, cu_cols, dk_desc, dv_desc,
@@ -198,8 +192,7 @@ def _dq_gluon(q, k, v, do, out, lse, delta, stats, columns, cu_q, cu_k, t, plan)
     m, n = gdq.HALF_M.value, gdq.BLOCK_N.value
     qd, kd, vd, dod, dqd = _descriptors(((q, m), (k, n), (v, n), (do, m), (dq, m)))
     n_programs, dynamic, counter = _grid(t, q.device, plan.config)
-    launcher.launch(
-        gdq.dq_kernel, (n_programs,),
+    gdq.dq_kernel[(n_programs,)](
         qd, kd, vd, dod, dq, lse, delta, cu_q, cu_k, t.seq, t.blk, t.items, counter,
         dq.stride(0), dq.stride(1), lse.stride(0), plan.scale, plan.scale * tl.LOG2E, hq, hq // hkv, t.counts, dqd,
         out, stats, columns.cols, out.stride(0), out.stride(1), stats.stride(0),

@@ -45,8 +45,6 @@ import torch
 import triton
 import triton.language as tl
 
-from . import launcher
-
 _REGISTER_SORTS = (256, 1024, 4096)  # sizes of the in-register sort (compiled once each)
 MAX_SEQS = (1 << 22) - 1  # the sort key's index field
 _EXPAND_SEQS = 32  # sequences per program of the grid writing the lists
@@ -442,24 +440,21 @@ def order_and_lists(cu_q, cu_k, rows_q, rows_k, specs: Sequence[ListSpec], *, ca
         in_registers = register_sort and n_seqs <= _REGISTER_SORTS[-1]
         sort = next((n for n in _REGISTER_SORTS if n_seqs <= n), 1024)
         keys = None if in_registers else torch.empty(n_seqs, device=device, dtype=torch.int64)
-        launcher.launch(_order_kernel, (1,),
-                        cu_q, cu_k, order.cu_q, order.cu_k, order.order, keys if keys is not None else order.cu_k,
-                        n_seqs, rows_q, rows_k, *flags, *list_args, SORT=sort, IN_REGISTERS=in_registers,
-                        num_warps=4 if sort <= 1024 else 8)
+        _order_kernel[(1,)](cu_q, cu_k, order.cu_q, order.cu_k, order.order, keys if keys is not None else order.cu_k,
+                            n_seqs, rows_q, rows_k, *flags, *list_args, SORT=sort, IN_REGISTERS=in_registers,
+                            num_warps=4 if sort <= 1024 else 8)
         if in_registers:
             lists_done = True
         else:  # past 4,096 keys a register sort compiles for minutes; the interpreter's is a Python loop
             keys = torch.sort(keys).values
     if not lists_done or columns is not None:
-        launcher.launch(_lists_kernel, (1,),
-                        order.cu_q, order.cu_k, order.order, keys if keys is not None else _no_keys(device), n_seqs,
-                        flags[1], int(keys is not None), *list_args,
-                        columns.cu if columns is not None else a.counts, int(columns is not None),
-                        BLOCK=1024, num_warps=4)
+        _lists_kernel[(1,)](order.cu_q, order.cu_k, order.order, keys if keys is not None else _no_keys(device), n_seqs,
+                            flags[1], int(keys is not None), *list_args,
+                            columns.cu if columns is not None else a.counts, int(columns is not None),
+                            BLOCK=1024, num_warps=4)
     if n_seqs > 0:
         reverse = [int(bool(causal) and not sp.kv) for sp in specs]
-        launcher.launch(
-            _expand_kernel, (_cdiv(n_seqs, _EXPAND_SEQS),),
+        _expand_kernel[(_cdiv(n_seqs, _EXPAND_SEQS),)](
             order.order, n_seqs, a.nblk, a.start, a.seq, a.blk, a.items, specs[0].heads, reverse[0],
             b.nblk, b.start, b.seq, b.blk, b.items, specs[-1].heads, reverse[-1], int(two),
             order.cu_q, columns.cu if columns is not None else a.counts,
@@ -494,8 +489,8 @@ def broadcast_chunks(cu_k, n_seqs, n_chunks, n_mblk) -> Chunks:
     b_lo, b_hi, blk, slot = (tiles[i * t4:(i + 1) * t4] for i in range(4))
     if n_seqs > 0 and n_tiles > 0:
         prefix = torch.empty(n_seqs + 1, device=cu_k.device, dtype=torch.int64)
-        launcher.launch(_chunk_kernel, (1,), cu_k, prefix, b_lo, b_hi, blk, slot, n_seqs, n_chunks, n_mblk,
-                        SEQS=1024, CHUNKS=1024, num_warps=8)
+        _chunk_kernel[(1,)](cu_k, prefix, b_lo, b_hi, blk, slot, n_seqs, n_chunks, n_mblk,
+                            SEQS=1024, CHUNKS=1024, num_warps=8)
     return Chunks(b_lo, b_hi, blk, slot, n_tiles if n_seqs > 0 else 0, n_chunks)
 
 

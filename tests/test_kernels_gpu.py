@@ -242,36 +242,3 @@ def test_broadcast_q_gradients_of_an_empty_batch_are_zero():
                                     broadcast_q=True)
     out.sum().backward()
     assert out.shape == (0, 2, 16) and q.grad.shape == q.shape and not q.grad.any()
-
-
-@needs_cuda
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_gpu_launches_through_kept_handles_give_tritons_bits(dtype, monkeypatch):
-    """kernels/launcher.py on the real Triton: every kernel of a forward and backward (builders, the Gluon and
-    tl kernels) launched straight through its kept handle gives the bits of launches through Triton's own path
-    (VERIFY_EVERY = 1: every launch checks the handle against Triton's pick)."""
-    from kernels import launcher
-
-    def once():
-        g = torch.Generator().manual_seed(3)
-        lens = [700, 0, 33, 129, 513]
-        q, k, v, cu_q, cu_k = make_inputs(lens, lens, 4, 2, 128, 128, dtype, seed=11)
-        q, k, v = (t.to(DEVICE).requires_grad_() for t in (q, k, v))
-        out, lse = jagged_flash_attention(q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), 700, 700, causal=True)
-        do = torch.randn(out.shape, generator=g).to(DEVICE, dtype)
-        grads = torch.autograd.grad(out, (q, k, v), do)
-        return (out, lse) + grads
-
-    monkeypatch.setattr(launcher, "VERIFY_EVERY", 1)
-    through_triton = once()
-    monkeypatch.setattr(launcher, "VERIFY_EVERY", 10 ** 9)
-    before = launcher.stats()
-    direct = once()
-    after = launcher.stats()
-    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), through_triton, direct):
-        assert torch.equal(a, b), name
-    straight = {name: after[name][1] - before.get(name, (0, 0, 0))[1] for name in after}
-    assert straight.get("_order_kernel", 0) >= 1 and straight.get("_expand_kernel", 0) >= 1, straight
-    forward = "fwd_kernel" if dtype != torch.float32 and not _GLUON_WHY else "_fwd_kernel"
-    assert straight.get(forward, 0) >= 1, straight
-    assert sum(after[name][0] - before.get(name, (0, 0, 0))[0] for name in after) == sum(straight.values())
