@@ -2,9 +2,16 @@
 
 Not collected by the spec run (the file name does not match ``test_*.py``): ``jfa-conformance run --bench``
 runs it in its own pytest session without xdist, because pytest-benchmark switches itself off under xdist.
-Each benchmark stores in ``extra_info`` what the report needs: the shape, its length skew, the useful FLOPs
-(valid tokens only, causal halved: ``4 * pairs * D * Hq`` forward, 2.5x that backward), the padding waste
-a padded ``[B, max L]`` layout would pay on it, and the seconds of the first call (compilation included).
+
+On a GPU each timed round makes ``calls_per_round`` calls back to back and waits for the device once, at
+the end: the host's work for one call overlaps the device's for the one before, as in a model's step and
+as vendors' tables and ``triton.testing.do_bench`` measure; the report gives the time per call.  Beside it,
+``latency_s`` is one call and a wait (what a lone call costs, the host's time and the launches' included)
+and ``host_s`` the host's time per call submitted back to back: where it reaches the time per call, the
+backend is host-bound there and its time is the host's.  Each benchmark stores in ``extra_info`` what the
+report needs: those three, the shape, its length skew, the useful FLOPs (valid tokens only, causal halved:
+``4 * pairs * D * Hq`` forward, 2.5x that backward), the padding waste a padded ``[B, max L]`` layout would
+pay on it, and the seconds of the first call (compilation included).
 """
 from __future__ import annotations
 
@@ -18,6 +25,9 @@ from .harness import Unsupported, call_backend, ensure_supported
 from .problem import Problem, make_grad_out, make_inputs
 
 BACKWARD_FLOP_RATIO = 2.5
+ROUND_S = 0.02  # a GPU round's length: enough calls back to back that one wait at the end is a small share
+MAX_CALLS = 64  # calls per round at most (the launch queue holds about a thousand launches)
+LATENCY_CALLS = 5
 
 
 def _lengths(kind: str, batch: int, mean: int, rng: random.Random) -> tuple[int, ...]:
@@ -93,27 +103,59 @@ def test_timing(benchmark, backend, device, shape, direction):
         padding_waste=padding_waste(problem), length_skew=length_skew(problem), problem=problem.summary(),
     )
     if direction == "forward":
-        def run():
+        def call():
             with torch.no_grad():
                 backend.forward(args)
-            _synchronize(device)
     else:
         leaves = [t.detach().clone().requires_grad_(True) for t in (args.q, args.k, args.v)]
-        call = args.replace(q=leaves[0], k=leaves[1], v=leaves[2])
-        if call.broadcast_q and backend.capabilities.broadcast_q == "emulated":
-            call = call.with_broadcast_q_expanded()
-        out = backend.forward(call).out
+        call_args = args.replace(q=leaves[0], k=leaves[1], v=leaves[2])
+        if call_args.broadcast_q and backend.capabilities.broadcast_q == "emulated":
+            call_args = call_args.with_broadcast_q_expanded()
+        out = backend.forward(call_args).out
         grad_out = make_grad_out(problem, device)
 
-        def run():
+        def call():
             torch.autograd.grad(out, leaves, grad_out, retain_graph=True, allow_unused=True)
-            _synchronize(device)
+
+    def one():
+        call()
+        _synchronize(device)
     # The first call in this direction on this shape, compilation included. A backend compiles per
     # configuration (dtype, head dims, causal mode), so a shape after one with the same configuration
     # may find its kernels compiled already; the report shows it beside the backend's compile time.
     start = time.perf_counter()
-    run()
+    one()
     benchmark.extra_info["first_call_s"] = time.perf_counter() - start
     # Same as the spec's contract check: a wrong shape would make the timing meaningless.
     call_backend(backend, args)
+    latency = _median_seconds(one, LATENCY_CALLS if device.startswith("cuda") else 1)
+    calls = calls_per_round(latency, device)
+
+    def run():
+        for _ in range(calls):
+            call()
+        _synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    host_s = (time.perf_counter() - start) / calls
+    _synchronize(device)
+    benchmark.extra_info.update(latency_s=latency, host_s=host_s, calls_per_round=calls)
     benchmark.pedantic(run, rounds=5 if device.startswith("cuda") else 3, iterations=1, warmup_rounds=1)
+
+
+def calls_per_round(latency_s: float, device: str) -> int:
+    """Calls back to back in one timed round: about ``ROUND_S`` of them on a GPU (at most ``MAX_CALLS``);
+    one elsewhere, where a call does not return before its work is done."""
+    if not device.startswith("cuda"):
+        return 1
+    return max(1, min(MAX_CALLS, int(ROUND_S / max(latency_s, 1e-6))))
+
+
+def _median_seconds(fn, n: int) -> float:
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]

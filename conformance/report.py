@@ -134,18 +134,29 @@ def verdicts_complete(collected: list[dict], records: list[dict], finished: bool
     return (finished or bool(collected)) and all(r["outcome"] != "not-run" for r in records)
 
 
+HOST_BOUND_SHARE = 0.9  # host time per call at least this share of the time per call: host-bound
+
+
 def timings_from_benchmark(bench: dict) -> list[dict]:
-    """One timing row per pytest-benchmark entry: median seconds and TFLOP/s on useful FLOPs."""
+    """One timing row per pytest-benchmark entry: seconds per call (a round's statistics over its
+    ``calls_per_round`` calls back to back, benchmarks.py), TFLOP/s on useful FLOPs, one call's latency, the
+    host's time per call and whether the host bounds the time (``host_bound``)."""
     rows = []
     for entry in bench.get("benchmarks", []):
         info, stats = entry.get("extra_info", {}), entry.get("stats", {})
+        calls = info.get("calls_per_round") or 1
         median = stats.get("median")
         if not info.get("backend") or not median:
             continue
+        median /= calls
+        per_call = {f"{k}_s": stats[k] / calls if stats.get(k) is not None else None for k in ("min", "q1", "q3")}
+        host = info.get("host_s")
         rows.append({
             "backend": info["backend"], "shape": info["shape"], "direction": info["direction"],
-            "median_s": median, "min_s": stats.get("min"), "q1_s": stats.get("q1"), "q3_s": stats.get("q3"),
-            "rounds": stats.get("rounds"), "first_call_s": info.get("first_call_s"),
+            "median_s": median, **per_call, "rounds": stats.get("rounds"), "calls_per_round": calls,
+            "latency_s": info.get("latency_s"), "host_s": host,
+            "host_bound": host is not None and host >= HOST_BOUND_SHARE * median,
+            "first_call_s": info.get("first_call_s"),
             "useful_flops": info["useful_flops"], "tflops": info["useful_flops"] / median / 1e12,
             "padding_waste": info["padding_waste"], "length_skew": info["length_skew"], "problem": info["problem"],
         })

@@ -177,6 +177,8 @@ def test_bench_times_forward_and_backward_and_gates_timing_regressions(tmp_path)
     assert {t["direction"] for t in timings} == {"forward", "backward"}
     assert all(t["median_s"] > 0 and t["tflops"] > 0 and 0 <= t["padding_waste"] < 1 for t in timings)
     assert all(t["min_s"] <= t["q1_s"] <= t["median_s"] <= t["q3_s"] for t in timings)  # what the gate compares
+    # on the CPU a round is one call; its latency and host time are measured beside it
+    assert all(t["calls_per_round"] == 1 and t["latency_s"] > 0 and t["host_s"] > 0 for t in timings)
     assert (tmp_path / "reports" / "b1" / "benchmark.json").exists()
     assert report["run"]["timed_backends"] == ["reference"]  # what the report's "not timed" note is read against
     # A baseline whose every round took half this run's fastest one (so the rounds lie apart, however

@@ -109,6 +109,29 @@ def test_timings_keep_the_quartiles_the_gate_needs():
     assert (row["q1_s"], row["q3_s"], row["min_s"], row["rounds"]) == (0.45, 0.55, 0.4, 5)
 
 
+def test_a_round_of_calls_back_to_back_gives_times_per_call_and_says_where_the_host_bounds_them():
+    info = {"backend": "a", "shape": "dense", "direction": "forward", "useful_flops": 1e12, "padding_waste": 0.0,
+            "length_skew": 1.0, "problem": {}, "calls_per_round": 20, "latency_s": 0.004}
+    stats = {"median": 0.02, "min": 0.018, "q1": 0.019, "q3": 0.021, "rounds": 5}  # a round: 20 calls
+    (row,) = rp.timings_from_benchmark({"benchmarks": [{"extra_info": dict(info, host_s=0.0004), "stats": stats}]})
+    assert row["median_s"] == pytest.approx(0.001) and row["tflops"] == pytest.approx(1000.0)
+    assert (row["min_s"], row["q1_s"], row["q3_s"]) == pytest.approx((0.0009, 0.00095, 0.00105))
+    assert row["latency_s"] == 0.004 and row["calls_per_round"] == 20 and not row["host_bound"]
+    (row,) = rp.timings_from_benchmark({"benchmarks": [{"extra_info": dict(info, host_s=0.00095), "stats": stats}]})
+    assert row["host_bound"]  # the host's 0.95 ms per call is the time per call
+    # an older benchmark file (one call per round, no host figure): taken as it is
+    old = {k: v for k, v in info.items() if k not in ("calls_per_round", "latency_s")}
+    (row,) = rp.timings_from_benchmark({"benchmarks": [{"extra_info": old, "stats": stats}]})
+    assert row["median_s"] == 0.02 and row["host_bound"] is False and row["latency_s"] is None
+
+
+def test_a_gpu_round_holds_about_twenty_milliseconds_of_calls():
+    assert benchmarks.calls_per_round(0.001, "cuda") == 20
+    assert benchmarks.calls_per_round(0.00001, "cuda:1") == benchmarks.MAX_CALLS
+    assert benchmarks.calls_per_round(0.5, "cuda") == 1
+    assert benchmarks.calls_per_round(0.001, "cpu") == 1  # a CPU call returns when its work is done
+
+
 def test_merge_keeps_every_shard_and_the_worst_outcome_of_a_repeated_check():
     shard_a = make_report([record("a", "forward", "pass"), record("a", "lse", "pass")], name="gpu0")
     shard_b = make_report([record("b", "forward", "pass"), record("a", "lse", "timeout")],

@@ -36,9 +36,11 @@ def rec(backend, feature, outcome="pass", dtype="float16", **extra):
             "device": "cpu", **extra}
 
 
-def timing(backend, shape, direction, median, q=0.04):
+def timing(backend, shape, direction, median, q=0.04, host_share=0.3):
     return {"backend": backend, "shape": shape, "direction": direction, "median_s": median, "min_s": median * 0.95,
             "q1_s": median * (1 - q), "q3_s": median * (1 + q), "rounds": 5, "first_call_s": 2.5,
+            "calls_per_round": 20, "latency_s": median * 4, "host_s": median * host_share,
+            "host_bound": host_share >= 0.9,
             "useful_flops": 1e12, "tflops": 1.0 / median, "padding_waste": 0.4, "length_skew": SHAPES[shape],
             "problem": {"batch": 64, "heads_q": 8, "heads_kv": 8, "head_dim": 128, "dtype": "bfloat16", "causal": "none"}}
 
@@ -112,7 +114,19 @@ def test_the_performance_section_compile_times_and_coverage_render():
     assert "1.20x" in page and "geometric mean" in page and "first call 2.5 s" in page
     assert "compile s" in page and ">12.0<" in page and ">102.0<" in page  # vendor-kernel-00: index 2
     assert "head_dim = 128" in page and "Coverage" in page
-    assert "| reference | dense | forward | 1.000 | 0.960–1.040 | 5 | 1e+03 | 101% | 1.20x | 2.5 s |" in md
+    assert "| reference | dense | forward | 1.000 | 0.960–1.040 | 5 x 20 | 1e+03 | 101% | 1.20x | 4.000 | 300 | 2.5 s |" in md
+    assert "· *host-bound*" not in md and "class='bound'" not in page and "(bound)" not in md
+
+
+def test_host_bound_timings_are_marked_where_they_are_read():
+    report = many_backends(4)
+    report["timings"] = [dict(t, host_bound=True, host_s=t["median_s"]) if t["backend"] == "triton-jfa" else t
+                         for t in report["timings"]]
+    n = sum(t["backend"] == "triton-jfa" for t in report["timings"])
+    page, md = render_html(report), render_markdown(report)
+    assert f"triton-jfa: host-bound in {n} of its {n} timings" in md and f"host-bound in {n} of its {n}" in page
+    assert "· *host-bound*" in md and "class='bound'>host-bound<" in page
+    assert "(bound)" in md and "(bound)" in page  # the every-timing tables' host column
     assert "compile s | check s |" in md and "| 12.0 | 102.0 |" in md
     assert "| head_dim = 16 | 3 | 3 | 3 | 3 |" in md
 

@@ -62,6 +62,7 @@ img{max-width:100%;border:1px solid #eee}
 .perf td{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
 .perf td .sp{font-weight:700;font-size:13px} .perf td.base{outline:2px solid #111;outline-offset:-2px}
 .faster{background:#dcfce7} .slower{background:#fee2e2} .much-slower{background:#fecaca}
+.bound{color:#9a3412;font-weight:600}
 """
 
 
@@ -313,7 +314,9 @@ def _perf(report) -> list[str]:
     table = perf.rows(report, base)
     out = ["<h2 id='performance'>Performance</h2>",
            f"<p class='note'>Each cell: speedup against <b>{esc(base)}</b> (its median time over this backend's; "
-           "above 1 is faster; <code>--baseline-backend</code> picks another), the median time, then TFLOP/s on "
+           "above 1 is faster; <code>--baseline-backend</code> picks another), the median time per call with calls "
+           "back to back (the host's work overlapping the device's, as in a model's step; <i>host-bound</i> where "
+           "the host's time per call is the time per call), then TFLOP/s on "
            "useful FLOPs (valid query-key pairs only, causal counted as visible pairs; backward 2.5× forward) and "
            "the rounds' interquartile range as ± half its share of the median. Hover for rounds, first call and "
            "share of the device's peak.</p>"] + caveats
@@ -340,13 +343,19 @@ def _perf(report) -> list[str]:
                          f"IQR {fmt_spread(cell.row)} ms, {cell.row.get('rounds')} rounds, "
                          f"min {cell.row['min_s'] * 1e3:.4f} ms" if cell.row.get("min_s") is not None else
                          f"{name} {row.shape} {direction}: median {cell.median_ms:.4f} ms")
+                if cell.row.get("latency_s") is not None:
+                    title += f", one lone call {perf.fmt_ms(cell.row['latency_s'])} ms"
+                if cell.row.get("host_s") is not None:
+                    title += f", host {perf.fmt_us(cell.row['host_s'])} us per call"
                 if cell.row.get("first_call_s") is not None:
                     title += f", first call {perf.fmt_seconds(cell.row['first_call_s'])}"
                 if cell.peak_share is not None:
                     title += f", {cell.peak_share:.0%} of the device's dense 16-bit peak"
                 cells.append(f"<td class='{cls.strip()}' title='{esc(title)}'><span class='sp'>{perf.fmt_speedup(sp)}"
                              f"</span><br>{cell.median_ms:.3f} ms<br><small>{perf.fmt_tflops(cell.row['tflops'])} "
-                             f"{perf.fmt_spread(cell.spread)}</small></td>")
+                             f"{perf.fmt_spread(cell.spread)}</small>"
+                             + ("<br><small class='bound'>host-bound</small>" if cell.row.get("host_bound") else "")
+                             + "</td>")
             out.append("<tr>" + "".join(cells) + "</tr>")
         geo_cells = []
         for name in backends:
@@ -356,10 +365,11 @@ def _perf(report) -> list[str]:
         out.append("<tr><td class='first'><b>geometric mean</b></td>" + "".join(geo_cells) + "</tr>")
         out.append("</table></div>")
     out.append(_img(plots.throughput_by_shape(table, backends, base), "TFLOP/s per shape and backend", ""))
-    out.append("<details><summary>every timing (median, spread, rounds, first call, share of peak)</summary>"
+    out.append("<details><summary>every timing (median, spread, rounds, one call's latency, host time per call, first call, share of peak)</summary>"
                "<div class='scroll'><table><tr><th>backend</th><th>shape</th><th>direction</th>"
-               "<th class='num'>median ms</th><th class='num'>IQR ms</th><th class='num'>rounds</th>"
+               "<th class='num'>median ms</th><th class='num'>IQR ms</th><th class='num'>rounds x calls</th>"
                "<th class='num'>TFLOP/s</th><th class='num'>of peak</th><th class='num'>speedup</th>"
+               "<th class='num'>one call ms</th><th class='num'>host us/call</th>"
                "<th class='num'>first call</th><th class='num'>padding waste</th><th class='num'>skew</th>"
                "<th>problem</th></tr>")
     for row in table:
@@ -371,9 +381,12 @@ def _perf(report) -> list[str]:
             out.append(
                 f"<tr><td>{esc(name)}</td><td>{esc(row.shape)}</td><td>{esc(row.direction)}</td>"
                 f"<td class='num'>{cell.median_ms:.3f}</td><td class='num'>{esc(fmt_spread(t))}</td>"
-                f"<td class='num'>{esc(t.get('rounds') or '')}</td><td class='num'>{t['tflops']:.3g}</td>"
+                f"<td class='num'>{esc(t.get('rounds') or '')} x {esc(t.get('calls_per_round') or 1)}</td>"
+                f"<td class='num'>{t['tflops']:.3g}</td>"
                 f"<td class='num'>{_num(cell.peak_share, '.0%')}</td>"
                 f"<td class='num'>{perf.fmt_speedup(cell.speedup)}</td>"
+                f"<td class='num'>{perf.fmt_ms(t.get('latency_s'))}</td>"
+                f"<td class='num'>{perf.fmt_us(t.get('host_s'))}{' (bound)' if t.get('host_bound') else ''}</td>"
                 f"<td class='num'>{esc(perf.fmt_seconds(t.get('first_call_s')))}</td>"
                 f"<td class='num'>{_num(t.get('padding_waste'), '.0%')}</td>"
                 f"<td class='num'>{_num(t.get('length_skew'), '.1f')}</td>"

@@ -134,8 +134,11 @@ def _perf(report) -> list[str]:
     table = perf.rows(report, base)
     geo = perf.geomean_speedups(table)
     lines = ["", "## Performance", "",
-             f"Speedup against {_code(base)} (its median over the backend's; above 1 is faster), median ms, TFLOP/s on "
-             "useful FLOPs. Every number, with spread, rounds and first-call time, is in the table below.", ""]
+             f"Speedup against {_code(base)} (its median over the backend's; above 1 is faster), median ms per call "
+             "with calls back to back (as in a model's step: the host's work overlaps the device's), TFLOP/s on "
+             "useful FLOPs; *host-bound* where the host's time per call is the time per call. Every number, with "
+             "spread, rounds, one lone call's latency, the host's time per call and first-call time, is in the "
+             "table below.", ""]
     notes = perf.timing_notes(report)
     lines += [f"> {_md(line)}" for line in notes] + [""] * bool(notes)
     for direction in ("forward", "backward"):
@@ -149,15 +152,16 @@ def _perf(report) -> list[str]:
             for name in backends:
                 cell = row.cells.get(name)
                 cells.append("" if cell is None else
-                             f"{perf.fmt_speedup(cell.speedup)} · {cell.median_ms:.3f} ms · {cell.row['tflops']:.3g} TF/s")
+                             f"{perf.fmt_speedup(cell.speedup)} · {cell.median_ms:.3f} ms · {cell.row['tflops']:.3g} TF/s"
+                             + (" · *host-bound*" if cell.row.get("host_bound") else ""))
             lines.append(f"| {_md(row.shape)} ({perf.shape_text(row)}) | " + " | ".join(cells) + " |")
         lines.append("| geometric mean | " + " | ".join(
             f"{perf.fmt_speedup(geo[name, direction][0])}" if (name, direction) in geo else "" for name in backends) + " |")
         lines.append("")
     lines += ["<details><summary>Every timing</summary>", "",
-              "| backend | shape | direction | median ms | IQR ms | rounds | TFLOP/s | of peak | speedup | first call "
-              "| padding waste | skew |",
-              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| backend | shape | direction | median ms | IQR ms | rounds x calls | TFLOP/s | of peak | speedup "
+              "| one call ms | host us/call | first call | padding waste | skew |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in table:
         for name in backends:
             cell = row.cells.get(name)
@@ -166,8 +170,9 @@ def _perf(report) -> list[str]:
             t = cell.row
             lines.append(
                 f"| {_md(name)} | {_md(row.shape)} | {row.direction} | {cell.median_ms:.3f} | {fmt_spread(t)} | "
-                f"{t.get('rounds') or ''} | {t['tflops']:.3g} | "
+                f"{t.get('rounds') or ''} x {t.get('calls_per_round') or 1} | {t['tflops']:.3g} | "
                 f"{'' if cell.peak_share is None else format(cell.peak_share, '.0%')} | {perf.fmt_speedup(cell.speedup)} | "
+                f"{perf.fmt_ms(t.get('latency_s'))} | {perf.fmt_us(t.get('host_s'))}{' (bound)' if t.get('host_bound') else ''} | "
                 f"{perf.fmt_seconds(t.get('first_call_s'))} | "
                 f"{'' if t.get('padding_waste') is None else format(t['padding_waste'], '.0%')} | "
                 f"{'' if t.get('length_skew') is None else format(t['length_skew'], '.1f')} |")

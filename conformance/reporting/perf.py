@@ -1,5 +1,6 @@
-"""The performance view of a report: shapes x backends with median time, TFLOP/s on useful FLOPs, speedup
-against a baseline backend, share of the device's peak, rounds, spread and first-call time.
+"""The performance view of a report: shapes x backends with median time per call, TFLOP/s on useful FLOPs,
+speedup against a baseline backend, share of the device's peak, rounds, spread, one call's latency, the
+host's time per call (host-bound timings named) and first-call time.
 
 Reads the report's ``timings`` rows (see reports/README.md) and, where present, each backend's ``time``
 entry (compile and check seconds of the run).
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from ..report import HOST_BOUND_SHARE
 
 # Backends that are not vendor kernels: the oracle's implementations and the project's own kernel. The
 # default baseline is the first other built-in adapter of the report (FA4 where it ran).
@@ -57,6 +60,16 @@ def timing_notes(report: dict) -> list[str]:
             notes.append(f"{name}: run by {by} here, so its times measure the interpreter, not a kernel")
         elif by:
             notes.append(f"{name}: not timed, since {by} runs it here (name it with --backend to time it anyway)")
+    bound: dict[str, list[int]] = {}
+    for t in report.get("timings") or []:
+        counts = bound.setdefault(t["backend"], [0, 0])
+        counts[0] += bool(t.get("host_bound"))
+        counts[1] += 1
+    for name, (n, total) in bound.items():
+        if n:
+            notes.append(f"{name}: host-bound in {n} of its {total} timings (the host's time per call is at least "
+                         f"{HOST_BOUND_SHARE:.0%} of the time per call): there its times are its host's, not its "
+                         "kernels'")
     run = report.get("run") or {}
     missing = [name for name in run.get("timed_backends") or [] if name not in timed]
     status = run.get("benchmarks") or "unknown"
@@ -222,6 +235,14 @@ def fmt_speedup(value: float | None) -> str:
 
 def fmt_spread(value: float | None) -> str:
     return "" if value is None else f"±{value / 2:.0%}"
+
+
+def fmt_us(seconds) -> str:
+    return "" if seconds is None else f"{seconds * 1e6:.0f}"
+
+
+def fmt_ms(seconds) -> str:
+    return "" if seconds is None else f"{seconds * 1e3:.3f}"
 
 
 def fmt_seconds(value) -> str:
