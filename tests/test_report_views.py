@@ -413,3 +413,23 @@ def test_the_check_timeline_draws_each_worker_and_the_warm_up_ends():
     png = plots.check_timeline(records, phase, {"fa4": 29.5})
     assert png and png.startswith(b"\x89PNG")
     assert plots.check_timeline(records, None) is None and plots.check_timeline([], phase) is None
+
+
+def test_a_backend_without_backward_timings_has_no_empty_backward_column():
+    report = many_backends(4)
+    report["timings"] = [t for t in report["timings"] if not (t["backend"] == "triton-jfa" and t["direction"] == "backward")]
+    page, md = render_html(report), render_markdown(report)
+    forward_md = md[md.index("**Forward**"):md.index("**Backward**")]
+    backward_md = md[md.index("**Backward**"):md.index("<details><summary>Every timing")]
+    assert "triton-jfa" in forward_md.splitlines()[2] and "No forward timing" not in forward_md
+    assert "No backward timing: triton-jfa." in backward_md and "triton-jfa |" not in backward_md.split("\n| shape |")[1].splitlines()[0]
+    assert "No backward timing: triton-jfa." in page
+
+
+def test_the_performance_note_says_how_the_times_were_taken():
+    report = many_backends(4)
+    assert "calls back to back (the host's work overlapping" in render_markdown(report)
+    for t in report["timings"]:
+        del t["calls_per_round"]
+    md, page = render_markdown(report), render_html(report)
+    assert "one call and a wait for the device per round" in md and "one call and a wait for the device" in page

@@ -314,9 +314,9 @@ def _perf(report) -> list[str]:
     table = perf.rows(report, base)
     out = ["<h2 id='performance'>Performance</h2>",
            f"<p class='note'>Each cell: speedup against <b>{esc(base)}</b> (its median time over this backend's; "
-           "above 1 is faster; <code>--baseline-backend</code> picks another), the median time per call with calls "
-           "back to back (the host's work overlapping the device's, as in a model's step; <i>host-bound</i> where "
-           "the host's time per call is the time per call), then TFLOP/s on "
+           "above 1 is faster; <code>--baseline-backend</code> picks another), the median time per call with "
+           f"{esc(perf.per_call_words(report))} (<i>host-bound</i> where the host's time per call is the time per "
+           "call), then TFLOP/s on "
            "useful FLOPs (valid query-key pairs only, causal counted as visible pairs; backward 2.5× forward) and "
            "the rounds' interquartile range as ± half its share of the median. Hover for rounds, first call and "
            "share of the device's peak.</p>"] + caveats
@@ -325,12 +325,15 @@ def _perf(report) -> list[str]:
         shown = [r for r in table if r.direction == direction]
         if not shown:
             continue
-        out.append(f"<h3>{direction.capitalize()}</h3><div class='scroll'><table class='grid perf'>"
-                   + _rot_header("shape", backends))
+        columns, untimed = perf.direction_columns(table, backends, direction)
+        out.append(f"<h3>{direction.capitalize()}</h3>")
+        if untimed:
+            out.append(f"<p class='note'>No {direction} timing: {esc(', '.join(untimed))}.</p>")
+        out.append("<div class='scroll'><table class='grid perf'>" + _rot_header("shape", columns))
         for row in shown:
             cells = [f"<td class='first'><b>{esc(row.shape)}</b><br><span class='note'>{esc(perf.shape_text(row))}"
                      "</span></td>"]
-            for name in backends:
+            for name in columns:
                 cell = row.cells.get(name)
                 if cell is None:
                     cells.append("<td></td>")
@@ -358,7 +361,7 @@ def _perf(report) -> list[str]:
                              + "</td>")
             out.append("<tr>" + "".join(cells) + "</tr>")
         geo_cells = []
-        for name in backends:
+        for name in columns:
             g = geo.get((name, direction))
             geo_cells.append(f"<td><span class='sp'>{perf.fmt_speedup(g[0])}</span><br><small>{g[1]} shapes</small></td>"
                              if g else "<td></td>")

@@ -135,8 +135,7 @@ def _perf(report) -> list[str]:
     geo = perf.geomean_speedups(table)
     lines = ["", "## Performance", "",
              f"Speedup against {_code(base)} (its median over the backend's; above 1 is faster), median ms per call "
-             "with calls back to back (as in a model's step: the host's work overlaps the device's), TFLOP/s on "
-             "useful FLOPs; *host-bound* where the host's time per call is the time per call. Every number, with "
+             f"with {perf.per_call_words(report)}, TFLOP/s on useful FLOPs; *host-bound* where the host's time per call is the time per call. Every number, with "
              "spread, rounds, one lone call's latency, the host's time per call and first-call time, is in the "
              "table below.", ""]
     notes = perf.timing_notes(report)
@@ -145,18 +144,21 @@ def _perf(report) -> list[str]:
         shown = [r for r in table if r.direction == direction]
         if not shown:
             continue
-        lines += [f"**{direction.capitalize()}**", "", "| shape | " + " | ".join(map(_md, backends)) + " |",
-                  "|---|" + "---:|" * len(backends)]
+        columns, untimed = perf.direction_columns(table, backends, direction)
+        lines += [f"**{direction.capitalize()}**", ""]
+        if untimed:
+            lines += [f"No {direction} timing: {_md(', '.join(untimed))}.", ""]
+        lines += ["| shape | " + " | ".join(map(_md, columns)) + " |", "|---|" + "---:|" * len(columns)]
         for row in shown:
             cells = []
-            for name in backends:
+            for name in columns:
                 cell = row.cells.get(name)
                 cells.append("" if cell is None else
                              f"{perf.fmt_speedup(cell.speedup)} · {cell.median_ms:.3f} ms · {cell.row['tflops']:.3g} TF/s"
                              + (" · *host-bound*" if cell.row.get("host_bound") else ""))
             lines.append(f"| {_md(row.shape)} ({perf.shape_text(row)}) | " + " | ".join(cells) + " |")
         lines.append("| geometric mean | " + " | ".join(
-            f"{perf.fmt_speedup(geo[name, direction][0])}" if (name, direction) in geo else "" for name in backends) + " |")
+            f"{perf.fmt_speedup(geo[name, direction][0])}" if (name, direction) in geo else "" for name in columns) + " |")
         lines.append("")
     lines += ["<details><summary>Every timing</summary>", "",
               "| backend | shape | direction | median ms | IQR ms | rounds x calls | TFLOP/s | of peak | speedup "

@@ -155,6 +155,23 @@ def rows(report: dict, baseline: str | None) -> list[Row]:
     return out
 
 
+def per_call_words(report: dict) -> str:
+    """How the report's times per call were taken, in words for the performance section's heading note."""
+    timings = report.get("timings") or []
+    if timings and all(t.get("calls_per_round") is None for t in timings):
+        return ("one call and a wait for the device per round (a report from before timings ran calls back to "
+                "back: the host's time per call is in every figure)")
+    return ("calls back to back (the host's work overlapping the device's, as in a model's step; on a GPU about "
+            "20 ms of calls per round)")
+
+
+def direction_columns(table: list[Row], backends: list[str], direction: str) -> tuple[list[str], list[str]]:
+    """(the backends timed in ``direction``, in order; those of ``backends`` that were not, e.g. without a
+    backward)."""
+    timed = {name for row in table if row.direction == direction for name in row.cells}
+    return [b for b in backends if b in timed], [b for b in backends if b not in timed]
+
+
 def geomean_speedups(table: list[Row]) -> dict[tuple[str, str], tuple[float, int]]:
     """``(backend, direction) -> (geometric mean speedup over the shapes both ran, shapes)``."""
     logs: dict[tuple[str, str], list[float]] = {}
