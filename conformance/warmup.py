@@ -12,8 +12,10 @@ tests/test_compile_keys.py checks it on the CPU with the compile keys a GPU woul
 
 What compiled once is not compiled again: a manifest in the cache directory lists the (backend,
 configuration) jobs that finished ``ok`` under a *fingerprint* of everything that could change the compiled
-kernels (the versions of Python, torch, Triton and the vendor packages, the GPU, and the sources of the
-project's adapters and kernels). A run whose caches are warm skips those jobs; their checks load the
+kernels: the versions of Python, torch and Triton, the GPU and the sources of the project's adapters and
+kernels, and, in each job's key, the versions of the packages that provide the backend's own modules
+(``Backend.requires``), so that installing or upgrading one vendor's package recompiles that vendor's
+kernels only. A run whose caches are warm skips those jobs; their checks load the
 kernels from the caches on first use. Jobs that ended in a compile error or a refusal are listed too and
 not tried again under the same fingerprint (their checks meet the error and report it); crashes and
 timeouts are tried again. Delete the cache directory and everything is compiled again.
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import queue
@@ -58,6 +61,7 @@ class Job:
     backend: str  # the name the run resolves (registry name, entry point, module:attr)
     name: str  # the backend's display name
     config: KernelConfig
+    packages: str = ""  # the versions of the backend's own packages (package_versions)
 
     def as_json(self) -> str:
         return json.dumps({"backend": self.backend, "name": self.name, "config": self.config.as_dict()})
@@ -214,7 +218,7 @@ def order(jobs: list[Job], seconds: dict[str, float] | None = None,
     overall = sum(seconds.values()) / len(seconds) if seconds else 0.0
 
     def expected(job: Job) -> float:
-        known = seconds.get(_job_key(job))
+        known = seconds.get(_seconds_key(job))
         if known is not None:
             return known
         same = per_backend.get(job.backend)
@@ -316,7 +320,30 @@ def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float,
 
 
 MANIFEST = "warmup-manifest.json"
-FINGERPRINT_PACKAGES = ("torch", "triton", "flash-attn-4", "nvidia-cutlass-dsl", "flash-attn", "flashinfer-python")
+FINGERPRINT_PACKAGES = ("torch", "triton")  # every backend's kernels depend on these
+
+
+def package_versions(requires) -> str:
+    """``dist=version`` of the installed distributions that provide the top-level modules of ``requires``
+    (a backend's own packages: ``flash_attn.cute`` -> flash-attn-4, ...), those of FINGERPRINT_PACKAGES
+    left out; "" for none."""
+    import importlib.metadata
+    providers = _module_distributions()
+    dists = sorted({d for module in requires for d in providers.get(module.split(".")[0], ())}
+                   - set(FINGERPRINT_PACKAGES))
+    versions = []
+    for dist in dists:
+        try:
+            versions.append(f"{dist}={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return ",".join(versions)
+
+
+@functools.lru_cache(maxsize=1)
+def _module_distributions() -> dict:
+    import importlib.metadata
+    return importlib.metadata.packages_distributions()
 
 
 def fingerprint(device: str) -> str:
@@ -347,6 +374,12 @@ def fingerprint(device: str) -> str:
 
 
 def _job_key(job: Job) -> str:
+    """The manifest's key of a job: the backend, its packages' versions, the configuration."""
+    return f"{job.backend} | {job.packages} | {job.config.key}" if job.packages else _seconds_key(job)
+
+
+def _seconds_key(job: Job) -> str:
+    """The key of a job's last compile seconds, whatever the versions (they order an upgrade's jobs)."""
     return f"{job.backend} | {job.config.key}"
 
 
@@ -396,6 +429,7 @@ def save_manifest(cache_dir: Path, print_: str, jobs: list[Job], results: list[R
     next run with the same fingerprint does not try them again (lists of other fingerprints are dropped)."""
     by_key = {(job.name, job.config.key): _job_key(job) for job in jobs}
     ok = {by_key[r.backend, r.key]: r.seconds for r in results if r.outcome == "ok" and (r.backend, r.key) in by_key}
+    timed = {_seconds_key(job): ok[_job_key(job)] for job in jobs if _job_key(job) in ok}
     failures = dict(failed or {})
     for r in results:  # (this run's jobs: the recalled ones are not among them)
         key = by_key.get((r.backend, r.key))
@@ -403,7 +437,7 @@ def save_manifest(cache_dir: Path, print_: str, jobs: list[Job], results: list[R
             failures[key] = (r.outcome, r.message or "")
     for key in ok:
         failures.pop(key, None)
-    seconds = {**load_seconds(cache_dir), **ok}
+    seconds = {**load_seconds(cache_dir), **timed}
     path = Path(cache_dir) / MANIFEST
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -476,7 +510,8 @@ def plan_warmup(ns, chosen, device: str, cache_dir: Path) -> Plan:
         configs = configs_for(backend, seed, extra)
         if ns.dtype:
             configs = tuple(c for c in configs if c.dtype in ns.dtype)
-        jobs += [Job(spec, info.name, c) for c in configs]
+        packages = package_versions(backend.requires)
+        jobs += [Job(spec, info.name, c, packages) for c in configs]
         priors[spec] = backend.capabilities.compile_s
     print_ = fingerprint(device)
     done, failed = load_manifest(cache_dir, print_), load_failed(cache_dir, print_)

@@ -596,3 +596,26 @@ def test_a_backend_that_hangs_compiling_beside_the_checks_opens_its_gate_at_the_
     hung = outcomes.get(("hangs-compiling", "timeout"), 0)
     assert hung <= 1 and hung + outcomes.get(("hangs-compiling", "not-run"), 0) == 2
     assert all(r["reason"].startswith("hangs-compiling hung") for r in report["records"] if r["outcome"] == "not-run")
+
+
+def test_a_vendor_package_upgrade_recompiles_that_vendors_kernels_only(tmp_path):
+    config = lambda d: KernelConfig("float32", d, None, 1, 1, "none", False, None)  # noqa: E731
+    old = [warmup.Job("fa4", "fa4", config(16), "flash-attn-4=4.0.0b36"), warmup.Job("flex", "flex", config(16))]
+    results = [warmup.Result(j.name, j.config.key, "ok", 7.0, "") for j in old]
+    warmup.save_manifest(tmp_path, "common", old, results, set())
+    done = warmup.load_manifest(tmp_path, "common")
+    assert warmup.split_done(old, done)[0] == []  # the same versions: nothing to compile
+    upgraded = [warmup.Job("fa4", "fa4", config(16), "flash-attn-4=4.0.0b37"), old[1]]
+    todo, cached = warmup.split_done(upgraded, done)
+    assert [j.name for j in todo] == ["fa4"] and [r.backend for r in cached] == ["flex"]
+    # the last compile seconds are the backend's and configuration's, whatever the versions: they order the
+    # upgrade's jobs
+    assert warmup.load_seconds(tmp_path) == {f"fa4 | {config(16).key}": 7.0, f"flex | {config(16).key}": 7.0}
+
+
+def test_a_backends_packages_are_the_distributions_of_its_modules():
+    import importlib.metadata
+    assert warmup.package_versions(("hypothesis",)) == f"hypothesis={importlib.metadata.version('hypothesis')}"
+    assert warmup.package_versions(("hypothesis.strategies", "hypothesis")) == warmup.package_versions(("hypothesis",))
+    assert warmup.package_versions(("torch.nn.attention.flex_attention", "triton")) == ""  # in every fingerprint
+    assert warmup.package_versions(("no_such_module_anywhere",)) == ""
