@@ -637,7 +637,8 @@ def cmd_compare(ns) -> int:
             spread = " / ".join(perf.fmt_spread(perf.Cell(r, None, None).spread) or "-" for r in (o, n)) if o and n else ""
             verdict = ("[bold red]REGRESSION[/]" if t["regression"] else
                        "[yellow]slower, within both runs' spread (not gated)[/]" if t["within_spread"] else
-                       "[green]faster[/]" if t["change"] < -ns.timing_threshold else "")
+                       "[yellow]timed another way (one call / back to back): not compared[/]" if t.get("method_changed")
+                       else "[green]faster[/]" if t["change"] < -ns.timing_threshold else "")
             table.add_row(t["backend"], t["shape"], t["direction"], f"{t['before_s'] * 1e3:.3f}", f"{t['after_s'] * 1e3:.3f}",
                           f"{t['change']:+.0%}", spread, f"{n['tflops']:.3g}" if n.get("tflops") is not None else "",
                           speed, verdict)

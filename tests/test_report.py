@@ -125,6 +125,19 @@ def test_a_round_of_calls_back_to_back_gives_times_per_call_and_says_where_the_h
     assert row["median_s"] == 0.02 and row["host_bound"] is False and row["latency_s"] is None
 
 
+def test_a_timing_taken_another_way_is_not_gated():
+    # a report from before rounds held several calls (one call and a wait) against one with calls back to
+    # back: the host's share differs, not the backend's speed
+    old = make_report([], [timing("a", "dense", "forward", 1.0)])
+    new = make_report([], [dict(timing("a", "dense", "forward", 2.0), calls_per_round=20)])
+    (row,) = rp.compare(old, new)["timing_changes"]
+    assert row["method_changed"] and not row["regression"] and not row["within_spread"]
+    assert rp.compare(old, new)["timing_regressions"] == []
+    same = make_report([], [dict(timing("a", "dense", "forward", 1.0), calls_per_round=19)])
+    (row,) = rp.compare(same, new)["timing_changes"]
+    assert not row["method_changed"] and row["regression"]  # both back to back (19 and 20 calls): gated
+
+
 def test_a_gpu_round_holds_about_twenty_milliseconds_of_calls():
     assert benchmarks.calls_per_round(0.001, "cuda") == 20
     assert benchmarks.calls_per_round(0.00001, "cuda:1") == benchmarks.MAX_CALLS
