@@ -5,7 +5,8 @@ runs it in its own pytest session without xdist, because pytest-benchmark switch
 
 On a GPU each timed round makes ``calls_per_round`` calls back to back and waits for the device once, at
 the end: the host's work for one call overlaps the device's for the one before, as in a model's step and
-as vendors' tables and ``triton.testing.do_bench`` measure; the report gives the time per call.  Beside it,
+as vendors' tables and ``triton.testing.do_bench`` measure; pytest-benchmark's own statistics
+(``benchmark.json``) are per round, the report's per call.  Beside it,
 ``latency_s`` is one call and a wait (what a lone call costs, the host's time and the launches' included)
 and ``host_s`` the host's time per call submitted back to back: where it reaches the time per call, the
 backend is host-bound there and its time is the host's.  Each benchmark stores in ``extra_info`` what the
