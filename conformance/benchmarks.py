@@ -29,6 +29,7 @@ BACKWARD_FLOP_RATIO = 2.5
 ROUND_S = 0.02  # a GPU round's length: enough calls back to back that one wait at the end is a small share
 MAX_CALLS = 64  # calls per round at most (the launch queue holds about a thousand launches)
 LATENCY_CALLS = 5
+HOST_CALLS = 8
 
 
 def _lengths(kind: str, batch: int, mean: int, rng: random.Random) -> tuple[int, ...]:
@@ -136,10 +137,13 @@ def test_timing(benchmark, backend, device, shape, direction):
         for _ in range(calls):
             call()
         _synchronize(device)
+    # the host's time per call, over few enough calls that the launch queue never fills (a full queue
+    # would make the host wait for the device, and that wait would read as host time)
+    host_calls = min(calls, HOST_CALLS)
     start = time.perf_counter()
-    for _ in range(calls):
+    for _ in range(host_calls):
         call()
-    host_s = (time.perf_counter() - start) / calls
+    host_s = (time.perf_counter() - start) / host_calls
     _synchronize(device)
     benchmark.extra_info.update(latency_s=latency, host_s=host_s, calls_per_round=calls)
     benchmark.pedantic(run, rounds=5 if device.startswith("cuda") else 3, iterations=1, warmup_rounds=1)
