@@ -323,13 +323,19 @@ MANIFEST = "warmup-manifest.json"
 FINGERPRINT_PACKAGES = ("torch", "triton")  # every backend's kernels depend on these
 
 
+# Modules whose distribution the installed metadata may not name: the CuTe DSL's ``cutlass`` lives in a
+# ``dsl_packages`` folder of nvidia-cutlass-dsl that its wheel puts on the path, not in a top-level entry.
+_DISTRIBUTIONS = {"cutlass": ("nvidia-cutlass-dsl",)}
+
+
 def package_versions(requires) -> str:
     """``dist=version`` of the installed distributions that provide the top-level modules of ``requires``
     (a backend's own packages: ``flash_attn.cute`` -> flash-attn-4, ...), those of FINGERPRINT_PACKAGES
     left out; "" for none."""
     import importlib.metadata
     providers = _module_distributions()
-    dists = sorted({d for module in requires for d in providers.get(module.split(".")[0], ())}
+    dists = sorted({d for module in requires
+                    for d in (*providers.get(module.split(".")[0], ()), *_DISTRIBUTIONS.get(module.split(".")[0], ()))}
                    - set(FINGERPRINT_PACKAGES))
     versions = []
     for dist in dists:

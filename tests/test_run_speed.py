@@ -619,3 +619,11 @@ def test_a_backends_packages_are_the_distributions_of_its_modules():
     assert warmup.package_versions(("hypothesis.strategies", "hypothesis")) == warmup.package_versions(("hypothesis",))
     assert warmup.package_versions(("torch.nn.attention.flex_attention", "triton")) == ""  # in every fingerprint
     assert warmup.package_versions(("no_such_module_anywhere",)) == ""
+
+
+def test_the_cute_dsl_counts_among_fa4s_packages(monkeypatch):
+    import importlib.metadata
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda dist: "4.8.1" if dist == "nvidia-cutlass-dsl" else real(dist))
+    assert "nvidia-cutlass-dsl=4.8.1" in warmup.package_versions(("flash_attn.cute", "cutlass"))
