@@ -459,7 +459,7 @@ def cmd_run(ns) -> int:
         times = backend_times([info.name for _, info in chosen], warm_summary, records)
         return {
             "schema": rp.SCHEMA, "schema_version": rp.SCHEMA_VERSION,
-            "run": {"name": name, "command": "jfa-conformance " + shlex.join(ns.argv),
+            "run": {"name": name, "command": rp.home_relative("jfa-conformance " + shlex.join(ns.argv)),
                     "started": started.isoformat(timespec="seconds"),
                     "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                     "duration_s": round(time.perf_counter() - t0, 1), "profile": ns.profile,
@@ -469,7 +469,7 @@ def cmd_run(ns) -> int:
                     "time_limit_s": ns.time_limit, "workers": n_workers, "gpus": ns.gpus, "pytest_exit_code": rc,
                     "benchmarks": bench_status, "timed_backends": timed_names or None, "complete": complete,
                     "stopped": stop_reason,
-                    "resumed_from": ns.resume, "cache_dir": str(cache_dir), "cache_bytes_before": cache_bytes,
+                    "resumed_from": ns.resume, "cache_dir": rp.home_relative(str(cache_dir)), "cache_bytes_before": cache_bytes,
                     "warmup": warm_info, "checks": check_phase, "environment": env_info},
             "backends": {info.name: {"source": info.source, "available": info.available, "reason": info.reason,
                                      "capabilities": info.capabilities, "time": times[info.name]}

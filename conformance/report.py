@@ -137,6 +137,12 @@ def verdicts_complete(collected: list[dict], records: list[dict], finished: bool
 HOST_BOUND_SHARE = 0.9  # host time per call at least this share of the time per call: host-bound
 
 
+def home_relative(text: str) -> str:
+    """``text`` with the user's home directory written ``~``: a report is shared, its machine's paths are not."""
+    home = os.path.expanduser("~").rstrip(os.sep)
+    return text.replace(home + os.sep, "~" + os.sep) if home else text
+
+
 def timing_method(timing: dict) -> str:
     """How a timing row was taken: "back to back" (several calls per round, one wait) or "one call" (a call
     and a wait per round: every CPU timing, a GPU call slower than a round, and reports made before rounds

@@ -125,6 +125,12 @@ def test_a_round_of_calls_back_to_back_gives_times_per_call_and_says_where_the_h
     assert row["median_s"] == 0.02 and row["host_bound"] is False and row["latency_s"] is None
 
 
+def test_paths_under_home_are_written_from_home(monkeypatch):
+    monkeypatch.setenv("HOME", "/home/someone")
+    assert rp.home_relative("run --report-dir /home/someone/out/r") == "run --report-dir ~/out/r"
+    assert rp.home_relative("/home/someoneelse/x") == "/home/someoneelse/x"
+
+
 def test_a_timing_taken_another_way_is_not_gated():
     # a report from before rounds held several calls (one call and a wait) against one with calls back to
     # back: the host's share differs, not the backend's speed
