@@ -13,20 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
-
 import torch
 
 
 def per_call_us(fn, calls):
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    us = (time.perf_counter() - start) / calls * 1e6
-    torch.cuda.synchronize()
-    return round(us, 1)
+    import bench  # tools/bench.py, beside this file
+    return round(bench.host_cost(fn, calls, count_launches=False)[0], 1)
 
 
 class _Identity(torch.autograd.Function):
