@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+
 import torch
 
 
