@@ -61,7 +61,7 @@ def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         return _compiled_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                               broadcast_q, config)
     return _JaggedFlashAttention.apply(*prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                                                softmax_scale, broadcast_q, default_config(config)))
+                                                softmax_scale, broadcast_q, default_config(config), reuse_lists=True))
 
 
 class JaggedPlan:

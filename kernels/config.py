@@ -38,6 +38,11 @@ class Config:
     # always checks, once.  Unchecked malformed offsets give wrong answers, never accesses outside the call's
     # tensors (the kernels read them clamped).
     check_offsets: bool = False
+    # Keep a plain call's tile lists for later calls with the same offsets tensors, unwritten since (their
+    # version counters), on the same stream, outside CUDA graph capture (reuse.py): those calls launch only
+    # the attention kernels.  Off for offsets written in place outside PyTorch (a custom kernel, another
+    # framework), which the version counter cannot see.
+    reuse_lists: bool = True
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import tl
+from . import reuse, tl
 from .plan import backward_lists, gluon_programs, tma_refusal
 
 
@@ -87,8 +87,12 @@ def backward(do, q, k, v, out, lse, cu_q, cu_k, plan):
     hq, d = q.shape[1], q.shape[2]
     hkv, dvd = k.shape[1], v.shape[2]
     paths = plan.paths
-    s = plan.schedule if "kv" in plan.schedule or "kv_gluon" in plan.schedule else \
-        backward_lists(plan, q.shape, k.shape, q.device)
+    if "kv" in plan.schedule or "kv_gluon" in plan.schedule:  # a JaggedPlan's, or a compiled backward's
+        s = plan.schedule
+    else:  # a plain call's: built now, or kept from an earlier call with the same offsets (reuse.py)
+        s = reuse.backward(plan.schedule.get("reuse"), (plan.paths, plan.tiles, plan.n_out_rows, tuple(q.shape),
+                                                         tuple(k.shape)),
+                           lambda: backward_lists(plan, q.shape, k.shape, q.device))
     n_out = out.shape[0]
     if do.stride(-1) != 1:
         do = do.contiguous()

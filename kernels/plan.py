@@ -17,6 +17,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from . import reuse
 from . import schedule as sched
 from .config import Config
 from .tl import INTERPRET
@@ -164,12 +165,14 @@ def kernel_layout(t: torch.Tensor) -> torch.Tensor:
 
 
 def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, broadcast_q,
-            config: Config, check_offsets=None, lists="forward"):
+            config: Config, check_offsets=None, lists="forward", reuse_lists=False):
     """The host side of a call: validation, paths, tiles, and the forward's tile lists built on the device
     (no wait for the GPU unless the offsets are read: ``check_offsets``, by default the Config's, or offsets
     on the CPU); ``lists="backward"`` builds the backward's instead, for a backward that runs without its
     forward's plan (the compiled one).  Returns (q, k, v, cu_q, cu_k, LaunchPlan), the offsets as the
-    kernels read them (clamped, int32 where they fit)."""
+    kernels read them (clamped, int32 where they fit).  ``reuse_lists`` (a plain call's, where
+    ``Config.reuse_lists`` is on): the forward's lists are taken from, or kept for, later calls with the
+    same offsets tensors (reuse.py)."""
     if lists not in ("forward", "backward"):
         raise ValueError(f"lists must be 'forward' or 'backward', got {lists!r}")
     if check_offsets is None:
@@ -209,9 +212,9 @@ def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
         specs.append(sched.ListSpec(tiles.fwd[0], q.shape[1], side=sched.ALL if split is None else sched.KEYS_BELOW,
                                     split=split or 0))
         names.append("fwd")
-    order, lists = sched.order_and_lists(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], specs, causal=causal,
-                                         broadcast=broadcast)
-    plan.schedule.update(dict(fwd_gluon=None, fwd=None, order=order), **dict(zip(names, lists)))
+    order, lists, entry = reuse.forward_lists(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], specs, causal=causal,
+                                              broadcast=broadcast, enabled=reuse_lists and config.reuse_lists)
+    plan.schedule.update(dict(fwd_gluon=None, fwd=None, order=order, reuse=entry), **dict(zip(names, lists)))
     return q, k, v, order.cu_q, order.cu_k, plan
 
 

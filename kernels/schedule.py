@@ -17,9 +17,9 @@ longest first.  The sort key packs (2**41 - 1 - pairs) above the sequence index 
 sort orders both; on a GPU up to 4,096 sequences are sorted in the builder's registers, more (and every
 batch under the interpreter, whose sort is slow) by ``torch.sort``.
 
-Launches: the order and the first lists' tiles in one program, then one grid writing the lists (two
-launches; more sequences than the register sort takes: four); the backward's lists, from the forward's
-order: two more.
+Launches: the order and the lists in one program up to 512 sequences (one launch); up to 4,096, the order
+and the lists' tiles in one program, then one grid writing the items (two launches); more sequences than the
+register sort takes: four.  The backward's lists, from the forward's order: two more.
 
 The host knows only bounds: at most ``cdiv(rows, block) + B`` tiles.  The actual counts land in
 ``TileList.counts`` ([items, tiles], int32, on the device); the kernels read the item count from there,
@@ -48,6 +48,11 @@ import triton.language as tl
 _REGISTER_SORTS = (256, 1024, 4096)  # sizes of the in-register sort (compiled once each)
 MAX_SEQS = (1 << 22) - 1  # the sort key's index field
 _EXPAND_SEQS = 32  # sequences per program of the grid writing the lists
+# Up to this many sequences, the builder that sorts them in registers also writes the lists' items (one launch
+# instead of two: a launch is tens of microseconds of host time, the items of 512 sequences a few of one
+# program's GPU time); past it the grid does, in parallel.
+FUSED_EXPAND_SEQS = 512
+_EXPAND_IN_BUILDER: tl.constexpr = tl.constexpr(64)  # sequences per step of the builder's own expansion
 MAX_CHUNKS = 1023  # broadcast-Q dQ chunks (one histogram bin stays free for padding)
 
 # which sequences a forward list takes, by their key count against the split (the Gluon forward's side)
@@ -221,16 +226,36 @@ def _store_counts(COUNTS_A, COUNTS_B, carry_a, carry_b, heads_a, heads_b, two, B
              mask=(offs < 2) & _flag(offs, two))
 
 
+@triton.jit
+def _expand_one(s, pos, ok, NBLK, START, SEQ, BLK, ITEMS, heads, reverse, TILES: tl.constexpr):
+    # one list's tiles and items of the sequences s at sorted positions pos: a [sequences, TILES] block at a
+    # time, as far as the group's longest tile run
+    n = tl.load(NBLK + pos, mask=ok, other=0)
+    t0 = tl.load(START + pos, mask=ok, other=0)
+    n2, t2, s2 = n[:, None], t0[:, None], s[:, None]
+    rev = _flag(n2, reverse)
+    for j0 in range(0, tl.max(n, 0), TILES):
+        j = j0 + tl.arange(0, TILES)[None, :]
+        m = j < n2
+        tl.store(SEQ + t2 + j, s2 + j * 0, mask=m)
+        tl.store(BLK + t2 + j, tl.where(rev, n2 - 1 - j, j), mask=m)
+        for h in range(heads):
+            tl.store(ITEMS + t2 * heads + h * n2 + j, (t2 + j) * heads + h, mask=m)
+
+
 # the builders' integer arguments are not specialized on (sizes follow the batch; flags, tiles and head counts the
 # call): one variant per sort size
 @triton.jit(do_not_specialize=['B', 'rows_q', 'rows_k', 'causal', 'broadcast', 'block_a', 'heads_a', 'kv_a', 'side_a',
-                                  'block_b', 'heads_b', 'kv_b', 'side_b', 'split', 'two'])
+                                  'block_b', 'heads_b', 'kv_b', 'side_b', 'split', 'two', 'reverse_a', 'reverse_b',
+                                  'expand'])
 def _order_kernel(CU_Q, CU_K, CU_Q_OUT, CU_K_OUT, ORDER, KEYS, B, rows_q, rows_k, causal, broadcast,
                   NBLK_A, START_A, COUNTS_A, block_a, heads_a, kv_a, side_a,
                   NBLK_B, START_B, COUNTS_B, block_b, heads_b, kv_b, side_b, split, two,
+                  SEQ_A, BLK_A, ITEMS_A, reverse_a, SEQ_B, BLK_B, ITEMS_B, reverse_b, expand,
                   SORT: tl.constexpr, IN_REGISTERS: tl.constexpr):
     # one program.  IN_REGISTERS (B <= SORT): the clamped offsets, the order (sorted in registers) and both
-    # lists' tiles.  Else: the clamped offsets and the sort keys, for torch.sort (blocks of SORT).
+    # lists' tiles, and with ``expand`` their items too (what _expand_kernel writes: one launch in all).
+    # Else: the clamped offsets and the sort keys, for torch.sort (blocks of SORT).
     lq_all = _offsets_prologue(CU_Q, CU_Q_OUT, CU_K_OUT, rows_q, broadcast, SORT)
     offs = tl.arange(0, SORT)
     bc = _flag(offs, broadcast)
@@ -248,6 +273,13 @@ def _order_kernel(CU_Q, CU_K, CU_Q_OUT, CU_K_OUT, ORDER, KEYS, B, rows_q, rows_k
                                         NBLK_A, START_A, carry_q * 0, block_a, kv_a, side_a,
                                         NBLK_B, START_B, carry_q * 0, block_b, kv_b, side_b, split, two)
         _store_counts(COUNTS_A, COUNTS_B, carry_a, carry_b, heads_a, heads_b, two, SORT)
+        tl.debug_barrier()  # each sequence's tile count and first tile, read back by other threads below
+        for base in range(0, B * expand, _EXPAND_IN_BUILDER):
+            pos = base + tl.arange(0, _EXPAND_IN_BUILDER)
+            ok = pos < B
+            s = tl.load(ORDER + pos, mask=ok, other=0)
+            _expand_one(s, pos, ok, NBLK_A, START_A, SEQ_A, BLK_A, ITEMS_A, heads_a, reverse_a, 32)
+            _expand_one(s, pos, ok & _flag(pos, two), NBLK_B, START_B, SEQ_B, BLK_B, ITEMS_B, heads_b, reverse_b, 32)
     else:
         for base in range(0, B, SORT):
             idx = base + offs
@@ -292,23 +324,6 @@ def _lists_kernel(CU_Q, CU_K, ORDER, KEYS, B, broadcast, from_keys,
         width = tl.where(ok & wc, (lq + 3) // 4 * 4, 0)
         tl.store(CU_COLS + idx + 1, (carry_c + tl.cumsum(width, 0)).to(tl.int32), mask=ok & wc)
         carry_c += tl.sum(width, 0)
-
-
-@triton.jit
-def _expand_one(s, pos, ok, NBLK, START, SEQ, BLK, ITEMS, heads, reverse, TILES: tl.constexpr):
-    # one list's tiles and items of the sequences s at sorted positions pos: a [sequences, TILES] block at a
-    # time, as far as the group's longest tile run
-    n = tl.load(NBLK + pos, mask=ok, other=0)
-    t0 = tl.load(START + pos, mask=ok, other=0)
-    n2, t2, s2 = n[:, None], t0[:, None], s[:, None]
-    rev = _flag(n2, reverse)
-    for j0 in range(0, tl.max(n, 0), TILES):
-        j = j0 + tl.arange(0, TILES)[None, :]
-        m = j < n2
-        tl.store(SEQ + t2 + j, s2 + j * 0, mask=m)
-        tl.store(BLK + t2 + j, tl.where(rev, n2 - 1 - j, j), mask=m)
-        for h in range(heads):
-            tl.store(ITEMS + t2 * heads + h * n2 + j, (t2 + j) * heads + h, mask=m)
 
 
 # the builders' integer arguments are not specialized on: one variant per block size
@@ -428,7 +443,8 @@ def order_and_lists(cu_q, cu_k, rows_q, rows_k, specs: Sequence[ListSpec], *, ca
     a, b = arrays[0], arrays[-1]
     list_args = _list_args(a, specs[0]) + _list_args(b, specs[-1]) + (specs[0].split, int(two))
     flags = (int(bool(causal)), int(bool(broadcast)))
-    lists_done = False
+    reverse = [int(bool(causal) and not sp.kv) for sp in specs]
+    lists_done = expanded = False
     keys = None
     if order is None:
         dtype = offsets_dtype(max(rows_q, rows_k))
@@ -440,9 +456,12 @@ def order_and_lists(cu_q, cu_k, rows_q, rows_k, specs: Sequence[ListSpec], *, ca
         in_registers = register_sort and n_seqs <= _REGISTER_SORTS[-1]
         sort = next((n for n in _REGISTER_SORTS if n_seqs <= n), 1024)
         keys = None if in_registers else torch.empty(n_seqs, device=device, dtype=torch.int64)
+        expand = in_registers and columns is None and n_seqs <= FUSED_EXPAND_SEQS
         _order_kernel[(1,)](cu_q, cu_k, order.cu_q, order.cu_k, order.order, keys if keys is not None else order.cu_k,
-                            n_seqs, rows_q, rows_k, *flags, *list_args, SORT=sort, IN_REGISTERS=in_registers,
-                            num_warps=4 if sort <= 1024 else 8)
+                            n_seqs, rows_q, rows_k, *flags, *list_args,
+                            a.seq, a.blk, a.items, reverse[0], b.seq, b.blk, b.items, reverse[-1], int(expand),
+                            SORT=sort, IN_REGISTERS=in_registers, num_warps=4 if sort <= 1024 else 8)
+        expanded = expand
         if in_registers:
             lists_done = True
         else:  # past 4,096 keys a register sort compiles for minutes; the interpreter's is a Python loop
@@ -452,8 +471,7 @@ def order_and_lists(cu_q, cu_k, rows_q, rows_k, specs: Sequence[ListSpec], *, ca
                             flags[1], int(keys is not None), *list_args,
                             columns.cu if columns is not None else a.counts, int(columns is not None),
                             BLOCK=1024, num_warps=4)
-    if n_seqs > 0:
-        reverse = [int(bool(causal) and not sp.kv) for sp in specs]
+    if n_seqs > 0 and not expanded:
         _expand_kernel[(_cdiv(n_seqs, _EXPAND_SEQS),)](
             order.order, n_seqs, a.nblk, a.start, a.seq, a.blk, a.items, specs[0].heads, reverse[0],
             b.nblk, b.start, b.seq, b.blk, b.items, specs[-1].heads, reverse[-1], int(two),

@@ -7,6 +7,8 @@ kernels a call ran is read from ``JaggedPlan(...).paths`` on the same inputs: a 
 """
 import ast
 import dataclasses
+import functools
+import gc
 import math
 import os
 import re
@@ -20,6 +22,7 @@ import torch
 
 from kernels import Config, JaggedPlan, SUPPORTED_HEAD_DIMS, jagged_flash_attention
 from kernels import plan as kplan
+from kernels import reuse
 from kernels import schedule as sched
 from kernels import tl
 
@@ -361,6 +364,68 @@ def test_plan_gives_the_plain_call_bit_for_bit(causal, broadcast):
     # the plan keeps its own offsets: writing the caller's tensors afterwards changes nothing it runs
     cu_k.fill_(0)
     assert torch.equal(plan(q, k, v)[0], runs[1][0])
+
+
+def _call_and_grads(q, k, v, cu_q, cu_k, mq, mk, causal, broadcast, config=None):
+    a, b, c = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out, lse = jagged_flash_attention(a, b, c, cu_q, cu_k, mq, mk, causal=causal, broadcast_q=broadcast,
+                                      config=config)
+    out.backward(torch.ones_like(out))
+    return out.detach(), lse, a.grad, b.grad, c.grad
+
+
+def _same(x, y):
+    return all(torch.equal(a, b) for a, b in zip(x, y))
+
+
+@needs_kernels
+@pytest.mark.parametrize("causal,broadcast", [(False, False), (True, False), (True, True)])
+def test_plain_calls_reuse_the_lists_of_the_same_unwritten_offsets(causal, broadcast):
+    (q, k, v, cu_q, cu_k), mq, mk = _small(broadcast)
+    reuse.clear()
+    call = functools.partial(_call_and_grads, q, k, v, mq=mq, mk=mk, causal=causal, broadcast=broadcast)
+    first = call(cu_q, cu_k)
+    assert reuse.stats() == dict(hits=0, misses=1, entries=1)
+    again = call(cu_q, cu_k)
+    assert reuse.stats() == dict(hits=1, misses=1, entries=1)
+    assert _same(first, again)
+    # the same values in other tensors: nothing reused, the same answers
+    assert _same(call(cu_q.clone(), cu_k.clone()), first)
+    assert reuse.stats()["hits"] == 1
+    off = Config(reuse_lists=False)
+    assert _same(call(cu_q, cu_k, config=off), first)
+    assert reuse.stats()["hits"] == 1
+    # other lengths with the same totals written into the same tensors: the kept lists are not used
+    if broadcast:
+        new_q, new_k = cu_q.clone(), torch.tensor([0, 3, 10, 10], dtype=cu_k.dtype, device=cu_k.device)
+    else:
+        new_q = torch.tensor([0, 20, 23, 23, 30], dtype=cu_q.dtype, device=cu_q.device)
+        new_k = torch.tensor([0, 20, 23, 25, 34], dtype=cu_k.dtype, device=cu_k.device)
+    want = call(new_q, new_k, config=off)
+    assert not _same(want, first)  # (else this test could not tell stale lists from fresh ones)
+    hits = reuse.stats()["hits"]
+    cu_k.copy_(new_k)
+    cu_q.copy_(new_q)
+    assert _same(call(cu_q, cu_k), want)
+    assert reuse.stats()["hits"] == hits
+    assert _same(call(cu_q, cu_k), want)  # kept again, under the new version
+    assert reuse.stats()["hits"] == hits + 1
+
+
+@needs_kernels
+def test_lists_are_not_kept_for_inference_tensors_nor_past_their_offsets():
+    (q, k, v, cu_q, cu_k), mq, mk = _small(False)
+    reuse.clear()
+    with torch.inference_mode():  # no version counter: a write could not be seen
+        iq, ik = cu_q.clone(), cu_k.clone()
+        outs = [jagged_flash_attention(q, k, v, iq, ik, mq, mk)[0] for _ in range(2)]
+    assert torch.equal(outs[0], outs[1])
+    assert reuse.stats() == dict(hits=0, misses=0, entries=0)
+    jagged_flash_attention(q, k, v, cu_q, cu_k, mq, mk)
+    assert reuse.stats()["entries"] == 1
+    del cu_q, cu_k
+    gc.collect()
+    assert reuse.stats()["entries"] == 0  # the entry went with its offsets
 
 
 def _assert_compiled_matches_eager(model, q, k, v):

@@ -242,3 +242,32 @@ def test_broadcast_q_gradients_of_an_empty_batch_are_zero():
                                     broadcast_q=True)
     out.sum().backward()
     assert out.shape == (0, 2, 16) and q.grad.shape == q.shape and not q.grad.any()
+
+
+@needs_cuda
+def test_gpu_a_graph_captured_after_eager_calls_builds_its_own_lists():
+    # eager warm-up calls keep their lists (kernels/reuse.py); a CUDA graph captured afterwards must still
+    # contain the builders, so that a replay after new offsets are copied into the static buffers is right
+    from kernels import reuse
+    lens = [300, 0, 513, 129, 64, 700]
+    q, k, v, cu_q, cu_k = (t.to(DEVICE) for t in make_inputs(lens, lens, 4, 2, 128, 128, torch.bfloat16))
+    call = lambda: jagged_flash_attention(q, k, v, cu_q, cu_k, 1024, 1024, causal=True)[0]  # noqa: E731
+    reuse.clear()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    assert reuse.stats()["hits"] == 1
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    assert reuse.stats()["hits"] == 1  # nothing looked up while capturing
+    new = [700, 64, 129, 513, 0, 300]
+    _, _, _, new_q, new_k = (t.to(DEVICE) for t in make_inputs(new, new, 4, 2, 128, 128, torch.bfloat16))
+    cu_q.copy_(new_q)
+    cu_k.copy_(new_k)
+    graph.replay()
+    want = jagged_flash_attention(q, k, v, new_q, new_k, 1024, 1024, causal=True, config=Config(reuse_lists=False))[0]
+    assert torch.equal(out, want)

@@ -1,12 +1,14 @@
 """Benchmark: triton-jfa against FA4 (flash_attn.cute) and padded SDPA on one GPU, in one process.
 
-    python tools/bench.py [--out DIR] [--impls fa4,triton-plan,triton,triton-tl-plan,sdpa]
+    python tools/bench.py [--out DIR] [--impls fa4,triton-plan,triton,triton-fresh,triton-tl-plan,sdpa]
                           [--shapes S4b,S1,S1c,S2,S4a,S3] [--s3-seeds 1234,1,2] [--rounds N] [--host]
 
 (from a checkout with the package installed, or with the repository root on PYTHONPATH)
 
-Implementations: ``triton`` (a plain ``jagged_flash_attention`` call: validation and the tile lists built on the
-device at every call), ``triton-plan`` (calls of a ``JaggedPlan`` made once), ``triton-tl-plan`` (the same with
+Implementations: ``triton`` (a plain ``jagged_flash_attention`` call with the same offsets tensors every call, as
+a model's layers make: validation, and the tile lists the first call built on the device, kept by
+kernels/reuse.py), ``triton-fresh`` (a plain call that keeps nothing: the tile lists built at every call, as for
+the first layer of a step), ``triton-plan`` (calls of a ``JaggedPlan`` made once), ``triton-tl-plan`` (the same with
 ``Config(gluon=False)``: the tl kernels alone), ``fa4``, ``sdpa`` (padded).  Every triton row records the
 kernels that ran (``JaggedPlan.paths``).
 
@@ -123,6 +125,13 @@ def impl_triton(shape, q, k, v, cu_q, cu_k, config=None):
     return fwd
 
 
+def impl_triton_fresh(shape, q, k, v, cu_q, cu_k):
+    """A plain call that keeps nothing (``Config(reuse_lists=False)``): every call builds its tile lists, as
+    the first call with new offsets does (the first layer of a step)."""
+    from kernels import Config
+    return impl_triton(shape, q, k, v, cu_q, cu_k, config=Config(reuse_lists=False))
+
+
 def impl_triton_plan(shape, q, k, v, cu_q, cu_k, config=None):
     """Calls of a JaggedPlan made once: a call only launches."""
     from kernels import JaggedPlan
@@ -217,7 +226,7 @@ def impl_sdpa(shape, q, k, v, cu_q, cu_k):
     return fwd
 
 
-IMPLS = {"fa4": impl_fa4, "triton-plan": impl_triton_plan, "triton": impl_triton,
+IMPLS = {"fa4": impl_fa4, "triton-plan": impl_triton_plan, "triton": impl_triton, "triton-fresh": impl_triton_fresh,
          "triton-tl-plan": impl_triton_tl_plan, "sdpa": impl_sdpa}
 
 
@@ -314,7 +323,7 @@ def measure_host(make, shape, tensors):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
-    ap.add_argument("--impls", default="fa4,triton-plan,triton,sdpa")
+    ap.add_argument("--impls", default="fa4,triton-plan,triton,triton-fresh,sdpa")
     ap.add_argument("--shapes", default="S4b,S1,S1c,S2,S4a,S3")
     ap.add_argument("--s3-seeds", default="", help="other Pareto draws of S3 (shapes S3s<seed>), e.g. 1,2")
     ap.add_argument("--tag", default="")

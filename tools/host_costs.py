@@ -34,7 +34,7 @@ class _Identity(torch.autograd.Function):
 
 def pieces(shape, calls):
     import bench  # tools/bench.py, beside this file
-    from kernels import JaggedPlan, jagged_flash_attention, launch, schedule
+    from kernels import Config, JaggedPlan, jagged_flash_attention, launch, schedule
     from kernels.gluon.pipeline import descriptor
     from kernels.plan import default_config, prepare
     from kernels.validation import validate
@@ -46,6 +46,8 @@ def pieces(shape, calls):
     rows = {}
     with torch.no_grad():
         rows["plain call"] = per_call_us(lambda: jagged_flash_attention(*args, **kw), calls)
+        fresh = Config(reuse_lists=False)  # every call builds its lists (the first call with new offsets)
+        rows["plain call, nothing kept"] = per_call_us(lambda: jagged_flash_attention(*args, config=fresh, **kw), calls)
         plan = JaggedPlan(*args, **kw)
         rows["JaggedPlan call"] = per_call_us(lambda: plan(q, k, v), calls)
         try:
@@ -63,7 +65,7 @@ def pieces(shape, calls):
             lambda: launch.forward(pq, pk, pv, pcu_q, pcu_k, lp), calls)
         specs = [schedule.ListSpec(128, q.shape[1], side=schedule.KEYS_AT_LEAST, split=512),
                  schedule.ListSpec(128, q.shape[1], side=schedule.KEYS_BELOW, split=512)]
-        rows["order_and_lists (2 launches)"] = per_call_us(
+        rows["order_and_lists (1 launch up to 512 sequences, else 2)"] = per_call_us(
             lambda: schedule.order_and_lists(cu_q, cu_k, q.shape[0], k.shape[0], specs, causal=shape["causal"],
                                              broadcast=shape["bq"]), calls)
         rows["_arrays (one list's buffer and views)"] = per_call_us(
