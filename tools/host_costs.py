@@ -3,8 +3,9 @@
     python tools/host_costs.py [--shapes S3,S3s1,S3s2,S1] [--calls 300] [--out FILE.json]
 
 Each row is microseconds per call of one piece of the forward's host path, submitted back to back without
-waiting for the GPU (the GPU is idle or far behind, so these are the host's costs): the whole plain call, a
-JaggedPlan call, FA4's call where it is installed, then ``prepare`` (validation, paths, tile lists), the
+waiting for the GPU (the GPU is idle or far behind, so these are the host's costs): the whole plain call (the
+same offsets every call: the lists the first built are kept, kernels/reuse.py), a plain call that keeps
+nothing (its lists built at every call), a JaggedPlan call, FA4's call where it is installed, then ``prepare`` (validation, paths, tile lists), the
 tile-list builders alone, ``launch.forward`` on a prepared plan, and the primitives they are made of
 (an allocation, a zeroed counter, a view, a TMA descriptor, an autograd Function, one Triton launch of the
 order builder through ``kernel[grid](...)``).  bf16, D = 128, the bench's shapes (tools/bench.py).
