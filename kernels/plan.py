@@ -164,27 +164,39 @@ def kernel_layout(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, broadcast_q,
-            config: Config, check_offsets=None, lists="forward", reuse_lists=False):
-    """The host side of a call: validation, paths, tiles, and the forward's tile lists built on the device
-    (no wait for the GPU unless the offsets are read: ``check_offsets``, by default the Config's, or offsets
-    on the CPU); ``lists="backward"`` builds the backward's instead, for a backward that runs without its
-    forward's plan (the compiled one).  Returns (q, k, v, cu_q, cu_k, LaunchPlan), the offsets as the
-    kernels read them (clamped, int32 where they fit).  ``reuse_lists`` (a plain call's, where
-    ``Config.reuse_lists`` is on): the forward's lists are taken from, or kept for, later calls with the
-    same offsets tensors (reuse.py)."""
-    if lists not in ("forward", "backward"):
-        raise ValueError(f"lists must be 'forward' or 'backward', got {lists!r}")
-    if check_offsets is None:
-        check_offsets = config.check_offsets or (isinstance(cu_seqlens_k, torch.Tensor)
-                                                 and cu_seqlens_k.device.type == "cpu")
-    validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, broadcast_q, softmax_scale,
-             read_offsets=check_offsets)
-    broadcast, causal = bool(broadcast_q), bool(causal)
+class _Decision(NamedTuple):
+    """What the host decides for a call from its layouts alone (no tensor values): kept by ``_decisions``."""
+    scale: float
+    paths: Paths
+    tiles: Tiles
+    split: Optional[int]
+    n_out_rows: int
+    specs: tuple  # the forward's tile lists (schedule.ListSpec) ...
+    names: tuple  # ... and their names in LaunchPlan.schedule
+
+
+# Decisions by layout: a call whose tensors have the shapes, strides, dtypes, devices and base alignment of an
+# earlier call's, with the same arguments and Config, passes the same validation (values aside) and runs the
+# same kernels.  Bounded; cleared when full.
+_decisions: dict = {}
+_MAX_DECISIONS = 256
+
+
+def _layout_key(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, broadcast_q, config):
+    """The key of a call's decision, or None (not tensors: validation names the field)."""
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v, cu_q, cu_k)):
+        return None
+    # (the types of the scalars too: 3 and 3.0 are one dict key, and only one of them passes validation)
+    return (tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in (q, k, v)),
+            cu_q.shape, cu_q.stride(), cu_q.dtype, cu_q.device, cu_k.shape, cu_k.stride(), cu_k.dtype, cu_k.device,
+            type(max_seqlen_q), max_seqlen_q, type(max_seqlen_k), max_seqlen_k, type(causal), causal,
+            type(softmax_scale), softmax_scale, type(broadcast_q), broadcast_q, config)
+
+
+def _decide(q, k, v, n_seqs, max_seqlen_k, causal, softmax_scale, broadcast, config: Config) -> _Decision:
+    """Paths, tiles, the forward's key split and lists for q, k, v as the kernels take them (kernel_layout)."""
     d = q.shape[2]
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
-    q, k, v = (kernel_layout(t) for t in (q, k, v))
-    n_seqs = cu_seqlens_k.shape[0] - 1
     n_out_rows = q.shape[0] * n_seqs if broadcast else q.shape[0]
     paths = choose_paths(q, k, v, broadcast, n_out_rows, config)
     tiles = tl_tiles(max(d, v.shape[2]), q.dtype, q.device, config)
@@ -197,11 +209,6 @@ def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
             paths = paths._replace(forward="tl")
         elif split > 0:
             paths = paths._replace(forward="gluon+tl")
-    plan = LaunchPlan(config, paths, tiles, causal, scale, broadcast, n_out_rows, split, {})
-    if lists == "backward":
-        plan.schedule.update(backward_lists(plan, q.shape, k.shape, q.device, offsets=(cu_seqlens_q, cu_seqlens_k)))
-        order = plan.schedule["order"]
-        return q, k, v, order.cu_q, order.cu_k, plan
     specs, names = [], []
     if split is not None:
         from .gluon import fwd
@@ -212,9 +219,49 @@ def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
         specs.append(sched.ListSpec(tiles.fwd[0], q.shape[1], side=sched.ALL if split is None else sched.KEYS_BELOW,
                                     split=split or 0))
         names.append("fwd")
-    order, lists, entry = reuse.forward_lists(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], specs, causal=causal,
-                                              broadcast=broadcast, enabled=reuse_lists and config.reuse_lists)
-    plan.schedule.update(dict(fwd_gluon=None, fwd=None, order=order, reuse=entry), **dict(zip(names, lists)))
+    return _Decision(scale, paths, tiles, split, n_out_rows, tuple(specs), tuple(names))
+
+
+def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, broadcast_q,
+            config: Config, check_offsets=None, lists="forward", reuse_lists=False):
+    """The host side of a call: validation, paths, tiles, and the forward's tile lists built on the device
+    (no wait for the GPU unless the offsets are read: ``check_offsets``, by default the Config's, or offsets
+    on the CPU); ``lists="backward"`` builds the backward's instead, for a backward that runs without its
+    forward's plan (the compiled one).  Returns (q, k, v, cu_q, cu_k, LaunchPlan), the offsets as the
+    kernels read them (clamped, int32 where they fit).  ``reuse_lists`` (a plain call's, where
+    ``Config.reuse_lists`` is on): the forward's lists are taken from, or kept for, later calls with the
+    same offsets tensors (reuse.py).  Validation and the decisions that follow from layouts alone are kept by
+    layout (``_decisions``) where no offsets are read."""
+    if lists not in ("forward", "backward"):
+        raise ValueError(f"lists must be 'forward' or 'backward', got {lists!r}")
+    if check_offsets is None:
+        check_offsets = config.check_offsets or (isinstance(cu_seqlens_k, torch.Tensor)
+                                                 and cu_seqlens_k.device.type == "cpu")
+    key = None if check_offsets else _layout_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                 causal, softmax_scale, broadcast_q, config)
+    decision = _decisions.get(key) if key is not None else None
+    if decision is None:
+        validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, broadcast_q, softmax_scale,
+                 read_offsets=check_offsets)
+    q, k, v = (kernel_layout(t) for t in (q, k, v))
+    if decision is None:
+        decision = _decide(q, k, v, cu_seqlens_k.shape[0] - 1, max_seqlen_k, bool(causal), softmax_scale,
+                           bool(broadcast_q), config)
+        if key is not None:
+            if len(_decisions) >= _MAX_DECISIONS:
+                _decisions.clear()
+            _decisions[key] = decision
+    broadcast, causal = bool(broadcast_q), bool(causal)
+    plan = LaunchPlan(config, decision.paths, decision.tiles, causal, decision.scale, broadcast, decision.n_out_rows,
+                      decision.split, {})
+    if lists == "backward":
+        plan.schedule.update(backward_lists(plan, q.shape, k.shape, q.device, offsets=(cu_seqlens_q, cu_seqlens_k)))
+        order = plan.schedule["order"]
+        return q, k, v, order.cu_q, order.cu_k, plan
+    order, lists, entry = reuse.forward_lists(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], decision.specs,
+                                              causal=causal, broadcast=broadcast,
+                                              enabled=reuse_lists and config.reuse_lists)
+    plan.schedule.update(dict(fwd_gluon=None, fwd=None, order=order, reuse=entry), **dict(zip(decision.names, lists)))
     return q, k, v, order.cu_q, order.cu_k, plan
 
 

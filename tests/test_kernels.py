@@ -428,6 +428,32 @@ def test_lists_are_not_kept_for_inference_tensors_nor_past_their_offsets():
     assert reuse.stats()["entries"] == 0  # the entry went with its offsets
 
 
+@needs_kernels
+def test_decisions_are_kept_by_layout_and_a_call_that_differs_is_validated_again():
+    (q, k, v, cu_q, cu_k), mq, mk = _small(False)
+    kplan._decisions.clear()
+    args = (q, k, v, cu_q, cu_k, mq, mk, True, None, False, Config())
+
+    def prepare(*a, **kw):
+        return kplan.prepare(*a, check_offsets=False, **kw)
+    first = prepare(*args)[-1]
+    assert len(kplan._decisions) == 1
+    again = prepare(q.clone(), k.clone(), v.clone(), *args[3:])[-1]  # other tensors, same layouts
+    assert len(kplan._decisions) == 1 and again._replace(schedule=None) == first._replace(schedule=None)
+    # what validation refuses is refused after a kept decision too: a float bound equal to the int one,
+    # a non-finite scale, a q of another dtype or shape
+    with pytest.raises(ValueError, match="max_seqlen_k"):
+        prepare(q, k, v, cu_q, cu_k, mq, float(mk), *args[7:])
+    with pytest.raises(ValueError, match="softmax_scale"):
+        prepare(*args[:8], float("nan"), *args[9:])
+    with pytest.raises(ValueError, match="float64"):
+        prepare(q.double(), *args[1:])
+    with pytest.raises(ValueError, match="head_dim"):
+        prepare(q[:, :, :16], *args[1:])
+    # another scale is another decision
+    assert prepare(*args[:8], 0.5, *args[9:])[-1].scale == 0.5 and len(kplan._decisions) == 2
+
+
 def _assert_compiled_matches_eager(model, q, k, v):
     # the loss and its gradients, eager and compiled as one graph (fullgraph=True), to the bit
     runs = []
