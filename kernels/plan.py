@@ -12,6 +12,7 @@ of batch chunks in a fixed order.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple, Optional
 
@@ -81,6 +82,7 @@ class LaunchPlan(NamedTuple):
     schedule: dict  # schedule.TileList etc. by kernel; the backward's added at the backward (a plan: at once)
 
 
+@functools.lru_cache(maxsize=None)
 def num_sms(device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
