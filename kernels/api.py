@@ -55,7 +55,9 @@ def jagged_flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
     The call does not wait for the GPU: the tile lists are built on the device from the offsets where they
     are (schedule.py).  So the offsets' values are not checked unless they are on the CPU or
-    ``Config.check_offsets`` is on; a JaggedPlan checks them once.
+    ``Config.check_offsets`` is on; a JaggedPlan checks them once.  A later call with the same offsets
+    tensors, unwritten since by PyTorch (their version counters), on the same stream, reuses the lists
+    (reuse.py); offsets written in place by other means (a custom kernel) need ``Config(reuse_lists=False)``.
     """
     if torch.compiler.is_compiling():
         return _compiled_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
