@@ -108,15 +108,43 @@ def test_sequences_go_heaviest_first_and_each_sequence_and_head_is_one_run():
     assert [blk[i] for i in range(len(seq)) if seq[i] == 2] == [4, 3, 2, 1, 0]
 
 
-@pytest.mark.parametrize("n_seqs, register_sort", [(300, True), (300, False), (4097, True)])
+@pytest.mark.parametrize("n_seqs, register_sort", [(300, True), (300, False), (600, True), (4097, True)])
 def test_every_batch_size_takes_the_same_order(n_seqs, register_sort):
-    # up to 4,096 sequences can be sorted in registers; more by torch.sort
+    # up to 4,096 sequences can be sorted in registers (and up to 512 have their items written by the same
+    # program); more by torch.sort
     rng = np.random.default_rng(n_seqs)
     lens_q, lens_k = rng.integers(0, 4, size=n_seqs).tolist(), rng.integers(0, 4, size=n_seqs).tolist()
     spec = sched.ListSpec(16, 1)
     order, (t,) = build(lens_q, lens_k, [spec], causal=True, register_sort=register_sort)
     assert order.order.tolist() == expected_order(lens_q, lens_k, True)
     assert _built(t) == expected_list(lens_q, lens_k, spec, True)
+
+
+class _CountLaunches:
+    """A builder kernel whose launches are counted (``kernel[grid](...)``)."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("n_seqs, launches", [(1, 1), (sched.FUSED_EXPAND_SEQS, 1),
+                                              (sched.FUSED_EXPAND_SEQS + 1, 2)])
+def test_a_forward_of_up_to_512_sequences_builds_its_lists_in_one_launch(monkeypatch, n_seqs, launches):
+    counted = {name: _CountLaunches(getattr(sched, name)) for name in ("_order_kernel", "_lists_kernel",
+                                                                       "_expand_kernel")}
+    for name, c in counted.items():
+        monkeypatch.setattr(sched, name, c)
+    lens = [1 + i % 3 for i in range(n_seqs)]
+    specs = [sched.ListSpec(16, 2, side=sched.KEYS_AT_LEAST, split=2), sched.ListSpec(16, 2, side=sched.KEYS_BELOW,
+                                                                                       split=2)]
+    order, lists = build(lens, lens, specs, causal=True, register_sort=True)
+    assert sum(c.launches for c in counted.values()) == launches
+    for spec, t in zip(specs, lists):
+        assert _built(t) == expected_list(lens, lens, spec, True)
 
 
 def test_key_lists_keep_sequences_without_queries():
