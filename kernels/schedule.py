@@ -274,12 +274,13 @@ def _order_kernel(CU_Q, CU_K, CU_Q_OUT, CU_K_OUT, ORDER, KEYS, B, rows_q, rows_k
                                         NBLK_B, START_B, carry_q * 0, block_b, kv_b, side_b, split, two)
         _store_counts(COUNTS_A, COUNTS_B, carry_a, carry_b, heads_a, heads_b, two, SORT)
         tl.debug_barrier()  # each sequence's tile count and first tile, read back by other threads below
-        for base in range(0, B * expand, _EXPAND_IN_BUILDER):
-            pos = base + tl.arange(0, _EXPAND_IN_BUILDER)
-            ok = pos < B
-            s = tl.load(ORDER + pos, mask=ok, other=0)
-            _expand_one(s, pos, ok, NBLK_A, START_A, SEQ_A, BLK_A, ITEMS_A, heads_a, reverse_a, 32)
-            _expand_one(s, pos, ok & _flag(pos, two), NBLK_B, START_B, SEQ_B, BLK_B, ITEMS_B, heads_b, reverse_b, 32)
+        for e_base in range(0, B * expand, _EXPAND_IN_BUILDER):
+            e_pos = e_base + tl.arange(0, _EXPAND_IN_BUILDER)
+            e_ok = e_pos < B
+            e_seq = tl.load(ORDER + e_pos, mask=e_ok, other=0)
+            _expand_one(e_seq, e_pos, e_ok, NBLK_A, START_A, SEQ_A, BLK_A, ITEMS_A, heads_a, reverse_a, 32)
+            _expand_one(e_seq, e_pos, e_ok & _flag(e_pos, two), NBLK_B, START_B, SEQ_B, BLK_B, ITEMS_B, heads_b,
+                        reverse_b, 32)
     else:
         for base in range(0, B, SORT):
             idx = base + offs
