@@ -43,6 +43,10 @@ class Config:
     # the attention kernels.  Off for offsets written in place outside PyTorch (a custom kernel, another
     # framework), which the version counter cannot see.
     reuse_lists: bool = True
+    # Up to this many sequences the builder that sorts them also writes the forward lists' items (one launch
+    # instead of two; schedule.py); 0: always two.  Whether one program writing every item costs more GPU
+    # time than the second launch costs host time is still to be measured in one process (PERF.md).
+    builder_items_seqs: int = 512
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -52,6 +56,8 @@ class Config:
                 raise ValueError(f"Config.{field.name} must be {want.__name__}, got {value!r}")
         if self.gluon_split_keys < 0:
             raise ValueError(f"Config.gluon_split_keys must be >= 0, got {self.gluon_split_keys}")
+        if self.builder_items_seqs < 0:
+            raise ValueError(f"Config.builder_items_seqs must be >= 0, got {self.builder_items_seqs}")
         if self.gluon_programs < 0:
             raise ValueError(f"Config.gluon_programs must be >= 0, got {self.gluon_programs}")
         if self.tl_tiles not in (0,) + TL_TILE_HEAD_DIMS:

@@ -262,7 +262,8 @@ def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
         return q, k, v, order.cu_q, order.cu_k, plan
     order, lists, entry = reuse.forward_lists(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], decision.specs,
                                               causal=causal, broadcast=broadcast,
-                                              enabled=reuse_lists and config.reuse_lists)
+                                              enabled=reuse_lists and config.reuse_lists,
+                                              fused_items_seqs=config.builder_items_seqs)
     plan.schedule.update(dict(fwd_gluon=None, fwd=None, order=order, reuse=entry), **dict(zip(decision.names, lists)))
     return q, k, v, order.cu_q, order.cu_k, plan
 

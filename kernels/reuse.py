@@ -99,10 +99,11 @@ def keep(key, cu_q, cu_k, order) -> _Entry:
     return entry
 
 
-def forward_lists(cu_q, cu_k, rows_q, rows_k, specs, *, causal, broadcast, enabled: bool):
+def forward_lists(cu_q, cu_k, rows_q, rows_k, specs, *, causal, broadcast, enabled: bool,
+                  fused_items_seqs: int = sched.FUSED_EXPAND_SEQS):
     """``schedule.order_and_lists`` for a plain call's forward, reusing what an earlier call with the same
-    offsets built.  Returns (order, lists, entry): the entry (None where nothing is kept) holds the
-    backward's lists once built (``backward``)."""
+    offsets built (``fused_items_seqs``: schedule.order_and_lists).  Returns (order, lists, entry): the entry
+    (None where nothing is kept) holds the backward's lists once built (``backward``)."""
     key, entry = lookup(cu_q, cu_k, rows_q, rows_k, causal, broadcast) if enabled else (None, None)
     specs_key = ("forward", tuple(specs))
     if entry is not None:
@@ -112,7 +113,8 @@ def forward_lists(cu_q, cu_k, rows_q, rows_k, specs, *, causal, broadcast, enabl
                                              broadcast=broadcast, order=entry.order)
             entry.lists[specs_key] = lists
         return entry.order, lists, entry
-    order, lists = sched.order_and_lists(cu_q, cu_k, rows_q, rows_k, specs, causal=causal, broadcast=broadcast)
+    order, lists = sched.order_and_lists(cu_q, cu_k, rows_q, rows_k, specs, causal=causal, broadcast=broadcast,
+                                         fused_items_seqs=fused_items_seqs)
     if key is not None:
         entry = keep(key, cu_q, cu_k, order)
         entry.lists[specs_key] = lists

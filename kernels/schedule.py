@@ -48,9 +48,8 @@ import triton.language as tl
 _REGISTER_SORTS = (256, 1024, 4096)  # sizes of the in-register sort (compiled once each)
 MAX_SEQS = (1 << 22) - 1  # the sort key's index field
 _EXPAND_SEQS = 32  # sequences per program of the grid writing the lists
-# Up to this many sequences, the builder that sorts them in registers also writes the lists' items (one launch
-# instead of two: a launch is tens of microseconds of host time, the items of 512 sequences a few of one
-# program's GPU time); past it the grid does, in parallel.
+# Up to this many sequences (by default: Config.builder_items_seqs), the builder that sorts them in registers
+# also writes the lists' items (one launch instead of two); past it the grid does, in parallel.
 FUSED_EXPAND_SEQS = 512
 _EXPAND_IN_BUILDER: tl.constexpr = tl.constexpr(64)  # sequences per step of the builder's own expansion
 MAX_CHUNKS = 1023  # broadcast-Q dQ chunks (one histogram bin stays free for padding)
@@ -425,12 +424,13 @@ def _list_args(a: _Arrays, spec: ListSpec):
 
 def order_and_lists(cu_q, cu_k, rows_q, rows_k, specs: Sequence[ListSpec], *, causal, broadcast,
                     order: Optional[Order] = None, columns: Optional[Columns] = None,
-                    register_sort: Optional[bool] = None):
+                    register_sort: Optional[bool] = None, fused_items_seqs: int = FUSED_EXPAND_SEQS):
     """The call's Order (built here from the caller's offsets, or the one given) and the TileLists of one or
     two ``specs`` (module docstring).  ``rows_q``: query rows (broadcast-Q: Lq).  ``columns``: a Columns to
     fill (columns_for).  ``register_sort``: sort in the builder's registers (the default on a GPU, up to
     4,096 sequences) or by torch.sort (the default on the CPU, where the interpreter's sort is slow).
-    Returns (order, [TileList, ...])."""
+    ``fused_items_seqs``: up to this many sequences a register sort's builder writes the items too (one
+    launch); 0: never.  Returns (order, [TileList, ...])."""
     assert 1 <= len(specs) <= 2 and all(sp.split == specs[0].split for sp in specs)
     # The builder reads the caller's offsets with unit stride: a strided view (every other element of a
     # longer tensor, say) is copied first, on the device and without a wait.
@@ -457,7 +457,7 @@ def order_and_lists(cu_q, cu_k, rows_q, rows_k, specs: Sequence[ListSpec], *, ca
         in_registers = register_sort and n_seqs <= _REGISTER_SORTS[-1]
         sort = next((n for n in _REGISTER_SORTS if n_seqs <= n), 1024)
         keys = None if in_registers else torch.empty(n_seqs, device=device, dtype=torch.int64)
-        expand = in_registers and columns is None and n_seqs <= FUSED_EXPAND_SEQS
+        expand = in_registers and columns is None and n_seqs <= fused_items_seqs
         _order_kernel[(1,)](cu_q, cu_k, order.cu_q, order.cu_k, order.order, keys if keys is not None else order.cu_k,
                             n_seqs, rows_q, rows_k, *flags, *list_args,
                             a.seq, a.blk, a.items, reverse[0], b.seq, b.blk, b.items, reverse[-1], int(expand),

@@ -131,9 +131,11 @@ class _CountLaunches:
         return self.kernel[grid]
 
 
-@pytest.mark.parametrize("n_seqs, launches", [(1, 1), (sched.FUSED_EXPAND_SEQS, 1),
-                                              (sched.FUSED_EXPAND_SEQS + 1, 2)])
-def test_a_forward_of_up_to_512_sequences_builds_its_lists_in_one_launch(monkeypatch, n_seqs, launches):
+@pytest.mark.parametrize("n_seqs, fused, launches", [(1, sched.FUSED_EXPAND_SEQS, 1),
+                                                     (sched.FUSED_EXPAND_SEQS, sched.FUSED_EXPAND_SEQS, 1),
+                                                     (sched.FUSED_EXPAND_SEQS + 1, sched.FUSED_EXPAND_SEQS, 2),
+                                                     (5, 0, 2)])
+def test_a_forward_of_up_to_512_sequences_builds_its_lists_in_one_launch(monkeypatch, n_seqs, fused, launches):
     counted = {name: _CountLaunches(getattr(sched, name)) for name in ("_order_kernel", "_lists_kernel",
                                                                        "_expand_kernel")}
     for name, c in counted.items():
@@ -141,7 +143,7 @@ def test_a_forward_of_up_to_512_sequences_builds_its_lists_in_one_launch(monkeyp
     lens = [1 + i % 3 for i in range(n_seqs)]
     specs = [sched.ListSpec(16, 2, side=sched.KEYS_AT_LEAST, split=2), sched.ListSpec(16, 2, side=sched.KEYS_BELOW,
                                                                                        split=2)]
-    order, lists = build(lens, lens, specs, causal=True, register_sort=True)
+    order, lists = build(lens, lens, specs, causal=True, register_sort=True, fused_items_seqs=fused)
     assert sum(c.launches for c in counted.values()) == launches
     for spec, t in zip(specs, lists):
         assert _built(t) == expected_list(lens, lens, spec, True)

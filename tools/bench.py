@@ -1,6 +1,6 @@
 """Benchmark: triton-jfa against FA4 (flash_attn.cute) and padded SDPA on one GPU, in one process.
 
-    python tools/bench.py [--out DIR] [--impls fa4,triton-plan,triton,triton-fresh,triton-tl-plan,sdpa]
+    python tools/bench.py [--out DIR] [--impls fa4,triton-plan,triton,triton-fresh,triton-fresh-2,triton-tl-plan,sdpa]
                           [--shapes S4b,S1,S1c,S2,S4a,S3] [--s3-seeds 1234,1,2] [--rounds N] [--host]
 
 (from a checkout with the package installed, or with the repository root on PYTHONPATH)
@@ -8,7 +8,8 @@
 Implementations: ``triton`` (a plain ``jagged_flash_attention`` call with the same offsets tensors every call, as
 a model's layers make: validation, and the tile lists the first call built on the device, kept by
 kernels/reuse.py), ``triton-fresh`` (a plain call that keeps nothing: the tile lists built at every call, as for
-the first layer of a step), ``triton-plan`` (calls of a ``JaggedPlan`` made once), ``triton-tl-plan`` (the same with
+the first layer of a step), ``triton-fresh-2`` (the same with the items written by a second builder
+launch at every batch size), ``triton-plan`` (calls of a ``JaggedPlan`` made once), ``triton-tl-plan`` (the same with
 ``Config(gluon=False)``: the tl kernels alone), ``fa4``, ``sdpa`` (padded).  Every triton row records the
 kernels that ran (``JaggedPlan.paths``).
 
@@ -132,6 +133,13 @@ def impl_triton_fresh(shape, q, k, v, cu_q, cu_k):
     return impl_triton(shape, q, k, v, cu_q, cu_k, config=Config(reuse_lists=False))
 
 
+def impl_triton_fresh_2(shape, q, k, v, cu_q, cu_k):
+    """``triton-fresh`` with the lists' items written by a second builder launch at every batch size
+    (``Config(builder_items_seqs=0)``): the A/B of the one-launch builder."""
+    from kernels import Config
+    return impl_triton(shape, q, k, v, cu_q, cu_k, config=Config(reuse_lists=False, builder_items_seqs=0))
+
+
 def impl_triton_plan(shape, q, k, v, cu_q, cu_k, config=None):
     """Calls of a JaggedPlan made once: a call only launches."""
     from kernels import JaggedPlan
@@ -227,6 +235,7 @@ def impl_sdpa(shape, q, k, v, cu_q, cu_k):
 
 
 IMPLS = {"fa4": impl_fa4, "triton-plan": impl_triton_plan, "triton": impl_triton, "triton-fresh": impl_triton_fresh,
+         "triton-fresh-2": impl_triton_fresh_2,
          "triton-tl-plan": impl_triton_tl_plan, "sdpa": impl_sdpa}
 
 
