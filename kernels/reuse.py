@@ -18,7 +18,8 @@ stream other than the builders' might read the lists before they are written).  
 * under ``Config(reuse_lists=False)``.
 
 What the counter cannot see is a write outside PyTorch (a custom kernel or a foreign framework writing the
-offsets' memory in place); such callers turn reuse off.  A JaggedPlan has its own lists and never looks here.
+offsets' memory in place); such callers turn reuse off.  A JaggedPlan has its own lists and never looks here,
+and inside torch.compile the custom operators (torch_ops.py) build their lists at every call.
 """
 from __future__ import annotations
 
