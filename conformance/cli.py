@@ -494,6 +494,7 @@ def cmd_run(ns) -> int:
     import signal
     previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
     records, timings, rc, finished, bench_status, check_phase = [], [], None, False, "not run", None
+    collected = None
     warm_summary, warm_info = {}, {"ran": False}
     try:
         deadline = time.monotonic() + ns.time_limit if ns.time_limit else None
@@ -537,8 +538,11 @@ def cmd_run(ns) -> int:
                             "are timed when named with --backend)")
         elif bench:
             timings, bench_status = run_benchmarks(run_dir, timed, device, env, console, ns.timeout, deadline)
-    except RunStopped as exc:  # SIGTERM while the benchmarks ran
+    except RunStopped as exc:  # SIGTERM while the benchmarks ran, or outside the checks' own stop handling
         stop_reason, bench_status = str(exc), f"stopped: {exc}"
+        if collected is None:  # stopped before the checks' records were read: what they wrote, the rest not run
+            collected, records, finished = rp.read_record_stream(records_path)
+            records = rp.complete_records(collected, records, f"never ran: {stop_reason}", stopped=True)
     finally:
         signal.signal(signal.SIGTERM, previous)
     for r in records:

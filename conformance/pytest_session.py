@@ -6,6 +6,7 @@ the same way and keeps what it timed (pytest-benchmark writes its JSON when the 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -48,11 +49,26 @@ def run_pytest(command, env, log_path: Path, records_path: Path, view: "LiveView
                 time.sleep(0.25)
         except (KeyboardInterrupt, RunStopped) as exc:
             reason = str(exc) if isinstance(exc, RunStopped) else "the run was interrupted (Ctrl-C)"
-            stop_group(proc)
+            with _sigterm_ignored():  # a second SIGTERM (a runner's retry) must not abandon the stop halfway
+                stop_group(proc)
             return proc.returncode, reason
         if view:
             view.feed(records_path)
     return proc.returncode, None
+
+
+@contextlib.contextmanager
+def _sigterm_ignored():
+    import signal
+    try:
+        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:  # not the main thread: its handler is not ours to change
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def stop_group(proc) -> None:

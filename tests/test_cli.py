@@ -330,11 +330,13 @@ def test_a_random_profile_run_records_the_seed_that_reproduces_it(tmp_path):
     assert problems[0] == problems[1] and again["run"]["seed"] == seed
 
 
-def test_sigterm_stops_the_run_and_leaves_a_report(tmp_path):
+@pytest.mark.parametrize("signals", [1, 2], ids=["once", "twice"])
+def test_sigterm_stops_the_run_and_leaves_a_report(tmp_path, signals):
     import signal
     import time
     # a backend that takes half a second a call: the checks left when SIGTERM arrives cannot all finish in
-    # the seconds the run gives pytest to stop (with the reference backend a fast machine sometimes could)
+    # the seconds the run gives pytest to stop (with the reference backend a fast machine sometimes could).
+    # "twice": a second SIGTERM while the run is stopping (a runner repeating it) still leaves the report
     example = Path(__file__).resolve().parent.parent / "examples" / "plain_callable.py"
     slow = tmp_path / "slow_backend.py"
     slow.write_text("import runpy\nimport time\n\n"
@@ -351,6 +353,9 @@ def test_sigterm_stops_the_run_and_leaves_a_report(tmp_path):
             break
         time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
+    for _ in range(signals - 1):
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1, out
     report = rp.load(tmp_path / "terminated")
