@@ -11,6 +11,10 @@
 #                                            holding one release each (pip install --no-deps --target DIR
 #                                            flash-attn-4==4.0.0bNN): OUT_DIR/reports/fa4-<folder name>/
 #   bash tools/gpu_runs.sh OUT_DIR dev       a run of the dev profile (the caches as they are): OUT_DIR/reports/dev/
+#   bash tools/gpu_runs.sh OUT_DIR dev-start the same, detached (its own session, in RUN_DIR, default /tmp/jfa-dev-run),
+#                                            so that it outlives a command's time limit on a machine kept warm; returns
+#   bash tools/gpu_runs.sh OUT_DIR dev-wait  waits for it (at most WAIT seconds, default 560) and, once it is done,
+#                                            copies its log and OUT_DIR/reports.tgz; call again while it runs
 #   bash tools/gpu_runs.sh OUT_DIR flashinfer  the four flashinfer backends: OUT_DIR/reports/flashinfer/
 #   bash tools/gpu_runs.sh OUT_DIR flashinfer-bench  the flashinfer backends with --bench beside fa4 and
 #                                            triton-jfa (baseline fa4): OUT_DIR/reports/flashinfer-bench/
@@ -19,8 +23,31 @@
 # FA4_PATH and FLASHINFER_PATH, if set, are put on PYTHONPATH (with the CuTe DSL packages under FA4_PATH).
 # LIMIT sets each run's --time-limit (default 300 s). At the end the reports are packed into OUT_DIR/reports.tgz.
 set -u
-OUT_DIR=${1:?usage: gpu_runs.sh OUT_DIR ci|bench|dev|layouts|fa4-old|flashinfer|flashinfer-bench|host}
-STAGE=${2:?usage: gpu_runs.sh OUT_DIR ci|bench|dev|layouts|fa4-old|flashinfer|flashinfer-bench|host}
+USAGE="usage: gpu_runs.sh OUT_DIR ci|bench|dev|dev-start|dev-wait|layouts|fa4-old|flashinfer|flashinfer-bench|host"
+OUT_DIR=${1:?$USAGE}
+STAGE=${2:?$USAGE}
+RUN_DIR=${RUN_DIR:-/tmp/jfa-dev-run}
+case $STAGE in
+  dev-start)  # a copy of the tree, so that later uploads cannot change the sources under the running suite
+    rm -rf "$RUN_DIR" && mkdir -p "$RUN_DIR/tree" "$RUN_DIR/out"
+    git ls-files -z | xargs -0 cp --parents -t "$RUN_DIR/tree"
+    cp -r .git "$RUN_DIR/tree/"
+    (cd "$RUN_DIR/tree" && python3 -m pip install -q --no-deps --no-build-isolation -e . > "$RUN_DIR/pip.log" 2>&1)
+    setsid nohup bash -c "cd '$RUN_DIR/tree' && bash tools/gpu_runs.sh '$RUN_DIR/out' dev; touch '$RUN_DIR/done'" \
+      > "$RUN_DIR/driver.log" 2>&1 < /dev/null &
+    echo "dev run started in $RUN_DIR (pid $!)"; exit 0 ;;
+  dev-wait)
+    end=$(( $(date +%s) + ${WAIT:-560} ))
+    while [ ! -f "$RUN_DIR/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
+    tail -3 "$RUN_DIR/out/dev.log" 2>/dev/null
+    if [ -f "$RUN_DIR/done" ]; then
+      mkdir -p "$OUT_DIR" && cp "$RUN_DIR/out/log_dev.txt" "$RUN_DIR/out/reports.tgz" "$RUN_DIR/out/dev-gpu-mem.csv" "$OUT_DIR/"
+      cat "$RUN_DIR/out/log_dev.txt"; echo "dev run done"
+    else
+      echo "dev run still running"
+    fi
+    exit 0 ;;
+esac
 LIMIT=${LIMIT:-300}
 if [ -n "${FA4_PATH:-}" ]; then
   export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:${PYTHONPATH:-}
@@ -70,6 +97,6 @@ case $STAGE in
     run flashinfer --no-bench --timeout 1200 --backend flashinfer --backend flashinfer-fa2 --backend flashinfer-fa3 \
       --backend flashinfer-cudnn ;;
   *)
-    echo "unknown stage $STAGE (ci, bench, dev, layouts, fa4-old, flashinfer, flashinfer-bench or host)" >&2; exit 2 ;;
+    echo "unknown stage $STAGE (ci, bench, dev, dev-start, dev-wait, layouts, fa4-old, flashinfer, flashinfer-bench or host)" >&2; exit 2 ;;
 esac
 tar czf "$OUT_DIR/reports.tgz" -C "$OUT_DIR" reports
