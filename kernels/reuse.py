@@ -100,8 +100,7 @@ def keep(key, cu_q, cu_k, order) -> _Entry:
     return entry
 
 
-def forward_lists(cu_q, cu_k, rows_q, rows_k, specs, *, causal, broadcast, enabled: bool,
-                  fused_items_seqs: int = sched.FUSED_EXPAND_SEQS):
+def forward_lists(cu_q, cu_k, rows_q, rows_k, specs, *, causal, broadcast, enabled: bool, fused_items_seqs: int):
     """``schedule.order_and_lists`` for a plain call's forward, reusing what an earlier call with the same
     offsets built (``fused_items_seqs``: schedule.order_and_lists).  Returns (order, lists, entry): the entry
     (None where nothing is kept) holds the backward's lists once built (``backward``)."""

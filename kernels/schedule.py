@@ -48,9 +48,6 @@ import triton.language as tl
 _REGISTER_SORTS = (256, 1024, 4096)  # sizes of the in-register sort (compiled once each)
 MAX_SEQS = (1 << 22) - 1  # the sort key's index field
 _EXPAND_SEQS = 32  # sequences per program of the grid writing the lists
-# Up to this many sequences (by default: Config.builder_items_seqs), the builder that sorts them in registers
-# also writes the lists' items (one launch instead of two); past it the grid does, in parallel.
-FUSED_EXPAND_SEQS = 512
 _EXPAND_IN_BUILDER: tl.constexpr = tl.constexpr(64)  # sequences per step of the builder's own expansion
 MAX_CHUNKS = 1023  # broadcast-Q dQ chunks (one histogram bin stays free for padding)
 
@@ -424,13 +421,13 @@ def _list_args(a: _Arrays, spec: ListSpec):
 
 def order_and_lists(cu_q, cu_k, rows_q, rows_k, specs: Sequence[ListSpec], *, causal, broadcast,
                     order: Optional[Order] = None, columns: Optional[Columns] = None,
-                    register_sort: Optional[bool] = None, fused_items_seqs: int = FUSED_EXPAND_SEQS):
+                    register_sort: Optional[bool] = None, fused_items_seqs: int = 0):
     """The call's Order (built here from the caller's offsets, or the one given) and the TileLists of one or
     two ``specs`` (module docstring).  ``rows_q``: query rows (broadcast-Q: Lq).  ``columns``: a Columns to
     fill (columns_for).  ``register_sort``: sort in the builder's registers (the default on a GPU, up to
     4,096 sequences) or by torch.sort (the default on the CPU, where the interpreter's sort is slow).
     ``fused_items_seqs``: up to this many sequences a register sort's builder writes the items too (one
-    launch); 0: never.  Returns (order, [TileList, ...])."""
+    launch; a plain call passes ``Config.builder_items_seqs``); 0: never.  Returns (order, [TileList, ...])."""
     assert 1 <= len(specs) <= 2 and all(sp.split == specs[0].split for sp in specs)
     # The builder reads the caller's offsets with unit stride: a strided view (every other element of a
     # longer tensor, say) is copied first, on the device and without a wait.

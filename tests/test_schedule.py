@@ -131,9 +131,10 @@ class _CountLaunches:
         return self.kernel[grid]
 
 
-@pytest.mark.parametrize("n_seqs, fused, launches", [(1, sched.FUSED_EXPAND_SEQS, 1),
-                                                     (sched.FUSED_EXPAND_SEQS, sched.FUSED_EXPAND_SEQS, 1),
-                                                     (sched.FUSED_EXPAND_SEQS + 1, sched.FUSED_EXPAND_SEQS, 2),
+_FUSED = Config().builder_items_seqs  # the default threshold
+
+
+@pytest.mark.parametrize("n_seqs, fused, launches", [(1, _FUSED, 1), (_FUSED, _FUSED, 1), (_FUSED + 1, _FUSED, 2),
                                                      (5, 0, 2)])
 def test_a_forward_of_up_to_512_sequences_builds_its_lists_in_one_launch(monkeypatch, n_seqs, fused, launches):
     counted = {name: _CountLaunches(getattr(sched, name)) for name in ("_order_kernel", "_lists_kernel",
