@@ -11,40 +11,49 @@
 #                                            holding one release each (pip install --no-deps --target DIR
 #                                            flash-attn-4==4.0.0bNN): OUT_DIR/reports/fa4-<folder name>/
 #   bash tools/gpu_runs.sh OUT_DIR dev       a run of the dev profile (the caches as they are): OUT_DIR/reports/dev/
-#   bash tools/gpu_runs.sh OUT_DIR dev-start the same, detached (its own session, in RUN_DIR, default /tmp/jfa-dev-run),
-#                                            so that it outlives a command's time limit on a machine kept warm; returns
-#   bash tools/gpu_runs.sh OUT_DIR dev-wait  waits for it (at most WAIT seconds, default 560) and, once it is done,
-#                                            copies its log and OUT_DIR/reports.tgz; call again while it runs
+#   bash tools/gpu_runs.sh OUT_DIR start     the stages named in STAGES (default "dev"), one after another, detached
+#                                            (its own session, in RUN_DIR, default /tmp/jfa-run, from a copy of the
+#                                            tree) so that they outlive a command's time limit on a machine kept warm
+#   bash tools/gpu_runs.sh OUT_DIR wait      waits for them (at most WAIT seconds, default 560), prints each stage's
+#                                            log so far and, once all are done, copies the logs, memory samples,
+#                                            kernel benchmark JSON and OUT_DIR/reports.tgz; call again while it runs
+#   bash tools/gpu_runs.sh OUT_DIR kernels   tools/bench.py against FA4 (every bench shape, S3 on three seeds,
+#                                            host costs): OUT_DIR/bench/
 #   bash tools/gpu_runs.sh OUT_DIR flashinfer  the four flashinfer backends: OUT_DIR/reports/flashinfer/
 #   bash tools/gpu_runs.sh OUT_DIR flashinfer-bench  the flashinfer backends with --bench beside fa4 and
 #                                            triton-jfa (baseline fa4): OUT_DIR/reports/flashinfer-bench/
 #   bash tools/gpu_runs.sh OUT_DIR host      tools/host_costs.py: a plain call's host time piece by piece:
 #                                            OUT_DIR/host_costs.json
 # FA4_PATH and FLASHINFER_PATH, if set, are put on PYTHONPATH (with the CuTe DSL packages under FA4_PATH).
-# LIMIT sets each run's --time-limit (default 300 s). At the end the reports are packed into OUT_DIR/reports.tgz.
+# LIMIT sets each run's --time-limit (default 300 s; the dev stage's is LIMIT_DEV). At the end the reports are packed into OUT_DIR/reports.tgz.
 set -u
-USAGE="usage: gpu_runs.sh OUT_DIR ci|bench|dev|dev-start|dev-wait|layouts|fa4-old|flashinfer|flashinfer-bench|host"
+USAGE="usage: gpu_runs.sh OUT_DIR ci|bench|dev|start|wait|kernels|layouts|fa4-old|flashinfer|flashinfer-bench|host"
 OUT_DIR=${1:?$USAGE}
 STAGE=${2:?$USAGE}
-RUN_DIR=${RUN_DIR:-/tmp/jfa-dev-run}
+RUN_DIR=${RUN_DIR:-/tmp/jfa-run}
 case $STAGE in
-  dev-start)  # a copy of the tree, so that later uploads cannot change the sources under the running suite
+  start)  # a copy of the tree, so that later uploads cannot change the sources under the running suite
     rm -rf "$RUN_DIR" && mkdir -p "$RUN_DIR/tree" "$RUN_DIR/out"
     git ls-files -z | xargs -0 cp --parents -t "$RUN_DIR/tree"
     cp -r .git "$RUN_DIR/tree/"
     (cd "$RUN_DIR/tree" && python3 -m pip install -q --no-deps --no-build-isolation -e . > "$RUN_DIR/pip.log" 2>&1)
-    setsid nohup bash -c "cd '$RUN_DIR/tree' && bash tools/gpu_runs.sh '$RUN_DIR/out' dev; touch '$RUN_DIR/done'" \
+    setsid nohup bash -c "cd '$RUN_DIR/tree' && for s in ${STAGES:-dev}; do bash tools/gpu_runs.sh '$RUN_DIR/out' \$s; \
+      tar czf '$RUN_DIR/out/reports.tgz' -C '$RUN_DIR/out' reports; done; touch '$RUN_DIR/done'" \
       > "$RUN_DIR/driver.log" 2>&1 < /dev/null &
-    echo "dev run started in $RUN_DIR (pid $!)"; exit 0 ;;
-  dev-wait)
+    echo "stages ${STAGES:-dev} started in $RUN_DIR (pid $!)"; exit 0 ;;
+  wait)
     end=$(( $(date +%s) + ${WAIT:-560} ))
     while [ ! -f "$RUN_DIR/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
-    tail -3 "$RUN_DIR/out/dev.log" 2>/dev/null
+    cat "$RUN_DIR"/out/log_*.txt 2>/dev/null
+    mkdir -p "$OUT_DIR"
+    cp "$RUN_DIR"/out/log_*.txt "$RUN_DIR"/out/*-gpu-mem.csv "$OUT_DIR/" 2>/dev/null
     if [ -f "$RUN_DIR/done" ]; then
-      mkdir -p "$OUT_DIR" && cp "$RUN_DIR/out/log_dev.txt" "$RUN_DIR/out/reports.tgz" "$RUN_DIR/out/dev-gpu-mem.csv" "$OUT_DIR/"
-      cat "$RUN_DIR/out/log_dev.txt"; echo "dev run done"
+      cp "$RUN_DIR/out/reports.tgz" "$OUT_DIR/" 2>/dev/null
+      [ -d "$RUN_DIR/out/bench" ] && tar czf "$OUT_DIR/bench.tgz" -C "$RUN_DIR/out" bench
+      echo "all stages done"
     else
-      echo "dev run still running"
+      for f in "$RUN_DIR"/out/*.log; do echo "== $f"; tail -2 "$f"; done 2>/dev/null
+      echo "still running"
     fi
     exit 0 ;;
 esac
@@ -86,10 +95,15 @@ case $STAGE in
     for dir in ${OLD_FA4:?OLD_FA4: folders of older FA4 releases}; do
       PYTHONPATH=$dir:$PYTHONPATH run "fa4-$(basename "$dir")" --backend fa4 --no-bench
     done ;;
-  dev)
-    run dev --no-bench --profile dev ;;
+  dev)  # LIMIT_DEV (default 1200 s: the dev profile's target) is its --time-limit
+    LIMIT=${LIMIT_DEV:-1200} run dev --no-bench --profile dev ;;
   host)
     timeout 300 python3 tools/host_costs.py --out "$OUT_DIR/host_costs.json" 2>&1 | tee -a "$LOG" ;;
+  kernels)
+    timeout 900 python3 tools/bench.py --out "$OUT_DIR/bench" --rounds "${ROUNDS:-3}" \
+      --impls "${IMPLS:-fa4,triton-plan,triton,triton-fresh,triton-fresh-2}" \
+      --shapes "${SHAPES:-S4b,S1,S1c,S2,S4a,S3}" --s3-seeds "${S3_SEEDS:-1,2}" --host > "$OUT_DIR/kernels.log" 2>&1
+    echo "kernels rc=$?" | tee -a "$LOG"; tail -40 "$OUT_DIR/kernels.log" | tee -a "$LOG" ;;
   flashinfer-bench)
     run flashinfer-bench --bench --baseline-backend fa4 --backend fa4 --backend triton-jfa --backend flashinfer \
       --backend flashinfer-fa2 --backend flashinfer-fa3 --backend flashinfer-cudnn ;;
@@ -97,6 +111,6 @@ case $STAGE in
     run flashinfer --no-bench --timeout 1200 --backend flashinfer --backend flashinfer-fa2 --backend flashinfer-fa3 \
       --backend flashinfer-cudnn ;;
   *)
-    echo "unknown stage $STAGE (ci, bench, dev, dev-start, dev-wait, layouts, fa4-old, flashinfer, flashinfer-bench or host)" >&2; exit 2 ;;
+    echo "unknown stage $STAGE (ci, bench, dev, start, wait, kernels, layouts, fa4-old, flashinfer, flashinfer-bench or host)" >&2; exit 2 ;;
 esac
 tar czf "$OUT_DIR/reports.tgz" -C "$OUT_DIR" reports
