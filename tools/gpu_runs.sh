@@ -15,8 +15,8 @@
 #                                            (its own session, in RUN_DIR, default /tmp/jfa-run, from a copy of the
 #                                            tree) so that they outlive a command's time limit on a machine kept warm
 #   bash tools/gpu_runs.sh OUT_DIR wait      waits for them (at most WAIT seconds, default 560), prints each stage's
-#                                            log so far and, once all are done, copies the logs, memory samples,
-#                                            kernel benchmark JSON and OUT_DIR/reports.tgz; call again while it runs
+#                                            log so far and copies the logs, memory samples, kernel benchmark JSON
+#                                            and OUT_DIR/reports.tgz (the stages finished so far); call again while it runs
 #   bash tools/gpu_runs.sh OUT_DIR kernels   tools/bench.py against FA4 (every bench shape, S3 on three seeds,
 #                                            host costs): OUT_DIR/bench/
 #   bash tools/gpu_runs.sh OUT_DIR flashinfer  the four flashinfer backends: OUT_DIR/reports/flashinfer/
@@ -47,9 +47,10 @@ case $STAGE in
     cat "$RUN_DIR"/out/log_*.txt 2>/dev/null
     mkdir -p "$OUT_DIR"
     cp "$RUN_DIR"/out/log_*.txt "$RUN_DIR"/out/*-gpu-mem.csv "$OUT_DIR/" 2>/dev/null
+    # the reports of the stages finished so far (packed after each), and the benchmark's results so far
+    cp "$RUN_DIR/out/reports.tgz" "$OUT_DIR/" 2>/dev/null
+    [ -d "$RUN_DIR/out/bench" ] && tar czf "$OUT_DIR/bench.tgz" -C "$RUN_DIR/out" bench
     if [ -f "$RUN_DIR/done" ]; then
-      cp "$RUN_DIR/out/reports.tgz" "$OUT_DIR/" 2>/dev/null
-      [ -d "$RUN_DIR/out/bench" ] && tar czf "$OUT_DIR/bench.tgz" -C "$RUN_DIR/out" bench
       echo "all stages done"
     else
       for f in "$RUN_DIR"/out/*.log; do echo "== $f"; tail -2 "$f"; done 2>/dev/null
