@@ -2,6 +2,8 @@
 backend cannot run it). The spec tests draw problems and call these; ``replay`` calls the same ones."""
 from __future__ import annotations
 
+import torch
+
 from .backend import Backend
 from .harness import (
     Run,
@@ -72,6 +74,7 @@ def relation(backend: Backend, problem: Problem, device, name: str) -> list[Verd
         RELATIONS[name],
         lambda args: _call_if_supported(backend, args),
         lambda args: _on(device, oracle_call(args, problem.torch_dtype)),
+        lambda args: _on(device, oracle_call(args, torch.float64)),
         make_inputs(problem, device),
         problem.seed,
     )

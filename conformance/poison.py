@@ -61,18 +61,25 @@ def guarded(t: torch.Tensor, rows: int = 4) -> tuple[torch.Tensor, torch.Tensor]
     """``(buffer, view)``: ``view`` equals ``t`` and lies in ``buffer`` between ``rows`` NaN rows on each side.
 
     ``view`` has ``t``'s strides and storage offset (a contiguous ``t`` gives a contiguous view with a nonzero
-    storage offset, as any slice of a larger packed tensor is; a strided one, NaN in its gaps as well)."""
+    storage offset, as any slice of a larger packed tensor is; a strided one, NaN in its gaps as well; an
+    expanded one, its zero strides: broadcast-Q's one query row repeated per sequence is such a tensor)."""
     if t.is_contiguous():
         buffer = torch.empty(t.shape[0] + 2 * rows, *t.shape[1:], dtype=t.dtype, device=t.device)
         buffer.view(torch.uint8).fill_(POISON_BYTE)
         view = buffer[rows : rows + t.shape[0]]
     else:
-        margin = rows * max(t.stride(0), 1)
+        margin = rows * max(t.stride(0), t[0].numel() if t.shape[0] else 0, 1)  # an expanded row: its size
         extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1 if t.numel() else 0
         buffer = torch.empty(2 * margin + t.storage_offset() + extent, dtype=t.dtype, device=t.device)
         buffer.view(torch.uint8).fill_(POISON_BYTE)
         view = buffer.as_strided(t.shape, t.stride(), margin + t.storage_offset())
-    view.copy_(t)
+    # an expanded dimension holds one element many times: write it once (a copy into overlapping
+    # memory is refused)
+    source, target = t, view
+    for dim, (size, stride) in enumerate(zip(t.shape, t.stride())):
+        if stride == 0 and size > 1:
+            source, target = source.narrow(dim, 0, 1), target.narrow(dim, 0, 1)
+    target.copy_(source)
     return buffer, view
 
 

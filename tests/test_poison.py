@@ -33,6 +33,20 @@ def test_a_strided_tensor_is_guarded_with_its_strides_and_nan_in_its_gaps(layout
     assert written.nonzero().min() >= 4 * t.stride(0)  # NaN rows before the first row, as for a packed tensor
 
 
+def test_an_expanded_tensor_is_guarded_with_its_zero_strides():
+    # broadcast-Q emulated for a backend: one query row per sequence, q expanded without a copy
+    problem = Problem(seqlens_q=(1, 1), seqlens_k=(1, 1), broadcast_q=True, dtype="bfloat16",
+                      causal="bottom_right")
+    q = make_inputs(problem).with_broadcast_q_expanded().q
+    assert 0 in q.stride()
+    buffer, view = guarded(q)
+    assert view.stride() == q.stride() and torch.equal(view, q)
+    row = q[0].numel()
+    assert view.storage_offset() == 4 * row  # four rows' worth of NaN before, as for a packed tensor
+    assert buffer[: 4 * row].isnan().all() and buffer[-4 * row :].isnan().all()
+    assert buffer.isnan().sum() == buffer.numel() - row
+
+
 def test_bitwise_equal_sees_nan_payloads_and_signed_zeros():
     a = torch.tensor([0.0, float("nan")])
     assert bitwise_equal(a, a.clone())
