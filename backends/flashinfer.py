@@ -171,6 +171,17 @@ class FlashInfer(Backend):
                            "(its tests skip causal with qo_len > kv_len as not supported)")
         return reasons
 
+    def build_key(self, config, device: str) -> str:
+        # FlashInfer's JIT names a module by its path, dtypes, head dims and index type (the offsets' dtype
+        # here, see _planned); heads, the causal mask and the scale are run-time arguments. On sm_90 its auto
+        # path takes fa3 for these options (no custom mask, no positional encoding, float16 / bfloat16):
+        # the H100 run of 2026-12-06 built the fa3 modules only for it
+        path = self.implementation
+        if path == "auto":
+            path = "fa3" if torch.cuda.get_device_capability(device)[0] == 9 else "fa2"
+        dims = f"d{config.head_dim}/{config.head_dim_v or config.head_dim}"
+        return f"flashinfer {path} {config.dtype} {dims} {config.offsets_dtype}"
+
     def _workspace(self, device: torch.device) -> torch.Tensor:
         if device not in self._workspaces:
             self._workspaces[device] = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=device)

@@ -105,6 +105,13 @@ class Backend:
                 return f"needs compute capability >= {need[0]}.{need[1]}, this GPU has {have[0]}.{have[1]}"
         return None
 
+    def build_key(self, config, device: str) -> str | None:
+        """What the first call on kernel configuration ``config`` (configs.KernelConfig) compiles on
+        ``device``, as a key equal for every configuration, of this backend or another, that uses the same
+        compiled code; None (the default) when each configuration compiles its own. The warm-up makes each
+        build once before the jobs that share it (warmup.py); a wrong key costs time, never a result."""
+        return None
+
     def not_supported_reasons(self, problem: Problem) -> list[str]:
         caps, reasons = self.capabilities, []
         if problem.dtype not in caps.dtypes:

@@ -27,6 +27,16 @@ gates open first and their checks run while the dearer backends compile; on the 
 measured seconds (15 workers, four backends of 44 to 1,081 compile-seconds), this order opens the gates at
 13, 64, 129 and 195 s in simulation, where the longest-job-first order opens all four at about 177 s.
 
+Several configurations may share one compiled artifact: FlashInfer's JIT builds one module per path,
+dtypes, head dims and index type, whatever the heads or the mask, and its auto path on sm_90 builds the fa3
+modules. A backend says so with ``Backend.build_key``. Such a build counts once in its backend's expected
+seconds, its other jobs go after the backend's builds, and no job starts while another job's process is
+making its build: it would only wait for that process's lock, holding a worker (in the H100 run of
+2026-12-06, twelve auto jobs each measured about 137 s, nearly all of it waiting for three fa3 builds).
+On that run's measured seconds, with the build keys added, ``tools/simulate_warmup_order.py`` opens the
+FlashInfer gates at about 130 s where the order without build keys gives 143 and 285 s (266 s measured);
+not yet measured on a GPU.
+
 A job that outlives ``budget_s`` is stopped with its process (a fresh one takes its place) and reported
 as ``timeout``; the backend's remaining jobs are skipped, and the checks phase starts that backend as
 *suspect* (see containment.py): a short probe decides whether its checks run at all. A process that dies
@@ -62,6 +72,11 @@ class Job:
     name: str  # the backend's display name
     config: KernelConfig
     packages: str = ""  # the versions of the backend's own packages (package_versions)
+    build: str = ""  # what the job compiles (Backend.build_key); jobs with one build key share what it makes
+
+    @property
+    def build_key(self) -> str:
+        return self.build or f"{self.backend} | {self.config.key}"
 
     def as_json(self) -> str:
         return json.dumps({"backend": self.backend, "name": self.name, "config": self.config.as_dict()})
@@ -75,6 +90,7 @@ class Result:
     seconds: float
     message: str | None = None
     worker: int | None = None
+    build: str = ""  # the job's build key where its backend declares one (Backend.build_key)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -226,10 +242,33 @@ def order(jobs: list[Job], seconds: dict[str, float] | None = None,
             return sum(same) / len(same)
         return priors.get(job.backend, overall)
 
-    totals: dict[str, float] = {}
+    # A build shared by several jobs counts once in its backend's total, at its dearest job (the others
+    # load what it made; what they measured was mostly waiting for it)
+    builds: dict[tuple[str, str], float] = {}
     for job in ordered:
-        totals[job.backend] = totals.get(job.backend, 0.0) + expected(job)
-    return sorted(ordered, key=lambda job: (totals[job.backend], -expected(job)))  # stable: ties interleaved
+        key = (job.backend, job.build_key)
+        builds[key] = max(builds.get(key, 0.0), expected(job))
+    totals: dict[str, float] = {}
+    for (backend, _), cost in builds.items():
+        totals[backend] = totals.get(backend, 0.0) + cost
+    ranked = sorted(ordered, key=lambda job: (totals[job.backend], -expected(job)))  # stable: ties interleaved
+    # then, within each backend, the jobs whose build an earlier job makes go after its builds
+    seen: set[str] = set()
+    follows = {}
+    for job in ranked:
+        follows[id(job)] = job.build_key in seen
+        seen.add(job.build_key)
+    return sorted(ranked, key=lambda job: (totals[job.backend], follows[id(job)], -expected(job)))
+
+
+def next_job(pending: list[Job], building: set[str]) -> int | None:
+    """The index of the first pending job whose build no running job is making, or None: a job that would
+    only wait for another process's build (FlashInfer's JIT holds a lock) would hold a worker idle, and
+    loads the build in a moment once it is made."""
+    for index, job in enumerate(pending):
+        if job.build_key not in building:
+            return index
+    return None
 
 
 def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float, log_path: Path,
@@ -250,7 +289,7 @@ def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float,
 
         def finish(worker: _Worker, outcome: str, seconds: float, message: str | None):
             job = worker.job
-            result = Result(job.name, job.config.key, outcome, round(seconds, 3), message, worker.index)
+            result = Result(job.name, job.config.key, outcome, round(seconds, 3), message, worker.index, job.build)
             results.append(result)
             worker.job = None
             if outcome == "timeout":
@@ -289,10 +328,13 @@ def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float,
                                 log.write(line)
                             continue
                     while worker.job is None and pending:
-                        job = pending.pop(0)
+                        index = next_job(pending, {w.job.build_key for w in workers if w.job is not None})
+                        if index is None:
+                            break  # every pending job waits for a build in progress
+                        job = pending.pop(index)
                         if job.backend in stopped_backends:
                             results.append(Result(job.name, job.config.key, "skipped", 0.0,
-                                                  stopped_backends[job.backend]))
+                                                  stopped_backends[job.backend], build=job.build))
                             if on_result:
                                 on_result(results[-1])
                             continue
@@ -306,7 +348,8 @@ def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float,
             for worker in workers:
                 if worker.job is not None:
                     results.append(Result(worker.job.name, worker.job.config.key, "skipped",
-                                          round(time.monotonic() - worker.started, 3), "the run's time limit ended it"))
+                                          round(time.monotonic() - worker.started, 3), "the run's time limit ended it",
+                                          build=worker.job.build))
                 if worker.proc.poll() is None:
                     try:
                         worker.proc.stdin.close()
@@ -315,7 +358,7 @@ def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float,
                         _kill(worker)
     for job in pending:
         results.append(Result(job.name, job.config.key, "skipped", 0.0, stopped_backends.get(job.backend)
-                              or "the run's time limit came first"))
+                              or "the run's time limit came first", build=job.build))
     return results
 
 
@@ -462,11 +505,13 @@ def split_done(jobs: list[Job], done: set[str], failed: dict[str, tuple[str, str
     for job in jobs:
         key = _job_key(job)
         if key in done:
-            known.append(Result(job.name, job.config.key, "cached", 0.0, "compiled by an earlier run (manifest)"))
+            known.append(Result(job.name, job.config.key, "cached", 0.0, "compiled by an earlier run (manifest)",
+                                build=job.build))
         elif key in failed:
             outcome, message = failed[key]
             known.append(Result(job.name, job.config.key, outcome, 0.0,
-                                f"{message} (an earlier run with the same versions and sources; not tried again)"))
+                                f"{message} (an earlier run with the same versions and sources; not tried again)",
+                                build=job.build))
         else:
             todo.append(job)
     return todo, known
@@ -479,7 +524,10 @@ def summarize(results: list[Result]) -> dict[str, dict]:
         entry = summary.setdefault(r.backend, {"compile_s": 0.0, "configs": 0, "warmup": []})
         entry["compile_s"] = round(entry["compile_s"] + r.seconds, 3)
         entry["configs"] += 1
-        entry["warmup"].append({"key": r.key, "seconds": r.seconds, "outcome": r.outcome, "message": r.message})
+        job = {"key": r.key, "seconds": r.seconds, "outcome": r.outcome, "message": r.message}
+        if r.build:
+            job["build"] = r.build
+        entry["warmup"].append(job)
     return summary
 
 
@@ -500,6 +548,16 @@ class Plan:
         return {job.name for job in self.todo}
 
 
+def _build_key(backend, config: KernelConfig, device: str) -> str:
+    """The backend's build key for ``config`` ("" when it declares none, or its method fails: then the job
+    is scheduled on its own, which costs time, never a result)."""
+    try:
+        key = backend.build_key(config, device)
+    except Exception:  # noqa: BLE001 (a third party's adapter must not stop the warm-up)
+        return ""
+    return str(key) if key else ""
+
+
 def plan_warmup(ns, chosen, device: str, cache_dir: Path) -> Plan:
     """Every backend's kernel configurations (configs.py), less those an earlier run settled (the manifest)."""
     from . import profiles, registry
@@ -517,7 +575,7 @@ def plan_warmup(ns, chosen, device: str, cache_dir: Path) -> Plan:
         if ns.dtype:
             configs = tuple(c for c in configs if c.dtype in ns.dtype)
         packages = package_versions(backend.requires)
-        jobs += [Job(spec, info.name, c, packages) for c in configs]
+        jobs += [Job(spec, info.name, c, packages, _build_key(backend, c, device)) for c in configs]
         priors[spec] = backend.capabilities.compile_s
     print_ = fingerprint(device)
     done, failed = load_manifest(cache_dir, print_), load_failed(cache_dir, print_)

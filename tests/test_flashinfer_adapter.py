@@ -615,3 +615,23 @@ def test_real_adapters_under_caller_layouts(name):
             if failed:
                 failures.append((layout, problem, failed))
     assert not failures, failures
+
+
+def test_a_build_key_names_what_flashinfer_compiles(monkeypatch):
+    from conformance.configs import KernelConfig
+
+    def config(heads=(4, 2), causal="none", dtype="float16", head_dim=64, offsets="int32"):
+        return KernelConfig(dtype, head_dim, None, *heads, causal, False, 0.3, offsets)
+
+    fa2, fa3, auto = fi.FlashInferFA2(), fi.FlashInferFA3(), fi.FlashInfer()
+    # heads, the mask and the scale are run-time arguments of one module
+    assert fa3.build_key(config(), "cuda") == fa3.build_key(config((1, 1), "bottom_right"), "cuda")
+    # dtype, head dims and index type select the module, and so does the path
+    keys = {fa3.build_key(c, "cuda") for c in (config(), config(dtype="bfloat16"), config(head_dim=128),
+                                               config(offsets="int64"))}
+    assert len(keys) == 4 and fa2.build_key(config(), "cuda") != fa3.build_key(config(), "cuda")
+    # auto builds fa3's modules on sm_90 and fa2's elsewhere
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert auto.build_key(config(), "cuda") == fa3.build_key(config(), "cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert auto.build_key(config(), "cuda") == fa2.build_key(config(), "cuda")

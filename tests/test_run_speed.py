@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance import cache, cli, configs, warmup
+from conformance import cache, cli, configs, registry, warmup
 from conformance.backend import Capabilities
 from conformance.configs import KernelConfig, axis_values, covered, kernel_configs, problem_axes
 from conformance.problem import CAUSAL_MODES, Problem
@@ -201,6 +201,20 @@ PLAIN = textwrap.dedent('''
                 with open(os.environ["WARM_ENDS"], "a") as f:
                     f.write(f"{time.time()}\\n")
             return out
+
+    class SharedBuild(Reference):
+        """Every configuration shares one build; each call notes its process and when it ran."""
+        name = "shared-build"
+
+        def build_key(self, config, device):
+            return "one build"
+
+        def forward(self, args):
+            start = time.time()
+            time.sleep(0.2)
+            with open(os.environ["CALLS"], "a") as f:
+                f.write(f"{os.getpid()} {start} {time.time()}\\n")
+            return super().forward(args)
 ''')
 
 
@@ -231,6 +245,42 @@ def test_the_warm_up_times_each_configuration_and_contains_hangs_and_crashes(tmp
     assert "no kernel" in next(r.message for r in results if r.backend == "raises")
     summary = warmup.summarize(results)
     assert summary["hangs"]["compile_s"] >= 8 and summary["fine"]["configs"] == 2
+
+
+def test_jobs_that_share_a_build_never_run_side_by_side(tmp_path, misbehaving, monkeypatch):
+    calls = tmp_path / "calls.txt"
+    monkeypatch.setenv("CALLS", str(calls))
+    spec = f"{misbehaving}:SharedBuild"
+    backend = registry.resolve(spec)
+    configs_ = [KernelConfig("float32", 16, None, h, h, "none", False, None) for h in (1, 2, 3)]
+    jobs = [warmup.Job(spec, "shared-build", c, build=warmup._build_key(backend, c, "cpu")) for c in configs_]
+    assert {job.build_key for job in jobs} == {"one build"}
+    results = warmup.run_pool(jobs, device="cpu", envs=[dict(__import__("os").environ)] * 3, budget_s=60,
+                              log_path=tmp_path / "warmup.log")
+    assert [r.outcome for r in results] == ["ok"] * 3
+    spans = sorted((float(a), float(b)) for _, a, b in (line.split() for line in calls.read_text().splitlines()))
+    assert len(spans) >= 3 and all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:]))
+
+
+def test_a_shared_build_counts_once_and_its_other_jobs_go_after_the_builds():
+    config = lambda h, dtype="float16": KernelConfig(dtype, 64, None, h, h, "none", False, None)  # noqa: E731
+    fi = [warmup.Job("fi", "fi", config(h), build="m1") for h in (1, 2, 3)]
+    fi.append(warmup.Job("fi", "fi", config(1, "bfloat16"), build="m2"))
+    auto = [warmup.Job("auto", "auto", config(h), build="m1") for h in (1, 2)]
+    x = [warmup.Job("x", "x", config(h)) for h in (1, 2)]
+    # each job measured 100 s (FlashInfer's lock waits included), x's two 120 s each
+    seconds = {f"{j.backend} | {j.config.key}": 100.0 for j in fi + auto}
+    seconds.update({f"x | {j.config.key}": 120.0 for j in x})
+    ordered = warmup.order(fi + auto + x, seconds)
+    names = [(j.backend, j.build_key) for j in ordered]
+    # auto: one build, 100 s; fi: two builds, 200 s (not 400); x: 240 s. auto makes m1 and fi's m1 jobs
+    # follow it, after fi's own build m2
+    assert names == [("auto", "m1"), ("auto", "m1"), ("fi", "m2"), ("fi", "m1"), ("fi", "m1"), ("fi", "m1"),
+                     ("x", f"x | {config(1).key}"), ("x", f"x | {config(2).key}")]
+    # a job whose build another process is making waits; the next one goes instead
+    assert warmup.next_job(ordered, set()) == 0
+    assert warmup.next_job(ordered, {"m1"}) == 2
+    assert warmup.next_job(ordered[:2], {"m1"}) is None
 
 
 # -- containment in the checks --------------------------------------------------------------------------

@@ -8,6 +8,11 @@ time each backend's last job ends (its gate: its checks wait for it) under the w
 (``conformance.warmup.order``, given the measured seconds, as a run that compiles again after an upgrade
 is) and under longest-job-first over all backends. It is a model: it leaves out the workers' start-up and
 the contention of many compilers on the CPU cores, which made the real gates open later.
+
+Jobs the report gives one ``build`` (``Backend.build_key``) share a compiled artifact: the first makes it
+in its measured seconds, a later one costs ``--load-s`` once it is made. The warm-up's order holds such a
+job back while its build is being made (``conformance.warmup.next_job``); longest-job-first starts it at
+once, to wait for the build (as a process waiting on FlashInfer's JIT lock does).
 """
 from __future__ import annotations
 
@@ -23,12 +28,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from conformance import warmup  # noqa: E402
 
 
-def gates(jobs, seconds: dict[str, float], workers: int) -> dict[str, float]:
+def gates(jobs, seconds: dict[str, float], workers: int, load_s: float, hold_back: bool) -> dict[str, float]:
     free = [0.0] * workers
     ends: dict[str, float] = {}
-    for job in jobs:
+    made: dict[str, float] = {}  # build key -> when its first job ends
+    pending = list(jobs)
+    while pending:
         start = heapq.heappop(free)
-        end = start + seconds[f"{job.backend} | {job.config.key}"]
+        building = {key for key, end in made.items() if end > start}
+        index = warmup.next_job(pending, building) if hold_back else 0
+        if index is None:  # every pending job waits for a build: this worker idles until the next ends
+            heapq.heappush(free, min(end for end in made.values() if end > start))
+            continue
+        job = pending.pop(index)
+        if job.build_key in made:
+            end = max(start, made[job.build_key]) + load_s
+        else:
+            end = start + seconds[f"{job.backend} | {job.config.key}"]
+            made[job.build_key] = end
         ends[job.backend] = max(ends.get(job.backend, 0.0), end)
         heapq.heappush(free, end)
     return ends
@@ -38,12 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report")
     parser.add_argument("--workers", type=int, default=15)
+    parser.add_argument("--load-s", type=float, default=4.0,
+                        help="seconds of a job whose build an earlier job made (default 4: FlashInfer's on an H100)")
     args = parser.parse_args(argv)
     report = json.loads(Path(args.report).read_text())
     jobs, seconds = [], {}
     for name, entry in (report.get("backends") or {}).items():
         for w in ((entry.get("time") or {}).get("warmup") or []):
-            job = SimpleNamespace(backend=name, name=name, config=SimpleNamespace(key=w["key"]))
+            job = SimpleNamespace(backend=name, name=name, config=SimpleNamespace(key=w["key"]),
+                                  build_key=w.get("build") or f"{name} | {w['key']}")
             jobs.append(job)
             seconds[f"{name} | {w['key']}"] = float(w["seconds"])
     if not jobs:
@@ -55,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(jobs)} jobs, {sum(seconds.values()):.0f} compile-seconds, {args.workers} workers")
     print("order".ljust(20) + "".join(n.rjust(20) for n in names))
     for label, jobs_in_order in orders.items():
-        ends = gates(jobs_in_order, seconds, args.workers)
+        ends = gates(jobs_in_order, seconds, args.workers, args.load_s, hold_back=label == "warm-up order")
         print(label.ljust(20) + "".join(f"{ends[n]:.0f} s".rjust(20) for n in names))
     measured = (report.get("run") or {}).get("warmup", {}).get("ready_s") or {}
     if measured:
