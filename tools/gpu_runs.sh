@@ -36,6 +36,8 @@ case $STAGE in
     rm -rf "$RUN_DIR" && mkdir -p "$RUN_DIR/tree" "$RUN_DIR/out"
     git ls-files -z | xargs -0 cp --parents -t "$RUN_DIR/tree"
     cp -r .git "$RUN_DIR/tree/"
+    # what a report will call "uncommitted changes" on this machine, if anything (the first 40 paths)
+    (cd "$RUN_DIR/tree" && git status --porcelain --untracked-files=no | head -40) > "$RUN_DIR/out/log_tree.txt"
     (cd "$RUN_DIR/tree" && python3 -m pip install -q --no-deps --no-build-isolation -e . > "$RUN_DIR/pip.log" 2>&1)
     setsid nohup bash -c "cd '$RUN_DIR/tree' && for s in ${STAGES:-dev}; do bash tools/gpu_runs.sh '$RUN_DIR/out' \$s; \
       tar czf '$RUN_DIR/out/reports.tgz' -C '$RUN_DIR/out' reports; done; touch '$RUN_DIR/done'" \
