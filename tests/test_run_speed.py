@@ -677,3 +677,23 @@ def test_the_cute_dsl_counts_among_fa4s_packages(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "version",
                         lambda dist: "4.8.1" if dist == "nvidia-cutlass-dsl" else real(dist))
     assert "nvidia-cutlass-dsl=4.8.1" in warmup.package_versions(("flash_attn.cute", "cutlass"))
+
+
+def test_the_warm_up_simulator_models_shared_builds():
+    import importlib.util
+    from types import SimpleNamespace
+
+    path = Path(__file__).resolve().parent.parent / "tools" / "simulate_warmup_order.py"
+    spec = importlib.util.spec_from_file_location("simulate_warmup_order", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+
+    def job(backend, key, build=None):
+        return SimpleNamespace(backend=backend, config=SimpleNamespace(key=key), build_key=build or f"{backend} | {key}")
+
+    jobs = [job("fi", "a", "m"), job("fi", "b", "m"), job("x", "c"), job("x", "d")]
+    seconds = {"fi | a": 100.0, "fi | b": 100.0, "x | c": 50.0, "x | d": 50.0}
+    # held back, fi's second job loads m once it is made (4 s) while x's jobs use the other worker
+    assert tool.gates(jobs, seconds, 2, 4.0, hold_back=True) == {"fi": 104.0, "x": 100.0}
+    # started at once, it holds a worker while it waits for m, and x's jobs come after
+    assert tool.gates(jobs, seconds, 2, 4.0, hold_back=False) == {"fi": 104.0, "x": 154.0}
