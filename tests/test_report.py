@@ -268,7 +268,8 @@ def test_html_is_self_contained_and_shows_matrix_reasons_failures_and_plots():
                           timing("a", "skewed", "forward", 0.02)])
     page = render_html(report)
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page), "the page must not load anything from the network"
-    assert page.count("data:image/png;base64,") == 2
+    assert page.count('<figure class="plot" role="img"') == 2 and page.count("<svg") == 2
+    assert "base64" not in page  # the plots are inline SVG: no encoded binary in the page
     assert 'title="float32 — unsupported — no LSE here"' in page
     assert "FAILED" in page and "jfa-conformance replay f/1.pt --backend b" in page
     assert "Problem(seqlens_q=[1]" in page and "class=\"o-crash\"" in page

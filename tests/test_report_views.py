@@ -410,8 +410,10 @@ def test_the_check_timeline_draws_each_worker_and_the_warm_up_ends():
                {"worker": "gw10", "backend": "fa4", "started_at": 131.0, "duration_s": 2.0},
                {"worker": None, "backend": "fa4", "outcome": "not-run"}]
     phase = {"started_at": 100.0, "wall_s": 45.0}
-    png = plots.check_timeline(records, phase, {"fa4": 29.5})
-    assert png and png.startswith(b"\x89PNG")
+    svg = plots.check_timeline(records, phase, {"fa4": 29.5})
+    assert svg and svg.startswith("<svg") and svg.rstrip().endswith("</svg>")
+    assert all(label in svg for label in ("gw0", "gw1", "gw10", "sdpa", "fa4"))  # workers and backends, as text
+    assert svg == plots.check_timeline(records, phase, {"fa4": 29.5})  # the same figure, the same bytes
     assert plots.check_timeline(records, None) is None and plots.check_timeline([], phase) is None
 
 

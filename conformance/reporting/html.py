@@ -1,11 +1,10 @@
-"""index.html: one self-contained page (inline CSS, plots as base64 PNG; opens from disk, no network).
+"""index.html: one self-contained page (inline CSS, plots as inline SVG; opens from disk, no network).
 
 Laid out for many backends at 1400 px: compact matrix cells, rotated backend names, the feature column
 sticky while the wide tables scroll. Every text a backend or a run supplies goes through :func:`esc`.
 """
 from __future__ import annotations
 
-import base64
 import html
 import json
 import re
@@ -50,7 +49,7 @@ code{background:#f3f3f3;padding:0 3px;border-radius:3px;font-size:12.5px;word-br
 details{margin:4px 0} summary{cursor:pointer}
 .v-conformant{color:#166534;font-weight:600} .v-failing{color:#fff;background:#dc2626;font-weight:700}
 .v-incomplete{color:#374151;font-weight:600} .v-supports-nothing{color:#92400e;font-weight:600}
-img{max-width:100%;border:1px solid #eee}
+.plot{margin:0}.plot svg{max-width:100%;height:auto;border:1px solid #eee}
 .note{color:#666;font-size:13px}
 .caveat{color:#8a4b00;background:#fff6e5;border-left:3px solid #e0a030;padding:4px 8px;font-size:13px}
 .cause{border:1px solid #d6d6d6;border-left:6px solid #dc2626;border-radius:4px;padding:8px 12px;margin:10px 0}
@@ -168,10 +167,10 @@ def _heatmap(report) -> list[str]:
     return out
 
 
-def _img(png: bytes | None, alt: str, missing: str) -> str:
-    if not png:
+def _img(svg: str | None, alt: str, missing: str) -> str:
+    if not svg:
         return f'<p class="note">{esc(missing)}</p>'
-    return f'<img alt="{esc(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+    return f'<figure class="plot" role="img" aria-label="{esc(alt)}">{svg}</figure>'
 
 
 def _verdict_table(r: dict) -> str:

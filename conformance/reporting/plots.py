@@ -1,4 +1,5 @@
-"""matplotlib figures of a report, returned as PNG bytes (embedded in index.html, so no files to lose)."""
+"""matplotlib figures of a report, returned as SVG text (inlined in index.html, so no files to lose; vector
+text stays sharp when zoomed and searchable, and the page holds no encoded binary)."""
 from __future__ import annotations
 
 import io
@@ -14,18 +15,22 @@ import matplotlib.pyplot as plt  # noqa: E402
 BUDGET_CLIP = 2.0  # budgets beyond twice the allowance (NaN, inf) are drawn at the clip, labelled
 
 
-def _png(fig) -> bytes:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+def _svg(fig) -> str:
+    """The figure as an ``<svg>`` element, without the XML prolog, and the same bytes for the same figure
+    (no date, fixed ids)."""
+    buffer = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": "jfa-conformance", "svg.fonttype": "none"}):
+        fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
-    return buffer.getvalue()
+    text = buffer.getvalue()
+    return text[text.index("<svg"):].strip()
 
 
 def _dtype(record) -> str | None:
     return record.get("dtype") or (record.get("problem") or {}).get("dtype")
 
 
-def budget_by_backend_and_dtype(records, order=()) -> bytes | None:
+def budget_by_backend_and_dtype(records, order=()) -> str | None:
     """Grouped bars: the largest error budget used per backend and dtype (1.0 = edge of the tolerance).
     Crashes and timeouts are left out: their verdicts are of examples that ran before the process died."""
     worst: dict[tuple[str, str], float] = defaultdict(float)
@@ -60,10 +65,10 @@ def budget_by_backend_and_dtype(records, order=()) -> bytes | None:
     ax.set_ylabel("largest error budget used\n(observed / allowed)")
     ax.set_title("Error budget by backend and dtype (worst check; bars past the tolerance are labelled)", fontsize=10)
     ax.legend(title="dtype", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return _png(fig)
+    return _svg(fig)
 
 
-def throughput_by_shape(table, backends: list[str], baseline: str | None) -> bytes | None:
+def throughput_by_shape(table, backends: list[str], baseline: str | None) -> str | None:
     """Grouped bars per shape, one panel per direction: TFLOP/s on useful FLOPs of every backend, the
     baseline's bar outlined. ``table``: :func:`conformance.reporting.perf.rows`."""
     if not table:
@@ -96,10 +101,10 @@ def throughput_by_shape(table, backends: list[str], baseline: str | None) -> byt
         ax.grid(True, axis="y", alpha=0.3)
         ax.set_axisbelow(True)
     axes[0, 0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return _png(fig)
+    return _svg(fig)
 
 
-def check_timeline(records, phase: dict | None, ready: dict | None = None) -> bytes | None:
+def check_timeline(records, phase: dict | None, ready: dict | None = None) -> str | None:
     """Each worker process's checks over the check phase, coloured by backend (``phase``: the run's
     ``checks``, which holds the phase's start); dashed lines where a backend's warm-up ended (``ready``:
     seconds from the same start, the warm-up having started with the checks). Gaps are start-up, waiting at a
@@ -137,4 +142,4 @@ def check_timeline(records, phase: dict | None, ready: dict | None = None) -> by
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_title("Checks over time, per worker process (dashed: a backend's warm-up done; gaps: start-up, "
                  "waiting for a warm-up, idle)", fontsize=9, pad=22)
-    return _png(fig)
+    return _svg(fig)
