@@ -81,6 +81,10 @@ class Job:
     def as_json(self) -> str:
         return json.dumps({"backend": self.backend, "name": self.name, "config": self.config.as_dict()})
 
+    def result(self, outcome: str, seconds: float = 0.0, message: str | None = None,
+               worker: int | None = None) -> Result:
+        return Result(self.name, self.config.key, outcome, round(seconds, 3), message, worker, self.build)
+
 
 @dataclass
 class Result:
@@ -289,7 +293,7 @@ def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float,
 
         def finish(worker: _Worker, outcome: str, seconds: float, message: str | None):
             job = worker.job
-            result = Result(job.name, job.config.key, outcome, round(seconds, 3), message, worker.index, job.build)
+            result = job.result(outcome, seconds, message, worker.index)
             results.append(result)
             worker.job = None
             if outcome == "timeout":
@@ -333,8 +337,7 @@ def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float,
                             break  # every pending job waits for a build in progress
                         job = pending.pop(index)
                         if job.backend in stopped_backends:
-                            results.append(Result(job.name, job.config.key, "skipped", 0.0,
-                                                  stopped_backends[job.backend], build=job.build))
+                            results.append(job.result("skipped", message=stopped_backends[job.backend]))
                             if on_result:
                                 on_result(results[-1])
                             continue
@@ -347,9 +350,8 @@ def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float,
         finally:
             for worker in workers:
                 if worker.job is not None:
-                    results.append(Result(worker.job.name, worker.job.config.key, "skipped",
-                                          round(time.monotonic() - worker.started, 3), "the run's time limit ended it",
-                                          build=worker.job.build))
+                    results.append(worker.job.result("skipped", time.monotonic() - worker.started,
+                                                     "the run's time limit ended it"))
                 if worker.proc.poll() is None:
                     try:
                         worker.proc.stdin.close()
@@ -357,8 +359,8 @@ def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float,
                     except (OSError, subprocess.TimeoutExpired):
                         _kill(worker)
     for job in pending:
-        results.append(Result(job.name, job.config.key, "skipped", 0.0, stopped_backends.get(job.backend)
-                              or "the run's time limit came first", build=job.build))
+        results.append(job.result("skipped", message=stopped_backends.get(job.backend)
+                                  or "the run's time limit came first"))
     return results
 
 
@@ -505,13 +507,11 @@ def split_done(jobs: list[Job], done: set[str], failed: dict[str, tuple[str, str
     for job in jobs:
         key = _job_key(job)
         if key in done:
-            known.append(Result(job.name, job.config.key, "cached", 0.0, "compiled by an earlier run (manifest)",
-                                build=job.build))
+            known.append(job.result("cached", message="compiled by an earlier run (manifest)"))
         elif key in failed:
             outcome, message = failed[key]
-            known.append(Result(job.name, job.config.key, outcome, 0.0,
-                                f"{message} (an earlier run with the same versions and sources; not tried again)",
-                                build=job.build))
+            known.append(job.result(outcome, message=f"{message} (an earlier run with the same versions and "
+                                    "sources; not tried again)"))
         else:
             todo.append(job)
     return todo, known
