@@ -49,7 +49,7 @@ code{background:#f3f3f3;padding:0 3px;border-radius:3px;font-size:12.5px;word-br
 details{margin:4px 0} summary{cursor:pointer}
 .v-conformant{color:#166534;font-weight:600} .v-failing{color:#fff;background:#dc2626;font-weight:700}
 .v-incomplete{color:#374151;font-weight:600} .v-supports-nothing{color:#92400e;font-weight:600}
-.plot{margin:0}.plot svg{max-width:100%;height:auto;border:1px solid #eee}
+.plot{margin:0}.plot svg{display:block;box-sizing:border-box;border:1px solid #eee}
 .note{color:#666;font-size:13px}
 .caveat{color:#8a4b00;background:#fff6e5;border-left:3px solid #e0a030;padding:4px 8px;font-size:13px}
 .cause{border:1px solid #d6d6d6;border-left:6px solid #dc2626;border-radius:4px;padding:8px 12px;margin:10px 0}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from collections import defaultdict
 
 import matplotlib
@@ -23,7 +24,10 @@ def _svg(fig) -> str:
         fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
     text = buffer.getvalue()
-    return text[text.index("<svg"):].strip()
+    svg = text[text.index("<svg"):].strip()
+    # scale with the page down from its natural size (the viewBox keeps the aspect ratio)
+    return re.sub(r'<svg([^>]*?) width="([\d.]+)pt" height="[\d.]+pt"',
+                  r'<svg\1 style="width:100%;max-width:\2pt;height:auto"', svg, count=1)
 
 
 def _dtype(record) -> str | None:
