@@ -162,6 +162,14 @@ def test_gpu_check_names_only_known_impls_and_shapes():
     assert sum(n.startswith("S3") for n in named["shapes"]) >= 3  # S3 on three Pareto draws
 
 
+def test_s3_seeds_are_timed_even_where_the_shapes_do_not_name_them():
+    # gpu_runs.sh's kernels stage passed --s3-seeds 1,2 with --shapes ...,S3 and timed one S3 draw only
+    assert bench.run_shapes(["S4b", "S3", "S5"], [1, 2]) == ["S4b", "S3", "S3s1", "S3s2", "S5"]
+    assert bench.run_shapes(["S1"], [7]) == ["S1", "S3s7"]
+    assert bench.run_shapes(["S3s2", "S3"], [1, 2]) == ["S3s2", "S3", "S3s1"]  # named ones keep their place
+    assert bench.run_shapes(["S1", ""], []) == ["S1"]
+
+
 def test_the_head_dim_64_shape_is_timed_at_its_head_dim_and_leaves_the_others_unchanged():
     shapes = bench.make_shapes()
     assert shapes["S5"].get("D") == 64 and len(shapes["S5"]["lk"]) == 1024

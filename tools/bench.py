@@ -1,7 +1,7 @@
 """Benchmark: triton-jfa against FA4 (flash_attn.cute) and padded SDPA on one GPU, in one process.
 
     python tools/bench.py [--out DIR] [--impls fa4,triton-plan,triton,triton-fresh,triton-fresh-2,triton-tl-plan,sdpa]
-                          [--shapes S4b,S1,S1c,S2,S4a,S3] [--s3-seeds 1234,1,2] [--rounds N] [--host]
+                          [--shapes S4b,S1,S1c,S2,S4a,S3] [--s3-seeds 1,2] [--rounds N] [--host]
 
 (from a checkout with the package installed, or with the repository root on PYTHONPATH)
 
@@ -329,12 +329,22 @@ def measure_host(make, shape, tensors):
                 fwd_host_top=f_top, bwd_host_top=host_profile(bwd))
 
 
+def run_shapes(names, s3_seeds):
+    """The shapes a run times: ``names`` in order, with the S3 draws of ``s3_seeds`` that it does not name
+    after S3 (at the end where S3 is not named), so that asking for seeds always times them."""
+    names = [n for n in names if n]
+    extra = [f"S3s{seed}" for seed in s3_seeds if f"S3s{seed}" not in names]
+    at = names.index("S3") + 1 if "S3" in names else len(names)
+    return names[:at] + extra + names[at:]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     ap.add_argument("--impls", default="fa4,triton-plan,triton,triton-fresh,sdpa")
     ap.add_argument("--shapes", default="S4b,S1,S1c,S2,S4a,S3")
-    ap.add_argument("--s3-seeds", default="", help="other Pareto draws of S3 (shapes S3s<seed>), e.g. 1,2")
+    ap.add_argument("--s3-seeds", default="", help="other Pareto draws of S3, e.g. 1,2: shapes S3s<seed>, timed "
+                                                   "after S3 (or at the end) unless --shapes names them")
     ap.add_argument("--tag", default="")
     ap.add_argument("--rounds", type=int, default=1,
                     help="time every impl this many times, interleaved; report the median and the rounds")
@@ -356,14 +366,15 @@ def main(argv=None):
     impls = args.impls.split(",")
     # a misspelt name would otherwise cost a GPU call an error row
     unknown = [n for n in impls + [x for x in (args.fwd_only + "," + args.once).split(",") if x] if n not in IMPLS]
-    unknown += [n for n in args.shapes.split(",") if n not in shapes]
+    names = run_shapes(args.shapes.split(","), seeds)
+    unknown += [n for n in names if n not in shapes]
     if unknown:
         ap.error(f"unknown impls or shapes: {', '.join(unknown)} "
                  f"(impls: {', '.join(IMPLS)}; shapes: {', '.join(shapes)})")
     rows = []
     dev = torch.cuda.get_device_name(0)
     print(f"device: {dev}; torch {torch.__version__}", flush=True)
-    for sname in args.shapes.split(","):
+    for sname in names:
         shape = shapes[sname]
         D, H = shape.get("D", 128), shape["H"]
         pairs = visible_pairs(shape["lq"], shape["lk"], shape["causal"], shape["bq"])

@@ -105,7 +105,7 @@ case $STAGE in
   kernels)
     timeout 900 python3 tools/bench.py --out "$OUT_DIR/bench" --rounds "${ROUNDS:-3}" \
       --impls "${IMPLS:-fa4,triton-plan,triton,triton-fresh,triton-fresh-2}" \
-      --shapes "${SHAPES:-S4b,S1,S1c,S2,S4a,S3}" --s3-seeds "${S3_SEEDS:-1,2}" --host > "$OUT_DIR/kernels.log" 2>&1
+      --shapes "${SHAPES:-S4b,S1,S1c,S2,S4a,S3,S5}" --s3-seeds "${S3_SEEDS:-1,2}" --host > "$OUT_DIR/kernels.log" 2>&1
     echo "kernels rc=$?" | tee -a "$LOG"; tail -40 "$OUT_DIR/kernels.log" | tee -a "$LOG" ;;
   flashinfer-bench)
     run flashinfer-bench --bench --baseline-backend fa4 --backend fa4 --backend triton-jfa --backend flashinfer \
