@@ -110,6 +110,22 @@ def warm_problems(config: KernelConfig, extra=()):
     return [config.problem(q, k, seed=i) for i, (q, k) in enumerate(pairs)]
 
 
+def keys_cover_queries(config: KernelConfig, extra=()):
+    """The problems of :func:`warm_problems` with each sequence's query length cut to its key length (at
+    least 1). A backend that refuses causal attention with more queries than keys in a sequence
+    (FlashInfer) refuses every broadcast-Q problem of ``warm_problems`` (a dense query block of 4 or 17 rows
+    beside sequences of 1 and 3 keys); its checks still draw such configurations, with other lengths, and
+    would build the kernel inside a check, after the backend's gate has opened."""
+    fitted = []
+    for problem in warm_problems(config, extra):
+        keys = [max(1, k) for k in problem.seqlens_k]
+        queries = [max(1, min(q, k)) for q, k in zip(problem.seqlens_q, keys)]
+        if config.broadcast_q:  # one query block for every sequence
+            queries = [min(queries)] * len(keys)
+        fitted.append(dataclasses.replace(problem, seqlens_q=tuple(queries), seqlens_k=tuple(keys)))
+    return fitted
+
+
 def warm(backend, config: KernelConfig, device: str) -> None:
     """Call ``backend`` the way the checks will on ``config``: forward and backward where declared, the
     forward alone too (inputs that need no gradient: a graph compiler such as torch.compile builds another
@@ -130,6 +146,14 @@ def warm(backend, config: KernelConfig, device: str) -> None:
                 ran = True
             except Unsupported:
                 continue
+    if not ran:  # the same kernel configuration on lengths that backend may take
+        for problem in keys_cover_queries(config, extra):
+            for gradients in modes:
+                try:
+                    run_backend(backend, problem, device, gradients=gradients)
+                    ran = True
+                except Unsupported:
+                    continue
     if not ran:
         raise Unsupported(f"{backend.name} supports none of the warm-up problems of {config.key}")
 

@@ -3,6 +3,7 @@ that compiles them apart from the checks, shared compile caches, worker defaults
 and containment of backends that hang or crash."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 import textwrap
@@ -509,6 +510,40 @@ def test_the_warm_up_runs_the_sizes_a_backend_declares_its_kernels_change_at(mon
     assert [c[1] for c in broadcast] == [k for _, k in warmup.WARM_LENGTHS] + [(7, 300)]
     assert all(len(set(q)) == 1 and len(q) == len(k) for q, k, _ in broadcast)
     assert len(calls) == 2 * len(broadcast)  # and each replicated (native broadcast-Q is checked against it)
+
+
+def test_the_warm_up_builds_a_configuration_whose_usual_lengths_the_backend_refuses():
+    # FlashInfer refuses causal attention with more queries than keys in a sequence, so it refused every
+    # broadcast-Q problem of the usual warm-up (4 or 17 query rows beside sequences of 1 and 3 keys); the
+    # H200 run of 2026-12-06 then built two JIT modules (bf16, head dim 256) inside checks, 100+ s each
+    from conformance.backend import Backend
+    from conformance.problem import Output
+
+    calls = []
+
+    class KeysCoverQueries(Backend):
+        name = "keys-cover-queries"
+        capabilities = Capabilities(broadcast_q="emulated", backward=False)
+
+        def not_supported_reasons(self, problem):
+            reasons = super().not_supported_reasons(problem)
+            if problem.causal == "bottom_right" and any(q > k for q, k in zip(problem.seqlens_q, problem.seqlens_k)):
+                reasons.append("more queries than keys under causal masking")
+            return reasons
+
+        def forward(self, args):
+            calls.append((tuple(args.seqlens_q), tuple(args.seqlens_k)))
+            out = torch.zeros(args.q.shape[0], args.q.shape[1], args.v.shape[2], dtype=args.q.dtype)
+            return Output(out, torch.zeros(args.q.shape[1], out.shape[0]))
+
+    causal_bq = KernelConfig("float32", 16, None, 2, 1, "bottom_right", True, None)
+    assert all(KeysCoverQueries().not_supported_reasons(p) for p in warmup.warm_problems(causal_bq))
+    warmup.warm(KeysCoverQueries(), causal_bq, "cpu")
+    assert calls and all(q <= k for qs, ks in calls for q, k in zip(qs, ks))
+    # the usual problems still come first where the backend takes them: nothing changes for the others
+    calls.clear()
+    warmup.warm(KeysCoverQueries(), dataclasses.replace(causal_bq, causal="none"), "cpu")
+    assert len(calls) == len(warmup.WARM_LENGTHS) and any(q > k for qs, ks in calls for q, k in zip(qs, ks))
 
 
 @pytest.mark.parametrize("bad", [((1, 2), (1,)), ((), ()), ((1, -1), (1, 1)), [(1,), (1,)], ((1.5,), (1,))])
