@@ -151,6 +151,7 @@ class FlashInfer(Backend):
             backward=False,
             min_compute_capability=self.minimum_capability,
             compile_s=self.compile_s,
+            parallel_build=self.compiled_at_first_use,
             notes=f"flashinfer-python {_version()}: BatchPrefillWithRaggedKVCacheWrapper, "
             f"backend='{self.implementation}'; base-2 LSE [rows, Hq] converted; causal needs Lk >= Lq per "
             "sequence; no empty batch; forward only",

@@ -34,8 +34,13 @@ seconds, its other jobs go after the backend's builds, and no job starts while a
 making its build: it would only wait for that process's lock, holding a worker (in the H100 run of
 2026-12-06, twelve auto jobs each measured about 137 s, nearly all of it waiting for three fa3 builds).
 On that run's measured seconds, with the build keys added, ``tools/simulate_warmup_order.py`` opens the
-FlashInfer gates at about 130 s where the order without build keys gives 143 and 285 s (266 s measured);
-not yet measured on a GPU.
+FlashInfer gates at about 130 s where the order without build keys gives 143 and 285 s (266 s measured).
+Measured on an H200 (2026-12-06), the FlashInfer gates opened at 311 s, not 130: the model gives each job
+one core, but one FlashInfer build runs nvcc on every core (ninja), and with its builds counted once
+FlashInfer ranked cheap, so six builds started first and FA4's, flex's and triton-jfa's compiles, sharing
+the cores with them, took 2-2.5x their usual seconds (their gates opened at 275-309 s). So the jobs of a
+backend that declares ``Capabilities.parallel_build`` run in worker processes of lower CPU priority
+(``BACKGROUND_NICE``): its builds take the cores the others leave idle.
 
 A job that outlives ``budget_s`` is stopped with its process (a fresh one takes its place) and reported
 as ``timeout``; the backend's remaining jobs are skipped, and the checks phase starts that backend as
@@ -60,6 +65,9 @@ from pathlib import Path
 from .configs import KernelConfig
 
 MARKER = "@@jfa-warmup@@ "  # prefixes the one result line per job on a worker's stdout
+# The niceness of the worker processes that run jobs of backends with parallel builds (Job.background): the
+# scheduler then gives their compiler processes the cores that the other workers leave idle
+BACKGROUND_NICE = 10
 # (query lengths, key lengths): a short ragged batch and one with a tile-aligned sequence, so that the
 # kernels' specialisations on aligned sizes are compiled too
 WARM_LENGTHS = (((3, 17), (3, 17)), ((64, 1, 129), (64, 1, 129)))
@@ -73,6 +81,7 @@ class Job:
     config: KernelConfig
     packages: str = ""  # the versions of the backend's own packages (package_versions)
     build: str = ""  # what the job compiles (Backend.build_key); jobs with one build key share what it makes
+    background: bool = False  # its backend builds with many processes at once (Capabilities.parallel_build)
 
     @property
     def build_key(self) -> str:
@@ -202,6 +211,7 @@ class _Worker:
     index: int
     env: dict
     proc: subprocess.Popen
+    nice: int = 0
     lines: queue.Queue = field(default_factory=queue.Queue)
     job: Job | None = None
     started: float = 0.0
@@ -212,19 +222,31 @@ class _Worker:
         self.proc.stdin.flush()
 
 
-def _spawn(index: int, device: str, env: dict, log) -> _Worker:
+def _spawn(index: int, device: str, env: dict, log, nice: int = 0) -> _Worker:
     proc = subprocess.Popen([sys.executable, "-m", "conformance.warmup", "--serve", "--device", device],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env, text=True,
-                            bufsize=1, start_new_session=True)
-    worker = _Worker(index, env, proc)
+                            bufsize=1, start_new_session=True,
+                            preexec_fn=(lambda: os.nice(nice)) if nice and hasattr(os, "nice") else None)
+    worker = _Worker(index, env, proc, nice)
 
     def pump():
         for line in proc.stdout:
             worker.lines.put(line)
+        proc.stdout.close()
         worker.lines.put(None)  # end of output: the process has exited
 
     threading.Thread(target=pump, daemon=True).start()
     return worker
+
+
+def _retire(worker: _Worker) -> None:
+    """Ends an idle worker: its input closed, then killed if it does not exit at once."""
+    if worker.proc.poll() is None:
+        try:
+            worker.proc.stdin.close()
+            worker.proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            _kill(worker)
 
 
 def _kill(worker: _Worker) -> None:
@@ -234,6 +256,10 @@ def _kill(worker: _Worker) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     worker.proc.wait()
+    try:
+        worker.proc.stdin.close()
+    except OSError:  # a pipe whose reader died mid-write
+        pass
 
 
 def order(jobs: list[Job], seconds: dict[str, float] | None = None,
@@ -338,19 +364,19 @@ def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float,
                                 _kill(worker)
                                 finish(worker, "timeout", time.monotonic() - worker.started,
                                        f"no answer after {budget_s:g} s (compile budget); the process was stopped")
-                                workers[i] = worker = _spawn(worker.index, device, worker.env, log)
+                                workers[i] = worker = _spawn(worker.index, device, worker.env, log, worker.nice)
                             continue
                         if line is None:  # the process died mid-job
                             code = worker.proc.wait()
                             finish(worker, "crash", time.monotonic() - worker.started,
                                    f"the warm-up process died (exit status {code})")
-                            workers[i] = worker = _spawn(worker.index, device, worker.env, log)
+                            workers[i] = worker = _spawn(worker.index, device, worker.env, log, worker.nice)
                         elif line.startswith(MARKER):
                             data = json.loads(line[len(MARKER):])
                             finish(worker, data["outcome"], data["seconds"], data["message"])
                             if data["outcome"] == "crash":  # the process exits: replace it
                                 worker.proc.wait()
-                                workers[i] = worker = _spawn(worker.index, device, worker.env, log)
+                                workers[i] = worker = _spawn(worker.index, device, worker.env, log, worker.nice)
                         else:
                             if line.strip():
                                 log.write(line)
@@ -365,8 +391,10 @@ def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float,
                             if on_result:
                                 on_result(results[-1])
                             continue
-                        if worker.proc.poll() is not None:
-                            workers[i] = worker = _spawn(worker.index, device, worker.env, log)
+                        nice = BACKGROUND_NICE if job.background else 0
+                        if worker.proc.poll() is not None or worker.nice != nice:
+                            _retire(worker)  # (a niceness is kept for life: a process may not lower its own)
+                            workers[i] = worker = _spawn(worker.index, device, worker.env, log, nice)
                         worker.send(job)
                         if on_start:
                             on_start(worker.index, job)
@@ -376,12 +404,7 @@ def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float,
                 if worker.job is not None:
                     results.append(worker.job.result("skipped", time.monotonic() - worker.started,
                                                      "the run's time limit ended it"))
-                if worker.proc.poll() is None:
-                    try:
-                        worker.proc.stdin.close()
-                        worker.proc.wait(timeout=5)
-                    except (OSError, subprocess.TimeoutExpired):
-                        _kill(worker)
+                _retire(worker)
     for job in pending:
         results.append(job.result("skipped", message=stopped_backends.get(job.backend)
                                   or "the run's time limit came first"))
@@ -599,7 +622,8 @@ def plan_warmup(ns, chosen, device: str, cache_dir: Path) -> Plan:
         if ns.dtype:
             configs = tuple(c for c in configs if c.dtype in ns.dtype)
         packages = package_versions(backend.requires)
-        jobs += [Job(spec, info.name, c, packages, _build_key(backend, c, device)) for c in configs]
+        background = backend.capabilities.parallel_build
+        jobs += [Job(spec, info.name, c, packages, _build_key(backend, c, device), background) for c in configs]
         priors[spec] = backend.capabilities.compile_s
     print_ = fingerprint(device)
     done, failed = load_manifest(cache_dir, print_), load_failed(cache_dir, print_)

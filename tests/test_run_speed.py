@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 import textwrap
 import time
@@ -214,7 +215,7 @@ PLAIN = textwrap.dedent('''
             start = time.time()
             time.sleep(0.2)
             with open(os.environ["CALLS"], "a") as f:
-                f.write(f"{os.getpid()} {start} {time.time()}\\n")
+                f.write(f"{os.getpid()} {start} {time.time()} {os.nice(0)} {args.q.shape[1]}\\n")
             return super().forward(args)
 ''')
 
@@ -259,8 +260,35 @@ def test_jobs_that_share_a_build_never_run_side_by_side(tmp_path, misbehaving, m
     results = warmup.run_pool(jobs, device="cpu", envs=[dict(__import__("os").environ)] * 3, budget_s=60,
                               log_path=tmp_path / "warmup.log")
     assert [r.outcome for r in results] == ["ok"] * 3
-    spans = sorted((float(a), float(b)) for _, a, b in (line.split() for line in calls.read_text().splitlines()))
+    spans = sorted((float(a), float(b)) for _, a, b, *_ in (line.split() for line in calls.read_text().splitlines()))
     assert len(spans) >= 3 and all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:]))
+
+
+@pytest.mark.skipif(not hasattr(os, "nice"), reason="process priorities are POSIX")
+def test_jobs_of_a_backend_with_parallel_builds_run_at_a_lower_cpu_priority(tmp_path, misbehaving, monkeypatch):
+    # FlashInfer's builds run nvcc on every core: at the priority of the other workers they starved FA4's,
+    # flex's and triton-jfa's compiles (H200, 2026-12-06). Its jobs run in processes of lower priority, and
+    # a worker slot that takes an ordinary job afterwards is an ordinary process again.
+    calls = tmp_path / "calls.txt"
+    monkeypatch.setenv("CALLS", str(calls))
+    spec = f"{misbehaving}:SharedBuild"
+    base = os.nice(0)
+    config = lambda h: KernelConfig("float32", 16, None, h, h, "none", False, None)  # noqa: E731
+    jobs = [warmup.Job(spec, "background", config(1), build="b1", background=True),
+            warmup.Job(spec, "background", config(2), build="b1", background=True),
+            warmup.Job(spec, "plain", config(3), build="p1")]
+    results = warmup.run_pool(jobs, device="cpu", envs=[dict(os.environ)], budget_s=60,
+                              log_path=tmp_path / "warmup.log")
+    assert [r.outcome for r in results] == ["ok"] * 3
+    seen = {(int(heads), int(nice)) for _, _, _, nice, heads in (line.split() for line in calls.read_text().splitlines())}
+    assert seen == {(1, base + warmup.BACKGROUND_NICE), (2, base + warmup.BACKGROUND_NICE), (3, base)}
+
+
+def test_flashinfer_declares_parallel_builds_where_it_compiles():
+    from backends.flashinfer import FlashInfer, FlashInferCudnn, FlashInferFA3
+    assert FlashInfer().capabilities.parallel_build and FlashInferFA3().capabilities.parallel_build
+    assert not FlashInferCudnn().capabilities.parallel_build
+    assert not Capabilities().parallel_build
 
 
 def test_a_shared_build_counts_once_and_its_other_jobs_go_after_the_builds():
