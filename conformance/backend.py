@@ -52,8 +52,8 @@ class Capabilities:
     # Whether a build runs many compiler processes at once (FlashInfer's JIT: nvcc through ninja, one process
     # per core). The warm-up runs such a backend's jobs at a lower CPU priority, so that its builds take the
     # cores other backends' single-threaded compiles and the checks leave idle instead of starving them
-    # (the H200 run of 2026-12-06: FA4's warm-up took 1,157 compile-seconds beside FlashInfer's builds
-    # against 469 on the same kind of machine without them).
+    # (the H200 run of 2026-12-06: FA4's 24 configurations took 1,157 compile-seconds and triton-jfa's 30
+    # 1,339 beside FlashInfer's six builds, against 498 and 556 in an H100 run that began those builds late).
     parallel_build: bool = False
     # What runs the backend in place of its kernels here (e.g. "Triton's interpreter"); "" for the kernels
     # themselves. Its times would measure that, not a kernel: the benchmarks time it only when it is named

@@ -38,7 +38,7 @@ FlashInfer gates at about 130 s where the order without build keys gives 143 and
 Measured on an H200 (2026-12-06), the FlashInfer gates opened at 311 s, not 130: the model gives each job
 one core, but one FlashInfer build runs nvcc on every core (ninja), and with its builds counted once
 FlashInfer ranked cheap, so six builds started first and FA4's, flex's and triton-jfa's compiles, sharing
-the cores with them, took 2-2.5x their usual seconds (their gates opened at 275-309 s). So the jobs of a
+the cores with them, took 1.9-2.4x the seconds of the H100 run (their gates opened at 275-309 s). So the jobs of a
 backend that declares ``Capabilities.parallel_build`` run in worker processes of lower CPU priority
 (``BACKGROUND_NICE``): its builds take the cores the others leave idle.
 
