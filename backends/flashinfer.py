@@ -51,10 +51,12 @@ import importlib.metadata
 import math
 import os
 import shutil
+import time
 from collections import OrderedDict
 
 import torch
 
+from conformance import jit_watch
 from conformance.backend import Backend, Capabilities
 from conformance.problem import AttentionArgs, Output, Problem
 
@@ -138,6 +140,7 @@ class FlashInfer(Backend):
         self.plan_cache_size, self.workspace_bytes = plan_cache_size, workspace_bytes
         self._workspaces: dict[torch.device, torch.Tensor] = {}  # one scratch buffer per device, shared by plans
         self._plans: OrderedDict[tuple, object] = OrderedDict()  # layout and options -> planned wrapper, LRU
+        self._modules: set[tuple] = set()  # the JIT modules this process has planned with (see _planned)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -206,9 +209,18 @@ class FlashInfer(Backend):
         if wrapper is None:
             wrapper = BatchPrefillWithRaggedKVCacheWrapper(self._workspace(args.q.device), "NHD",
                                                            backend=self.implementation)
+            # plan() builds the JIT module of these dtypes, head dims and index type, or loads it from
+            # FlashInfer's cache, the first time a process needs it: reported as a build, so that a check
+            # that compiles (what the warm-up did not prepare) shows it
+            module = (args.q.device, args.q.dtype, head_dim, head_dim_v, cu_k.dtype)
+            start = time.perf_counter()
             wrapper.plan(cu_q, cu_k, heads_q, heads_kv, head_dim, head_dim_vo=head_dim_v, causal=causal,
                          pos_encoding_mode="NONE", logits_soft_cap=0.0, sm_scale=args.softmax_scale,
                          q_data_type=args.q.dtype, kv_data_type=args.k.dtype)
+            if module not in self._modules:
+                self._modules.add(module)
+                if self.compiled_at_first_use:
+                    jit_watch.record_build("FlashInfer JIT modules", time.perf_counter() - start)
         self._plans[key] = wrapper  # most recently used last
         while len(self._plans) > self.plan_cache_size:
             self._plans.popitem(last=False)

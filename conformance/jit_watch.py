@@ -6,8 +6,9 @@ The warm-up exists so that checks do not compile. Whether it managed is visible 
 (recorder.py) reads :func:`totals` before and after each check (:func:`since`). A check whose Triton
 kernels were all compiled by the warm-up shows only their loads (milliseconds per variant); one that
 compiled shows seconds, named by kernel in the report. This covers every kernel Triton's JIT launches
-(``@triton.jit`` and Gluon kernels) and every torch.compile graph (flex_attention's); FA4's CuTe DSL
-compiles through its own path and is not counted.
+(``@triton.jit`` and Gluon kernels) and every torch.compile graph (flex_attention's). A backend whose
+compiler no hook sees reports its builds itself (:func:`record_build`: FlashInfer's JIT modules); FA4's
+CuTe DSL compiles through its own path and is not counted.
 
 The hooks are Triton's own (``triton.knobs.runtime.jit_cache_hook`` before a variant is built and
 ``jit_post_compile_hook`` after); hooks already installed there keep working. Nothing is installed until
@@ -22,6 +23,17 @@ _totals = {"variants": 0, "seconds": 0.0}
 _per_kernel: dict[str, list] = {}  # kernel name -> [variants, seconds]
 _started: dict[str, tuple[float, str]] = {}
 _installed = False
+_reported: dict[str, list] = {}  # what a backend reported building (record_build): kind -> [builds, seconds]
+
+
+def record_build(kind: str, seconds: float) -> None:
+    """A backend's own compiler made one ``kind`` artifact (or loaded it from its cache) in ``seconds``,
+    during the check running in this process: for compilers the Triton and torch.compile hooks do not see
+    (FlashInfer's nvcc JIT). Counted like a Triton variant: in the check's ``jit`` record, the report's
+    compiling-in-checks seconds and its list of checks that compiled."""
+    entry = _reported.setdefault(str(kind), [0, 0.0])
+    entry[0] += 1
+    entry[1] += max(0.0, float(seconds))
 
 
 def _name(kwargs) -> str:
@@ -101,17 +113,20 @@ def _graphs() -> tuple[int, float]:
 
 def totals() -> tuple:
     """What this process has compiled since it started watching: (Triton variants, their seconds, per kernel
-    name (variants, seconds), torch.compile graphs, their seconds)."""
+    name (variants, seconds), torch.compile graphs, their seconds, per kind of what backends reported
+    (builds, seconds))."""
     graphs, graph_seconds = _graphs()
     return (_totals["variants"], _totals["seconds"], {k: (v[0], v[1]) for k, v in _per_kernel.items()},
-            graphs, graph_seconds)
+            graphs, graph_seconds, {k: (v[0], v[1]) for k, v in _reported.items()})
 
 
 def since(before) -> dict | None:
     """What was compiled between ``before`` (a :func:`totals`) and now, as a record's ``jit`` entry:
     ``{"seconds", "builds", "triton": {"variants", "seconds", "kernels": {name: {"variants", "seconds"}}},
-    "torch_compile": {"graphs", "seconds"}}`` with the parts that saw anything; None when nothing was."""
-    variants, seconds, kernels, graphs, graph_seconds = totals()
+    "torch_compile": {"graphs", "seconds"}, "reported": {kind: {"builds", "seconds"}}}`` with the parts
+    that saw anything; None when nothing was."""
+    variants, seconds, kernels, graphs, graph_seconds, reported = totals()
+    reported_before = before[5] if len(before) > 5 else {}
     out: dict = {}
     if variants > before[0]:
         changed = {}
@@ -123,8 +138,16 @@ def since(before) -> dict | None:
                          "kernels": changed}
     if graphs > before[3]:
         out["torch_compile"] = {"graphs": graphs - before[3], "seconds": round(max(0.0, graph_seconds - before[4]), 3)}
-    if not out:
+    kinds = {}
+    for kind, (n, s) in reported.items():
+        n0, s0 = reported_before.get(kind, (0, 0.0))
+        if n > n0:
+            kinds[kind] = {"builds": n - n0, "seconds": round(s - s0, 3)}
+    if not out and not kinds:
         return None
-    out["seconds"] = round(sum(part["seconds"] for part in out.values()), 3)
-    out["builds"] = out.get("triton", {}).get("variants", 0) + out.get("torch_compile", {}).get("graphs", 0)
+    out["seconds"] = round(sum(part["seconds"] for part in out.values()) + sum(k["seconds"] for k in kinds.values()), 3)
+    out["builds"] = (out.get("triton", {}).get("variants", 0) + out.get("torch_compile", {}).get("graphs", 0)
+                     + sum(k["builds"] for k in kinds.values()))
+    if kinds:
+        out["reported"] = kinds
     return out

@@ -18,6 +18,8 @@ does not reach unwritten (NaN).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import importlib.machinery
 import importlib.util
 import inspect
@@ -460,6 +462,27 @@ def test_plans_are_cached_per_indptr_layout(stand_in):
     backend.forward(strided)  # equal values, other strides: its own plan
     backend.forward(contiguous)
     assert len(_plans(stand_in)) == 2
+
+
+def test_the_first_plan_of_each_module_is_reported_as_a_build(stand_in):
+    # plan() builds (or loads) the JIT module of the call's dtypes, head dims and index type once per process;
+    # the adapter reports it so that a check that compiled says so (jit_watch.record_build)
+    from conformance import jit_watch
+    backend = fi.FlashInferFA2()
+    contiguous, _ = laid_out(CASES["jagged_gqa_causal"], LAYOUTS["int64_offsets"])
+    strided, _ = laid_out(CASES["jagged_gqa_causal"], LAYOUTS["strided_int64_offsets"])
+    before = jit_watch.totals()
+    backend.forward(contiguous)
+    backend.forward(strided)  # a plan of its own, the same module
+    built = jit_watch.since(before)
+    assert built["reported"]["FlashInfer JIT modules"]["builds"] == 1 and len(_plans(stand_in)) == 2
+    halved = dataclasses.replace(contiguous, q=contiguous.q.half(), k=contiguous.k.half(), v=contiguous.v.half())
+    backend.forward(halved)  # another dtype: another module
+    assert jit_watch.since(before)["reported"]["FlashInfer JIT modules"]["builds"] == 2
+    # cuDNN compiles nothing its cache keeps: nothing is reported
+    before = jit_watch.totals()
+    fi.FlashInferCudnn().forward(contiguous)
+    assert jit_watch.since(before) is None
 
 
 def test_lse_conversion_by_value():

@@ -38,6 +38,18 @@ BUILDS = textwrap.dedent('''
                 knobs.runtime.jit_post_compile_hook(**fields)
             return super().forward(args)
 
+    class ReportsBuilds(Reference):
+        name = "reports-builds"
+        built = False
+
+        def forward(self, args):
+            from conformance import jit_watch
+            if not ReportsBuilds.built:  # its own compiler, which no hook sees, builds once per process
+                ReportsBuilds.built = True
+                time.sleep(0.5)
+                jit_watch.record_build("vendor modules", 0.5)
+            return super().forward(args)
+
     class CompilesGraphs(Reference):
         name = "compiles-graphs"
 
@@ -87,6 +99,22 @@ def test_torch_compile_graphs_built_inside_a_check_are_counted(tmp_path):
     assert jit["torch_compile"]["graphs"] >= 1 and jit["builds"] == jit["torch_compile"]["graphs"]
     assert jit["seconds"] == jit["torch_compile"]["seconds"] > 0 and "triton" not in jit
     assert "torch.compile graphs x" in (tmp_path / "graphs" / "summary.md").read_text()
+
+
+def test_builds_a_backend_reports_count_as_compiling_inside_checks(tmp_path):
+    # FlashInfer's nvcc JIT is seen by no hook: on the H200 (2026-12-06) checks that built its modules took
+    # 100+ s each while the report said 0 s of compiling in checks
+    path = tmp_path / "builds.py"
+    path.write_text(BUILDS)
+    code = cli.main(["run", "--report-dir", str(tmp_path), "-q", "-n", "1", "--no-bench", "--name", "vendor",
+                     "--backend", f"{path}:ReportsBuilds", "-k", "test_forward", "--max-examples", "3"])
+    assert code == 0
+    report = json.loads((tmp_path / "vendor" / "report.json").read_text())
+    jit, = [r["jit"] for r in report["records"]]
+    assert jit == {"reported": {"vendor modules": {"builds": 1, "seconds": 0.5}}, "seconds": 0.5, "builds": 1}
+    assert report["backends"]["reports-builds"]["time"]["check_jit_s"] == 0.5
+    assert "vendor modules x1" in (tmp_path / "vendor" / "summary.md").read_text()
+    assert jit_watch.since(jit_watch.totals()) is None  # nothing since: nothing reported
 
 
 def test_the_hooks_chain_with_hooks_installed_before_and_never_break_a_build(monkeypatch):

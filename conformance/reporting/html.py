@@ -269,7 +269,8 @@ def _backend_table(report, summary) -> list[str]:
         out.append("<p class='note'>compile s: seconds of each backend's first call per compile configuration; "
                    "check s: seconds its checks ran"
                    + ("; compiling in checks s: of those, seconds spent inside checks compiling Triton kernels "
-                      "(or loading them from its cache: milliseconds each) and torch.compile graphs, which the "
+                      "(or loading them from its cache: milliseconds each), torch.compile graphs and the builds a "
+                      "backend reports (FlashInfer's JIT modules), which the "
                       "warm-up exists to take out of the checks" if "check_jit_s" in time_keys else "")
                    + ".</p>")
         run = report.get("run") or {}

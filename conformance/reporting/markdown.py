@@ -238,7 +238,8 @@ def render_markdown(report: dict, regressions: list[dict] | None = None) -> str:
         lines += ["", _md(phase[0].upper() + phase[1:]) + "."]
     built = perf.jit_in_checks(report)
     if built:
-        lines += ["", "Checks that compiled (Triton kernels, compiled or loaded from the cache; torch.compile graphs):",
+        lines += ["", "Checks that compiled (Triton kernels, compiled or loaded from the cache; torch.compile graphs; "
+                  "builds a backend reports, such as FlashInfer's JIT modules):",
                   ""]
         lines += [f"- `{_md(b['id'])}`: {b['seconds']:.2f} s, {b['builds']} build(s): " + _md(", ".join(b["what"]))
                   for b in built]

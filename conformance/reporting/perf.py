@@ -202,8 +202,8 @@ TIME_LABELS = {"compile_s": "compile s", "check_s": "check s", "check_jit_s": "c
 
 def jit_in_checks(report: dict, limit: int = 10) -> list[dict]:
     """The checks that compiled (what the warm-up did not prepare), most seconds first:
-    ``{"id", "backend", "seconds", "builds", "what"}``, ``what`` naming the Triton kernels (``name xN``) and
-    torch.compile graphs (``torch.compile graphs xN``)."""
+    ``{"id", "backend", "seconds", "builds", "what"}``, ``what`` naming the Triton kernels (``name xN``),
+    torch.compile graphs (``torch.compile graphs xN``) and what backends reported building (``kind xN``)."""
     out = []
     for r in report.get("records") or ():
         jit = r.get("jit")
@@ -212,6 +212,7 @@ def jit_in_checks(report: dict, limit: int = 10) -> list[dict]:
         what = [f"{k} x{v.get('variants', 0)}" for k, v in ((jit.get("triton") or {}).get("kernels") or {}).items()]
         if jit.get("torch_compile"):
             what.append(f"torch.compile graphs x{jit['torch_compile'].get('graphs', 0)}")
+        what += [f"{kind} x{v.get('builds', 0)}" for kind, v in (jit.get("reported") or {}).items()]
         out.append({"id": r["id"], "backend": r["backend"], "seconds": jit.get("seconds") or 0.0,
                     "builds": jit["builds"], "what": what})
     return sorted(out, key=lambda x: -x["seconds"])[:limit]
