@@ -400,7 +400,9 @@ def test_the_committed_example_carries_its_reproducers():
     compile_error = next(c for c in causes.values() if c["backend"] == "fa4" and "compile" in (c.get("label") or ""))
     assert compile_error["count"] == 2 and compile_error["shared"][0]["property"] == "head_dim > head_dim_v"
     crash = next(c for c in causes.values() if c["outcome"] == "crash")
-    assert crash["backend"] == "varlen-attn" and crash["shared"][0]["property"] == "every key length 0"
+    assert crash["backend"] == "flashinfer-cudnn" and crash["shared"][0]["property"] == "every query length 0"
+    strided = [c for c in causes.values() if c["backend"] == "flashinfer-fa2" and c["outcome"] == "fail"]
+    assert strided and all(c["shared"][0]["property"] == "offsets_layout = strided" for c in strided)
 
 
 def test_the_check_timeline_draws_each_worker_and_the_warm_up_ends():

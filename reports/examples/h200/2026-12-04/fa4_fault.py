@@ -1,7 +1,7 @@
 """Which FA4 inputs fault the device? Each candidate runs in its own process with CUDA_LAUNCH_BLOCKING=1,
 so a fault names its kernel launch and cannot spill into the next candidate.
 
-    PYTHONPATH=. python3 reports/examples/h200/fa4_fault.py [--json PATH]
+    PYTHONPATH=. python3 reports/examples/h200/2026-12-04/fa4_fault.py [--json PATH]
 
 The first two candidates are the problems two FA4 checks were running when they died in the first run;
 the others change one thing at a time (causal, GQA, value head dim, broadcast-Q path).

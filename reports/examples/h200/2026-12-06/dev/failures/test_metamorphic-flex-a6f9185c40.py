@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Reproducer: flex · metamorphic:sequence_permutation (fail)
+
+InductorError: RuntimeError: No valid triton configs. OutOfMemoryError: out of resource:
+triton_tem_fused_flex_attention_0 Required: 345344 Hardware limit:232448 Reducing block sizes or
+`num_stages` may help.
+
+Check:    conformance/spec/test_metamorphic.py::test_metamorphic[flex-sequence_permutation]
+Problem:  Problem(seqlens_q=[1], seqlens_k=[1], heads_q=16, heads_kv=2, head_dim=192, dtype='float32', causal='top_left', broadcast_q=True, scale=1.0, length_law='uniform', offsets_dtype='int64')
+          (hypothesis's minimal counterexample)
+Recorded: NVIDIA H200 (compute capability 9.0); python 3.12.3; torch 2.11.0, triton 3.6.0, flash-attn-4 4.0.0b36, flashinfer-python 0.7.2.post1, nvidia-cutlass-dsl 4.8.1
+          jfa-conformance commit ba8bbe1ade69
+
+Needs jfa-conformance and the backend's own package installed, nothing from the report directory:
+    python test_metamorphic-flex-a6f9185c40.py                      exit 1: reproduced, 0: passes now, 2: cannot run here
+    python test_metamorphic-flex-a6f9185c40.py --backend reference  the same problem on another backend
+    python test_metamorphic-flex-a6f9185c40.py --device cuda:1      on another device
+
+It reruns the check (test_metamorphic) on the problem as the run did and judges the result against
+the float64 oracle.
+"""
+import os
+import sys
+
+REPRODUCER = {'backend': 'flex',
+ 'device': 'cuda',
+ 'check': 'test_metamorphic',
+ 'params': {'relation': 'sequence_permutation'},
+ 'problem': {'seqlens_q': [1],
+             'seqlens_k': [1],
+             'heads_q': 16,
+             'heads_kv': 2,
+             'head_dim': 192,
+             'head_dim_v': None,
+             'dtype': 'float32',
+             'causal': 'top_left',
+             'broadcast_q': True,
+             'scale': 1.0,
+             'seed': 0,
+             'length_law': 'uniform',
+             'offsets_dtype': 'int64',
+             'layout': 'packed',
+             'offsets_layout': 'contiguous',
+             'grad_layout': 'contiguous',
+             'values': 'normal'},
+ 'mode': 'check',
+ 'gradients': False,
+ 'nodeid': 'conformance/spec/test_metamorphic.py::test_metamorphic[flex-sequence_permutation]',
+ 'outcome': 'fail'}
+
+if __name__ == "__main__":
+    # a device fault is then raised by the kernel launch that caused it (set before CUDA starts)
+    os.environ.setdefault("CUDA_LAUNCH_BLOCKING", "1")
+    from conformance.replay import reproducer_main
+
+    sys.exit(reproducer_main(REPRODUCER, sys.argv[1:]))
