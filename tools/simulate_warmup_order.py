@@ -7,7 +7,9 @@ the jobs, in order, to the first free of ``--workers`` workers (as the warm-up's
 time each backend's last job ends (its gate: its checks wait for it) under the warm-up's order
 (``conformance.warmup.order``, given the measured seconds, as a run that compiles again after an upgrade
 is) and under longest-job-first over all backends. It is a model: it leaves out the workers' start-up and
-the contention of many compilers on the CPU cores, which made the real gates open later.
+the contention of many compilers on the CPU cores, which made the real gates open later: it gives each job
+one core, while one FlashInfer build runs nvcc on every core (for the H100 run of 2026-12-06 it put
+FlashInfer's gates near 130 s; on the H200 the same day they opened at 311 s, and the others' at 275-310 s).
 
 Jobs the report gives one ``build`` (``Backend.build_key``) share a compiled artifact: the first makes it
 in its measured seconds, a later one costs ``--load-s`` once it is made. The warm-up's order holds such a
