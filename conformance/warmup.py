@@ -44,8 +44,9 @@ backend that declares ``Capabilities.parallel_build`` run in worker processes of
 sessions, as Linux's autogroup does: there a process's niceness ranks it only inside its own session): its
 builds take the cores the others leave idle. Modelled on a 2-core CPU (three workers; two jobs each running
 four processes of 5 CPU-seconds, as ninja runs nvcc, ranked first; four single-threaded jobs of 3
-CPU-seconds), the single-threaded backend's gate opened at 15.9 s instead of 23.3 s and the parallel builds
-ended at 31.5 s instead of 30.0 s (two runs each, within 0.3 s); not yet measured on a GPU machine.
+CPU-seconds), the single-threaded backend's gate opened at 15.9-16.2 s instead of 23.2-23.4 s and the
+parallel builds ended at 31.0-31.5 s instead of 29.9-30.1 s (three runs each); not yet measured on a GPU
+machine.
 
 A job that outlives ``budget_s`` is stopped with its process (a fresh one takes its place) and reported
 as ``timeout``; the backend's remaining jobs are skipped, and the checks phase starts that backend as
@@ -228,9 +229,10 @@ class _Worker:
 
 
 def _lower_priority(nice: int) -> None:
-    """In a new worker process, before it runs Python: its niceness and, where the kernel groups each session
-    for the scheduler (autogroup: a worker is a session of its own), its group's niceness, without which the
-    group would get an equal share of the cores whatever its processes' niceness."""
+    """In a worker process, before its first job: its niceness and, where the kernel groups each session for
+    the scheduler (autogroup: a worker is a session of its own), its group's niceness, without which the
+    group would get an equal share of the cores whatever its processes' niceness. What it starts (a
+    compiler's processes) inherits both."""
     os.nice(nice)
     try:
         with open("/proc/self/autogroup", "w") as group:
@@ -240,10 +242,11 @@ def _lower_priority(nice: int) -> None:
 
 
 def _spawn(index: int, device: str, env: dict, log, nice: int = 0) -> _Worker:
-    proc = subprocess.Popen([sys.executable, "-m", "conformance.warmup", "--serve", "--device", device],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env, text=True,
-                            bufsize=1, start_new_session=True,
-                            preexec_fn=functools.partial(_lower_priority, nice) if nice and hasattr(os, "nice") else None)
+    command = [sys.executable, "-m", "conformance.warmup", "--serve", "--device", device]
+    if nice and hasattr(os, "nice"):
+        command += ["--nice", str(nice)]
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env, text=True,
+                            bufsize=1, start_new_session=True)
     worker = _Worker(index, env, proc, nice)
 
     def pump():
@@ -832,7 +835,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m conformance.warmup", description="warm-up worker process")
     parser.add_argument("--serve", action="store_true", required=True)
     parser.add_argument("--device", required=True)
+    parser.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by this much first")
     ns = parser.parse_args(argv)
+    if ns.nice:
+        _lower_priority(ns.nice)
     return serve(ns.device)
 
 
