@@ -42,7 +42,9 @@ the cores with them, took 1.9-2.4x the seconds of the H100 run (their gates open
 backend that declares ``Capabilities.parallel_build`` run in worker processes of lower CPU priority
 (``BACKGROUND_NICE``, and the same for the scheduler group of the worker's session where the kernel groups
 sessions, as Linux's autogroup does: there a process's niceness ranks it only inside its own session): its
-builds take the cores the others leave idle. Modelled on a 2-core CPU (three workers; two jobs each running
+builds take the cores the others leave idle. And they run a few at a time, each on its share of the cores
+(``parallel_builds``: on 16 cores two, of 8 compiler processes each, through MAX_JOBS): in the H200's dev run
+four fa3 builds at once ran some 70 nvcc processes and the kernel killed one for memory. Modelled on a 2-core CPU (three workers; two jobs each running
 four processes of 5 CPU-seconds, as ninja runs nvcc, ranked first; four single-threaded jobs of 3
 CPU-seconds), the single-threaded backend's gate opened at 15.9-16.2 s instead of 23.2-23.4 s and the
 parallel builds ended at 31.0-31.5 s instead of 29.9-30.1 s (three runs each); not yet measured on a GPU
@@ -74,6 +76,20 @@ MARKER = "@@jfa-warmup@@ "  # prefixes the one result line per job on a worker's
 # The niceness of the worker processes that run jobs of backends with parallel builds (Job.background): the
 # scheduler then gives their compiler processes the cores that the other workers leave idle
 BACKGROUND_NICE = 10
+# The cores one parallel build gets: at most cpu_count // PARALLEL_BUILD_CORES of them at once (at least one),
+# each told through MAX_JOBS (the variable ninja-driven builds read: FlashInfer's JIT, torch's cpp_extension)
+# to run that share of the cores as compiler processes. Unbounded, each ran one per core: four fa3 builds
+# at once on the H200 (16 cores, 128 GB) ran some 70 nvcc processes and the kernel killed one for memory
+# (exit 137), a compile error that was not the backend's
+PARALLEL_BUILD_CORES = 8
+
+
+def parallel_builds(cpus: int | None = None) -> tuple[int, int]:
+    """(how many parallel builds may run at once, MAX_JOBS for each) on ``cpus`` cores (default: this
+    machine's)."""
+    cpus = max(1, cpus or os.cpu_count() or 1)
+    at_once = max(1, cpus // PARALLEL_BUILD_CORES)
+    return at_once, max(1, cpus // at_once)
 # (query lengths, key lengths): a short ragged batch and one with a tile-aligned sequence, so that the
 # kernels' specialisations on aligned sizes are compiled too
 WARM_LENGTHS = (((3, 17), (3, 17)), ((64, 1, 129), (64, 1, 129)))
@@ -218,6 +234,7 @@ class _Worker:
     env: dict
     proc: subprocess.Popen
     nice: int = 0
+    max_jobs: int | None = None
     lines: queue.Queue = field(default_factory=queue.Queue)
     job: Job | None = None
     started: float = 0.0
@@ -241,13 +258,19 @@ def _lower_priority(nice: int) -> None:
         pass
 
 
-def _spawn(index: int, device: str, env: dict, log, nice: int = 0) -> _Worker:
+def _spawn(index: int, device: str, env: dict, log, nice: int = 0, max_jobs: int | None = None) -> _Worker:
+    """A worker process; ``nice`` (a worker for parallel builds): its priority lowered by that much, and
+    MAX_JOBS set to ``max_jobs`` unless the environment sets it."""
     command = [sys.executable, "-m", "conformance.warmup", "--serve", "--device", device]
-    if nice and hasattr(os, "nice"):
-        command += ["--nice", str(nice)]
-    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env, text=True,
-                            bufsize=1, start_new_session=True)
-    worker = _Worker(index, env, proc, nice)
+    popen_env = env
+    if nice:
+        if hasattr(os, "nice"):
+            command += ["--nice", str(nice)]
+        if max_jobs and "MAX_JOBS" not in env:
+            popen_env = {**env, "MAX_JOBS": str(max_jobs)}
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=popen_env,
+                            text=True, bufsize=1, start_new_session=True)
+    worker = _Worker(index, env, proc, nice, max_jobs)
 
     def pump():
         for line in proc.stdout:
@@ -257,6 +280,11 @@ def _spawn(index: int, device: str, env: dict, log, nice: int = 0) -> _Worker:
 
     threading.Thread(target=pump, daemon=True).start()
     return worker
+
+
+def _respawn(worker: _Worker, device: str, log) -> _Worker:
+    """A fresh process in ``worker``'s place, as it was started (environment, priority)."""
+    return _spawn(worker.index, device, worker.env, log, worker.nice, worker.max_jobs)
 
 
 def _retire(worker: _Worker) -> None:
@@ -335,12 +363,13 @@ def order(jobs: list[Job], seconds: dict[str, float] | None = None,
     return sorted(ranked, key=lambda job: (totals[job.backend], follows[id(job)], -expected(job)))
 
 
-def next_job(pending: list[Job], building: set[str]) -> int | None:
+def next_job(pending: list[Job], building: set[str], background_free: bool = True) -> int | None:
     """The index of the first pending job whose build no running job is making, or None: a job that would
     only wait for another process's build (FlashInfer's JIT holds a lock) would hold a worker idle, and
-    loads the build in a moment once it is made."""
+    loads the build in a moment once it is made. ``background_free``: whether another parallel build
+    (``Job.background``) may start now (:func:`parallel_builds`); if not, such jobs wait too."""
     for index, job in enumerate(pending):
-        if job.build_key not in building:
+        if job.build_key not in building and (background_free or not job.background):
             return index
     return None
 
@@ -348,7 +377,7 @@ def next_job(pending: list[Job], building: set[str]) -> int | None:
 def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float, log_path: Path,
              on_result=None, on_start=None, deadline: float | None = None,
              seconds: dict[str, float] | None = None, priors: dict[str, float] | None = None,
-             stop: threading.Event | None = None) -> list[Result]:
+             stop: threading.Event | None = None, builds_at_once: tuple[int, int] | None = None) -> list[Result]:
     """Run ``jobs`` on ``len(envs)`` worker processes (one environment each, e.g. a pinned GPU), in the
     order of :func:`order` (``seconds``: what earlier runs took; ``priors``: the backends' hints).
 
@@ -356,6 +385,7 @@ def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float,
     (time.monotonic), or once ``stop`` is set, the jobs not yet finished are reported ``skipped``.
     """
     pending = order(jobs, seconds, priors)
+    at_once, max_jobs = builds_at_once or parallel_builds()
     results: list[Result] = []
     stopped_backends: dict[str, str] = {}  # backend -> why its remaining jobs are skipped
     with open(log_path, "a", encoding="utf-8") as log:
@@ -384,25 +414,27 @@ def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float,
                                 _kill(worker)
                                 finish(worker, "timeout", time.monotonic() - worker.started,
                                        f"no answer after {budget_s:g} s (compile budget); the process was stopped")
-                                workers[i] = worker = _spawn(worker.index, device, worker.env, log, worker.nice)
+                                workers[i] = worker = _respawn(worker, device, log)
                             continue
                         if line is None:  # the process died mid-job
                             code = worker.proc.wait()
                             finish(worker, "crash", time.monotonic() - worker.started,
                                    f"the warm-up process died (exit status {code})")
-                            workers[i] = worker = _spawn(worker.index, device, worker.env, log, worker.nice)
+                            workers[i] = worker = _respawn(worker, device, log)
                         elif line.startswith(MARKER):
                             data = json.loads(line[len(MARKER):])
                             finish(worker, data["outcome"], data["seconds"], data["message"])
                             if data["outcome"] == "crash":  # the process exits: replace it
                                 worker.proc.wait()
-                                workers[i] = worker = _spawn(worker.index, device, worker.env, log, worker.nice)
+                                workers[i] = worker = _respawn(worker, device, log)
                         else:
                             if line.strip():
                                 log.write(line)
                             continue
                     while worker.job is None and pending:
-                        index = next_job(pending, {w.job.build_key for w in workers if w.job is not None})
+                        running = [w.job for w in workers if w.job is not None]
+                        index = next_job(pending, {j.build_key for j in running},
+                                         sum(j.background for j in running) < at_once)
                         if index is None:
                             break  # every pending job waits for a build in progress
                         job = pending.pop(index)
@@ -414,7 +446,7 @@ def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float,
                         nice = BACKGROUND_NICE if job.background else 0
                         if worker.proc.poll() is not None or worker.nice != nice:
                             _retire(worker)  # (a niceness is kept for life: a process may not lower its own)
-                            workers[i] = worker = _spawn(worker.index, device, worker.env, log, nice)
+                            workers[i] = worker = _spawn(worker.index, device, worker.env, log, nice, max_jobs)
                         worker.send(job)
                         if on_start:
                             on_start(worker.index, job)

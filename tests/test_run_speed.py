@@ -219,7 +219,8 @@ PLAIN = textwrap.dedent('''
                     group = open("/proc/self/autogroup").read().split("nice")[-1].strip()
                 except OSError:
                     group = "-"
-                f.write(f"{os.getpid()} {start} {time.time()} {os.nice(0)} {args.q.shape[1]} {group}\\n")
+                f.write(f"{os.getpid()} {start} {time.time()} {os.nice(0)} {args.q.shape[1]} {group} "
+                        f"{os.environ.get('MAX_JOBS', '-')}\\n")
             return super().forward(args)
 ''')
 
@@ -285,13 +286,40 @@ def test_jobs_of_a_backend_with_parallel_builds_run_at_a_lower_cpu_priority(tmp_
                               log_path=tmp_path / "warmup.log")
     assert [r.outcome for r in results] == ["ok"] * 3
     lines = [line.split() for line in calls.read_text().splitlines()]
-    seen = {(int(heads), int(nice)) for _, _, _, nice, heads, _ in lines}
+    seen = {(int(heads), int(nice)) for _, _, _, nice, heads, _, _ in lines}
     assert seen == {(1, base + warmup.BACKGROUND_NICE), (2, base + warmup.BACKGROUND_NICE), (3, base)}
     # a worker is a session of its own: where the kernel schedules sessions as groups (autogroup), the
     # process's niceness ranks it only inside its group, so the group's niceness is lowered too
-    groups = {int(heads): group for _, _, _, _, heads, group in lines}
+    groups = {int(heads): group for _, _, _, _, heads, group, _ in lines}
     if groups[3] != "-":
         assert int(groups[1]) == int(groups[2]) == int(groups[3]) + warmup.BACKGROUND_NICE
+
+
+def test_parallel_builds_run_a_few_at_a_time_each_on_its_share_of_the_cores(tmp_path, misbehaving, monkeypatch):
+    # four fa3 builds at once on the H200 ran some 70 nvcc processes (one per core each) and the kernel killed
+    # one for memory; now at most cpu_count // 8 run at once, each told its share of the cores (MAX_JOBS)
+    assert warmup.parallel_builds(16) == (2, 8) and warmup.parallel_builds(2) == (1, 2)
+    assert warmup.parallel_builds(128) == (16, 8)
+    calls = tmp_path / "calls.txt"
+    monkeypatch.setenv("CALLS", str(calls))
+    monkeypatch.delenv("MAX_JOBS", raising=False)
+    spec = f"{misbehaving}:SharedBuild"
+    config = lambda h: KernelConfig("float32", 16, None, h, h, "none", False, None)  # noqa: E731
+    jobs = [warmup.Job(spec, "background", config(h), build=f"b{h}", background=True) for h in (1, 2, 3)]
+    jobs.append(warmup.Job(spec, "plain", config(4), build="p4"))
+    results = warmup.run_pool(jobs, device="cpu", envs=[dict(os.environ)] * 3, budget_s=60,
+                              log_path=tmp_path / "warmup.log", builds_at_once=(1, 5))
+    assert [r.outcome for r in results] == ["ok"] * 4
+    lines = [line.split() for line in calls.read_text().splitlines()]
+    spans: dict[int, list[float]] = {}
+    for _, start, end, _, heads, _, _ in lines:
+        span = spans.setdefault(int(heads), [float(start), float(end)])
+        span[0], span[1] = min(span[0], float(start)), max(span[1], float(end))
+    builds = sorted(spans[h] for h in (1, 2, 3))
+    assert all(later[0] >= earlier[1] for earlier, later in zip(builds, builds[1:]))  # one at a time
+    assert {(int(heads), jobs_) for _, _, _, _, heads, _, jobs_ in lines} == {(1, "5"), (2, "5"), (3, "5"), (4, "-")}
+    # a parallel build waiting for its turn does not hold up the others: the plain job did not wait for them
+    assert spans[4][0] < builds[-1][0]
 
 
 def test_flashinfer_declares_parallel_builds_where_it_compiles():
