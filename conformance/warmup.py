@@ -17,8 +17,8 @@ kernels, and, in each job's key, the versions of the packages that provide the b
 (``Backend.requires``), so that installing or upgrading one vendor's package recompiles that vendor's
 kernels only. A run whose caches are warm skips those jobs; their checks load the
 kernels from the caches on first use. Jobs that ended in a compile error or a refusal are listed too and
-not tried again under the same fingerprint (their checks meet the error and report it); crashes and
-timeouts are tried again. Delete the cache directory and everything is compiled again.
+not tried again under the same fingerprint (their checks meet the error and report it); crashes,
+timeouts and compilers the system killed (out of memory) are tried again. Delete the cache directory and everything is compiled again.
 
 The manifest also keeps each job's last compile seconds, whatever the fingerprint, so a run that has to
 compile again (after an upgrade or an edit) can order its jobs: the backend with the fewest expected
@@ -63,6 +63,7 @@ import functools
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -555,6 +556,13 @@ def load_manifest(cache_dir: Path, print_: str) -> set[str]:
 # Outcomes that the same versions and sources give again: a compile error, a configuration refused. A crash
 # or a timeout may be the machine's (memory, another process), so those jobs run again.
 REPEATABLE = ("error", "unsupported")
+# A compile error whose compiler the system killed (ninja's ``FAILED: [code=137]``: signal 9, as the kernel's
+# out-of-memory killer sends; or a shell's ``Killed``) is the machine's too: it is reported, not kept
+_KILLED = re.compile(r"\[code=(?:129|13[0-9]|14[0-3])\]|\bKilled\b|\bSIGKILL\b")
+
+
+def _repeatable(result: Result) -> bool:
+    return result.outcome in REPEATABLE and not (result.outcome == "error" and _KILLED.search(result.message or ""))
 
 
 def load_failed(cache_dir: Path, print_: str) -> dict[str, tuple[str, str]]:
@@ -564,7 +572,8 @@ def load_failed(cache_dir: Path, print_: str) -> dict[str, tuple[str, str]]:
     if not isinstance(entries, dict):
         return {}
     return {key: (v[0], str(v[1] or "")) for key, v in entries.items()
-            if isinstance(v, list) and len(v) == 2 and v[0] in REPEATABLE}
+            if isinstance(v, list) and len(v) == 2 and v[0] in REPEATABLE
+            and not (v[0] == "error" and _KILLED.search(str(v[1] or "")))}  # (listed before that rule)
 
 
 def load_seconds(cache_dir: Path) -> dict[str, float]:
@@ -583,7 +592,7 @@ def save_manifest(cache_dir: Path, print_: str, jobs: list[Job], results: list[R
     failures = dict(failed or {})
     for r in results:  # (this run's jobs: the recalled ones are not among them)
         key = by_key.get((r.backend, r.key))
-        if key is not None and r.outcome in REPEATABLE:
+        if key is not None and _repeatable(r):
             failures[key] = (r.outcome, r.message or "")
     for key in ok:
         failures.pop(key, None)

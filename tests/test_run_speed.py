@@ -764,6 +764,29 @@ def test_a_vendor_package_upgrade_recompiles_that_vendors_kernels_only(tmp_path)
     assert warmup.load_seconds(tmp_path) == {f"fa4 | {config(16).key}": 7.0, f"flex | {config(16).key}": 7.0}
 
 
+def test_a_compiler_killed_by_the_system_is_tried_again_and_a_compile_error_is_not(tmp_path):
+    # on the H200 an fa3 build with ~70 nvcc processes on the machine lost one to the out-of-memory killer:
+    # "Ninja build failed ... FAILED: [code=137]"; kept as FlashInfer's compile error, the next run with the
+    # same fingerprint would not have tried it again
+    config = lambda d: KernelConfig("float16", d, None, 1, 1, "none", False, None)  # noqa: E731
+    jobs = [warmup.Job("fi", "fi", config(d)) for d in (64, 128, 256)]
+    killed = "RuntimeError: Ninja build failed. Ninja output:\n[1/11] nvcc ...\nFAILED: [code=137] /cache/x.cuda.o"
+    results = [warmup.Result("fi", config(64).key, "error", 560.0, killed),
+               warmup.Result("fi", config(128).key, "error", 12.0, "RuntimeError: Ninja build failed ... "
+                                                                  "FAILED: [code=1] error: identifier undefined"),
+               warmup.Result("fi", config(256).key, "error", 3.0, "MLIRError: Operation creation failed")]
+    warmup.save_manifest(tmp_path, "common", jobs, results, set())
+    failed = warmup.load_failed(tmp_path, "common")
+    todo, settled = warmup.split_done(jobs, set(), failed)
+    assert [j.config.head_dim for j in todo] == [64]
+    assert sorted(r.key for r in settled) == sorted([config(128).key, config(256).key])
+    # a manifest written before this rule, listing the killed build, is read the same way
+    manifest = json.loads((tmp_path / warmup.MANIFEST).read_text())
+    manifest["failed"]["common"]["old-killed"] = ["error", killed]
+    (tmp_path / warmup.MANIFEST).write_text(json.dumps(manifest))
+    assert "old-killed" not in warmup.load_failed(tmp_path, "common")
+
+
 def test_a_backends_packages_are_the_distributions_of_its_modules():
     import importlib.metadata
     assert warmup.package_versions(("hypothesis",)) == f"hypothesis={importlib.metadata.version('hypothesis')}"
