@@ -126,7 +126,6 @@ def since(before) -> dict | None:
     "torch_compile": {"graphs", "seconds"}, "reported": {kind: {"builds", "seconds"}}}`` with the parts
     that saw anything; None when nothing was."""
     variants, seconds, kernels, graphs, graph_seconds, reported = totals()
-    reported_before = before[5] if len(before) > 5 else {}
     out: dict = {}
     if variants > before[0]:
         changed = {}
@@ -140,7 +139,7 @@ def since(before) -> dict | None:
         out["torch_compile"] = {"graphs": graphs - before[3], "seconds": round(max(0.0, graph_seconds - before[4]), 3)}
     kinds = {}
     for kind, (n, s) in reported.items():
-        n0, s0 = reported_before.get(kind, (0, 0.0))
+        n0, s0 = before[5].get(kind, (0, 0.0))
         if n > n0:
             kinds[kind] = {"builds": n - n0, "seconds": round(s - s0, 3)}
     if not out and not kinds:

@@ -169,23 +169,21 @@ def warm(backend, config: KernelConfig, device: str) -> None:
     problems = warm_problems(config, extra)
     if config.broadcast_q and backend.capabilities.broadcast_q == "native":
         problems += warm_problems(dataclasses.replace(config, broadcast_q=False), extra)
-    ran = False
     modes = (True, False) if backend.capabilities.backward else (False,)
-    for problem in problems:
-        for gradients in modes:  # (a backend may refuse only the backward of a configuration)
-            try:
-                run_backend(backend, problem, device, gradients=gradients)
-                ran = True
-            except Unsupported:
-                continue
-    if not ran:  # the same kernel configuration on lengths that backend may take
-        for problem in keys_cover_queries(config, extra):
-            for gradients in modes:
+
+    def run_all(problems) -> bool:
+        ran = False
+        for problem in problems:
+            for gradients in modes:  # (a backend may refuse only the backward of a configuration)
                 try:
                     run_backend(backend, problem, device, gradients=gradients)
                     ran = True
                 except Unsupported:
                     continue
+        return ran
+
+    # failing those, the same kernel configuration on lengths the backend may take
+    ran = run_all(problems) or run_all(keys_cover_queries(config, extra))
     if not ran:
         raise Unsupported(f"{backend.name} supports none of the warm-up problems of {config.key}")
 
