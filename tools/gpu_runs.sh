@@ -4,6 +4,9 @@
 #                                            they are (a fresh machine: empty), then again with the caches the
 #                                            first left; GPU memory sampled every second: OUT_DIR/reports/{cold,warm}/,
 #                                            OUT_DIR/{cold,warm}-gpu-mem.csv
+#   bash tools/gpu_runs.sh OUT_DIR ci-core   the same two runs without FlashInfer (the backend set of the ci targets),
+#                                            in a cache directory of their own (OUT_DIR/cache-core), so that a later
+#                                            ci stage still starts cold: OUT_DIR/reports/{core-cold,core-warm}/
 #   bash tools/gpu_runs.sh OUT_DIR bench     a warm run with --bench: OUT_DIR/reports/bench/
 #   bash tools/gpu_runs.sh OUT_DIR layouts   tests/test_adapter_layouts.py (every adapter under caller layouts):
 #                                            OUT_DIR/layouts.txt
@@ -27,7 +30,7 @@
 # FA4_PATH and FLASHINFER_PATH, if set, are put on PYTHONPATH (with the CuTe DSL packages under FA4_PATH).
 # LIMIT sets each run's --time-limit (default 300 s; the dev stage's is LIMIT_DEV). At the end the reports are packed into OUT_DIR/reports.tgz.
 set -u
-USAGE="usage: gpu_runs.sh OUT_DIR ci|bench|dev|start|wait|kernels|layouts|fa4-old|flashinfer|flashinfer-bench|host"
+USAGE="usage: gpu_runs.sh OUT_DIR ci|ci-core|bench|dev|start|wait|kernels|layouts|fa4-old|flashinfer|flashinfer-bench|host"
 OUT_DIR=${1:?$USAGE}
 STAGE=${2:?$USAGE}
 RUN_DIR=${RUN_DIR:-/tmp/jfa-run}
@@ -64,7 +67,7 @@ LIMIT=${LIMIT:-300}
 if [ -n "${FA4_PATH:-}" ]; then
   export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:${PYTHONPATH:-}
 fi
-if [ -n "${FLASHINFER_PATH:-}" ]; then
+if [ -n "${FLASHINFER_PATH:-}" ] && [ "$STAGE" != ci-core ]; then
   export PYTHONPATH=$FLASHINFER_PATH:${PYTHONPATH:-} PATH=$FLASHINFER_PATH/bin:$PATH
 fi
 export PYTHONUNBUFFERED=1
@@ -89,6 +92,9 @@ case $STAGE in
   ci)
     run cold --no-bench
     run warm --no-bench ;;
+  ci-core)
+    run core-cold --no-bench --cache-dir "$OUT_DIR/cache-core"
+    run core-warm --no-bench --cache-dir "$OUT_DIR/cache-core" ;;
   bench)
     run bench --bench ;;
   layouts)
@@ -114,6 +120,6 @@ case $STAGE in
     run flashinfer --no-bench --timeout 1200 --backend flashinfer --backend flashinfer-fa2 --backend flashinfer-fa3 \
       --backend flashinfer-cudnn ;;
   *)
-    echo "unknown stage $STAGE (ci, bench, dev, start, wait, kernels, layouts, fa4-old, flashinfer, flashinfer-bench or host)" >&2; exit 2 ;;
+    echo "unknown stage $STAGE (ci, ci-core, bench, dev, start, wait, kernels, layouts, fa4-old, flashinfer, flashinfer-bench or host)" >&2; exit 2 ;;
 esac
 tar czf "$OUT_DIR/reports.tgz" -C "$OUT_DIR" reports
