@@ -5,7 +5,7 @@ else ``~/.cache/jfa-conformance``) holds Triton's kernel cache, FA4's CuTe DSL c
 (FX graphs, AOT autograd), FlashInfer's JIT workspace and the CUDA driver's PTX cache, each in its own
 subfolder. A variable the user has set already (``TRITON_CACHE_DIR=...``) is kept.
 
-Beside them, the run's own records of earlier runs: ``warmup-manifest.json`` (warmup.py: which kernel
+Beside them, the run's own records of earlier runs: ``warmup-manifest.json`` (manifest.py: which kernel
 configurations compiled, and in how many seconds) and ``check-seconds.json`` (check_order.py: how long each
 check took, which orders the next run's checks longest first).
 """

@@ -41,7 +41,7 @@ def pytest_addoption(parser):
     group.addoption("--jfa-only", default=None, metavar="PATH",
                     help="run only the spec checks whose ids are listed in PATH, one per line (see check_key)")
     group.addoption("--jfa-warming", default=None, metavar="DIR",
-                    help="the run's warm-up gates (warmup.py): a check of a backend whose gate file is in DIR waits "
+                    help="the run's warm-up gates (gates.py): a check of a backend whose gate file is in DIR waits "
                     "for it, outside its timeout; such checks go last in each worker's share")
     group.addoption("--jfa-check-seconds", default=None, metavar="PATH",
                     help="JSON table of the seconds earlier runs measured per check (check_order.py): the longest "
@@ -179,7 +179,7 @@ def arrange_items(config, items) -> None:
     order = check_order.arrange([_as_check(item) for item in spec], table, workers, first_call)
     gates = config.getoption("jfa_warming")
     if gates:  # the checks that would wait for the warm-up go last in each share
-        from .warmup import gated_backends
+        from .gates import gated_backends
         waiting = gated_backends(Path(gates))
         order = check_order.gated_last(order, [getattr(_backend_param(item), "name", None) in waiting for item in spec],
                                        workers)
@@ -192,7 +192,7 @@ def pytest_runtest_protocol(item, nextitem):
     name = getattr(_backend_param(item), "name", None)
     if gates and name is not None:
         from .recorder import note_waiting
-        from .warmup import gate_path, wait_for_gate
+        from .gates import gate_path, wait_for_gate
         if gate_path(Path(gates), name).exists():
             note_waiting(item.config, name)
             wait_for_gate(Path(gates), name)

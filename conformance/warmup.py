@@ -10,15 +10,10 @@ warm-up job has ended, so their timeout measures checking rather than compiling.
 warm-up's calls launch every kernel variant the checks launch; for the project's Triton kernel,
 tests/test_compile_keys.py checks it on the CPU with the compile keys a GPU would use.
 
-What compiled once is not compiled again: a manifest in the cache directory lists the (backend,
-configuration) jobs that finished ``ok`` under a *fingerprint* of everything that could change the compiled
-kernels: the versions of Python, torch and Triton, the GPU and the sources of the project's adapters and
-kernels, and, in each job's key, the versions of the packages that provide the backend's own modules
-(``Backend.requires``), so that installing or upgrading one vendor's package recompiles that vendor's
-kernels only. A run whose caches are warm skips those jobs; their checks load the
-kernels from the caches on first use. Jobs that ended in a compile error or a refusal are listed too and
-not tried again under the same fingerprint (their checks meet the error and report it); crashes,
-timeouts and compilers the system killed (out of memory) are tried again. Delete the cache directory and everything is compiled again.
+What compiled once is not compiled again: the manifest (manifest.py) lists, under a fingerprint of the
+versions and sources the kernels depend on, the jobs that finished ``ok`` and those that ended in a compile
+error or a refusal; a run whose caches are warm skips them, and their checks load the kernels from the
+caches on first use (or meet the error and report it).
 
 The manifest also keeps each job's last compile seconds, whatever the fingerprint, so a run that has to
 compile again (after an upgrade or an edit) can order its jobs: the backend with the fewest expected
@@ -59,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import os
 import queue
@@ -71,6 +65,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import gates, manifest
 from .configs import KernelConfig
 
 MARKER = "@@jfa-warmup@@ "  # prefixes the one result line per job on a worker's stdout
@@ -335,7 +330,7 @@ def order(jobs: list[Job], seconds: dict[str, float] | None = None,
     overall = sum(seconds.values()) / len(seconds) if seconds else 0.0
 
     def expected(job: Job) -> float:
-        known = seconds.get(_seconds_key(job))
+        known = seconds.get(manifest.seconds_key(job))
         if known is not None:
             return known
         same = per_backend.get(job.backend)
@@ -462,167 +457,6 @@ def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float,
     return results
 
 
-MANIFEST = "warmup-manifest.json"
-FINGERPRINT_PACKAGES = ("torch", "triton")  # every backend's kernels depend on these
-
-
-# Modules whose distribution the installed metadata may not name: the CuTe DSL's ``cutlass`` lives in a
-# ``dsl_packages`` folder of nvidia-cutlass-dsl that its wheel puts on the path, not in a top-level entry.
-_DISTRIBUTIONS = {"cutlass": ("nvidia-cutlass-dsl",)}
-
-
-def package_versions(requires) -> str:
-    """``dist=version`` of the installed distributions that provide the top-level modules of ``requires``
-    (a backend's own packages: ``flash_attn.cute`` -> flash-attn-4, ...), those of FINGERPRINT_PACKAGES
-    left out; "" for none."""
-    import importlib.metadata
-    providers = _module_distributions()
-    dists = sorted({d for module in requires
-                    for d in (*providers.get(module.split(".")[0], ()), *_DISTRIBUTIONS.get(module.split(".")[0], ()))}
-                   - set(FINGERPRINT_PACKAGES))
-    versions = []
-    for dist in dists:
-        try:
-            versions.append(f"{dist}={importlib.metadata.version(dist)}")
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return ",".join(versions)
-
-
-@functools.lru_cache(maxsize=1)
-def _module_distributions() -> dict:
-    import importlib.metadata
-    return importlib.metadata.packages_distributions()
-
-
-def fingerprint(device: str) -> str:
-    """What the compiled kernels depend on besides the configuration (see the module docstring)."""
-    import hashlib
-    import importlib.metadata
-    import platform
-
-    digest = hashlib.sha256()
-    digest.update(platform.python_version().encode())
-    for package in FINGERPRINT_PACKAGES:
-        try:
-            digest.update(f"{package}={importlib.metadata.version(package)}".encode())
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    try:
-        import torch
-        if device.startswith("cuda") and torch.cuda.is_available():
-            digest.update(torch.cuda.get_device_name(device).encode())
-    except Exception:  # noqa: BLE001 - no device name: the versions still separate machines' kernels
-        pass
-    root = Path(__file__).resolve().parent.parent
-    for folder in ("backends", "kernels"):
-        for path in sorted((root / folder).rglob("*.py")):
-            digest.update(path.relative_to(root).as_posix().encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def _job_key(job: Job) -> str:
-    """The manifest's key of a job: the backend, its packages' versions, the configuration."""
-    return f"{job.backend} | {job.packages} | {job.config.key}" if job.packages else _seconds_key(job)
-
-
-def _seconds_key(job: Job) -> str:
-    """The key of a job's last compile seconds, whatever the versions (they order an upgrade's jobs)."""
-    return f"{job.backend} | {job.config.key}"
-
-
-def _read_manifest(cache_dir: Path) -> dict:
-    """``{"compiled": {fingerprint: [job key, ...]}, "failed": {fingerprint: {job key: [outcome, message]}},
-    "seconds": {job key: seconds}}`` (empty if unreadable)."""
-    empty = {"compiled": {}, "failed": {}, "seconds": {}}
-    try:
-        data = json.loads((Path(cache_dir) / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return empty
-    if not isinstance(data, dict) or not isinstance(data.get("compiled"), dict):
-        return empty
-    failed = data.get("failed") if isinstance(data.get("failed"), dict) else {}
-    return {"compiled": data["compiled"], "failed": failed, "seconds": dict(data.get("seconds") or {})}
-
-
-def load_manifest(cache_dir: Path, print_: str) -> set[str]:
-    """Jobs that finished ``ok`` in an earlier run with the same fingerprint."""
-    return set(_read_manifest(cache_dir)["compiled"].get(print_, []))
-
-
-# Outcomes that the same versions and sources give again: a compile error, a configuration refused. A crash
-# or a timeout may be the machine's (memory, another process), so those jobs run again.
-REPEATABLE = ("error", "unsupported")
-# A compile error whose compiler the system killed (ninja's ``FAILED: [code=137]``: signal 9, as the kernel's
-# out-of-memory killer sends; or a shell's ``Killed``) is the machine's too: it is reported, not kept
-_KILLED = re.compile(r"\[code=(?:129|13[0-9]|14[0-3])\]|\bKilled\b|\bSIGKILL\b")
-
-
-def _repeatable(result: Result) -> bool:
-    return result.outcome in REPEATABLE and not (result.outcome == "error" and _KILLED.search(result.message or ""))
-
-
-def load_failed(cache_dir: Path, print_: str) -> dict[str, tuple[str, str]]:
-    """Jobs that ended ``error`` or ``unsupported`` in an earlier run with the same fingerprint:
-    job key -> (outcome, message)."""
-    entries = _read_manifest(cache_dir)["failed"].get(print_, {})
-    if not isinstance(entries, dict):
-        return {}
-    return {key: (v[0], str(v[1] or "")) for key, v in entries.items()
-            if isinstance(v, list) and len(v) == 2 and v[0] in REPEATABLE
-            and not (v[0] == "error" and _KILLED.search(str(v[1] or "")))}  # (listed before that rule)
-
-
-def load_seconds(cache_dir: Path) -> dict[str, float]:
-    """Job key -> the compile seconds its last ``ok`` run took, under any fingerprint."""
-    return _read_manifest(cache_dir)["seconds"]
-
-
-def save_manifest(cache_dir: Path, print_: str, jobs: list[Job], results: list[Result], done: set[str],
-                  failed: dict[str, tuple[str, str]] | None = None) -> None:
-    """Add the jobs that finished ``ok`` to the manifest and record their seconds; keep the jobs that ended
-    in a :data:`REPEATABLE` failure (``failed``: what earlier runs recorded, plus this run's), so that the
-    next run with the same fingerprint does not try them again (lists of other fingerprints are dropped)."""
-    by_key = {(job.name, job.config.key): _job_key(job) for job in jobs}
-    ok = {by_key[r.backend, r.key]: r.seconds for r in results if r.outcome == "ok" and (r.backend, r.key) in by_key}
-    timed = {_seconds_key(job): ok[_job_key(job)] for job in jobs if _job_key(job) in ok}
-    failures = dict(failed or {})
-    for r in results:  # (this run's jobs: the recalled ones are not among them)
-        key = by_key.get((r.backend, r.key))
-        if key is not None and _repeatable(r):
-            failures[key] = (r.outcome, r.message or "")
-    for key in ok:
-        failures.pop(key, None)
-    seconds = {**load_seconds(cache_dir), **timed}
-    path = Path(cache_dir) / MANIFEST
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"compiled": {print_: sorted(set(done) | set(ok))},
-                               "failed": {print_: {k: list(v) for k, v in sorted(failures.items())}},
-                               "seconds": seconds}, indent=0))
-    os.replace(tmp, path)
-
-
-def split_done(jobs: list[Job], done: set[str], failed: dict[str, tuple[str, str]] | None = None
-               ) -> tuple[list[Job], list[Result]]:
-    """``(jobs still to run, results of those the manifest lists)``: compiled by an earlier run, or failed
-    there in a way the same versions and sources repeat (``failed``, reported with that run's message)."""
-    todo, known = [], []
-    failed = failed or {}
-    for job in jobs:
-        key = _job_key(job)
-        if key in done:
-            known.append(job.result("cached", message="compiled by an earlier run (manifest)"))
-        elif key in failed:
-            outcome, message = failed[key]
-            known.append(job.result(outcome, message=f"{message} (an earlier run with the same versions and "
-                                    "sources; not tried again)"))
-        else:
-            todo.append(job)
-    return todo, known
-
-
 def summarize(results: list[Result]) -> dict[str, dict]:
     """Per backend: ``compile_s`` (sum of its jobs), ``configs`` and the job list for the report."""
     summary: dict[str, dict] = {}
@@ -680,57 +514,14 @@ def plan_warmup(ns, chosen, device: str, cache_dir: Path) -> Plan:
         configs = configs_for(backend, seed, extra)
         if ns.dtype:
             configs = tuple(c for c in configs if c.dtype in ns.dtype)
-        packages = package_versions(backend.requires)
+        packages = manifest.package_versions(backend.requires)
         background = backend.capabilities.parallel_build
         jobs += [Job(spec, info.name, c, packages, _build_key(backend, c, device), background) for c in configs]
         priors[spec] = backend.capabilities.compile_s
-    print_ = fingerprint(device)
-    done, failed = load_manifest(cache_dir, print_), load_failed(cache_dir, print_)
-    todo, cached = split_done(jobs, done, failed)
+    print_ = manifest.fingerprint(device)
+    done, failed = manifest.load(cache_dir, print_), manifest.load_failed(cache_dir, print_)
+    todo, cached = manifest.split_done(jobs, done, failed)
     return Plan(jobs, todo, cached, priors, print_, done, failed)
-
-
-# -- gates: the checks of a backend start once its warm-up has finished ---------------------------------
-# The warm-up runs beside the checks: the checks of backends with nothing to compile (and of those whose
-# compiles an earlier run settled) start at once, and a worker that reaches a check of a backend still
-# compiling waits for that backend's last warm-up job. The wait is outside the check's timeout.
-def gate_path(gate_dir: Path, name: str) -> Path:
-    return Path(gate_dir) / f"{name}.warming"
-
-
-GATED = "gated.json"  # the backends gated at the start, fixed for the run: every xdist worker orders by it
-
-
-def open_gates(gate_dir: Path, names) -> None:
-    """Before the checks start: one file per backend whose checks must wait, and the list of them."""
-    Path(gate_dir).mkdir(parents=True, exist_ok=True)
-    for name in names:
-        gate_path(gate_dir, name).write_text("")
-    (Path(gate_dir) / GATED).write_text(json.dumps(sorted(names)))
-
-
-def gated_backends(gate_dir: Path) -> set[str]:
-    """The backends whose gates were opened at the start (released or not since)."""
-    try:
-        return set(json.loads((Path(gate_dir) / GATED).read_text()))
-    except (OSError, ValueError):
-        return set()
-
-
-def release_gate(gate_dir: Path | None, name: str) -> None:
-    if gate_dir is not None:
-        gate_path(gate_dir, name).unlink(missing_ok=True)
-
-
-def wait_for_gate(gate_dir: Path | None, name: str, poll_s: float = 0.2) -> float:
-    """Block while backend ``name`` is still compiling; the seconds waited. The warm-up releases every gate
-    when it ends, however it ends (its time limit included)."""
-    if gate_dir is None or not gate_path(gate_dir, name).exists():
-        return 0.0
-    start = time.monotonic()
-    while gate_path(gate_dir, name).exists():
-        time.sleep(poll_s)
-    return time.monotonic() - start
 
 
 def run_warmup(ns, plan: Plan, device: str, run_dir: Path, env: dict, cache_dir: Path, console, deadline,
@@ -759,7 +550,7 @@ def run_warmup(ns, plan: Plan, device: str, run_dir: Path, env: dict, cache_dir:
             left[result.backend] -= 1
             compiled[result.backend] = compiled.get(result.backend, 0.0) + result.seconds
             if left[result.backend] == 0:
-                release_gate(gate_dir, result.backend)
+                gates.release_gate(gate_dir, result.backend)
                 ready[result.backend] = round(time.monotonic() - started, 1)
                 if gate_dir is not None:
                     console.print(f"warm-up: {result.backend} ready after {ready[result.backend]:.0f} s "
@@ -768,9 +559,9 @@ def run_warmup(ns, plan: Plan, device: str, run_dir: Path, env: dict, cache_dir:
 
         results = run_pool(plan.todo, device=device, envs=envs, budget_s=ns.compile_timeout,
                            log_path=run_dir / "warmup.log", on_start=shown.started, on_result=finished,
-                           deadline=deadline, seconds=load_seconds(cache_dir), priors=plan.priors,
+                           deadline=deadline, seconds=manifest.load_seconds(cache_dir), priors=plan.priors,
                            stop=stop) if plan.todo else []
-    save_manifest(cache_dir, plan.fingerprint, plan.jobs, results, plan.done, plan.failed)
+    manifest.save(cache_dir, plan.fingerprint, plan.jobs, results, plan.done, plan.failed)
     results = plan.cached + results
     wall = round(time.monotonic() - started, 1)
     counts: dict[str, int] = {}
@@ -801,7 +592,7 @@ class Beside:
                 self._error = exc
             finally:
                 for name in gates:
-                    release_gate(gate_dir, name)
+                    gates.release_gate(gate_dir, name)
 
         self._thread = threading.Thread(target=target, name="jfa-warmup", daemon=True)
         self._thread.start()
@@ -827,7 +618,7 @@ def start_beside(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: P
         env[MEMORY_SHARE_ENV] = str(memory_share(per_gpu, warmup_per_gpu=per_gpu))
         warm_env[MEMORY_SHARE_ENV] = str(WARMUP_SHARE)
     gate_dir = run_dir / ".flight" / "warming"
-    open_gates(gate_dir, plan.warming())
+    gates.open_gates(gate_dir, plan.warming())
     if plan.todo:
         console.print(f"warm-up: compiling {len(plan.todo)} kernel configurations of "
                       f"{', '.join(sorted(plan.warming()))} beside the checks; their checks wait for them",

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance import cache, cli, configs, registry, warmup
+from conformance import cache, cli, configs, gates, manifest, registry, warmup
 from conformance.backend import Capabilities
 from conformance.configs import KernelConfig, axis_values, covered, kernel_configs, problem_axes
 from conformance.problem import CAUSAL_MODES, Problem
@@ -468,11 +468,11 @@ def test_a_second_run_skips_what_the_first_compiled(tmp_path, misbehaving):
                for w in recalled)
     assert [r["outcome"] for r in first["records"]] == [r["outcome"] for r in second["records"]]
     # a change to what the kernels depend on (here: the fingerprint) compiles, and tries, everything again
-    manifest = json.loads((cache_dir / warmup.MANIFEST).read_text())
-    assert set(manifest["seconds"]) == set(next(iter(manifest["compiled"].values())))  # what compiled, timed
-    manifest["compiled"] = {"another-fingerprint": next(iter(manifest["compiled"].values()))}
-    manifest["failed"] = {"another-fingerprint": next(iter(manifest["failed"].values()))}
-    (cache_dir / warmup.MANIFEST).write_text(json.dumps(manifest))
+    data = json.loads((cache_dir / manifest.MANIFEST).read_text())
+    assert set(data["seconds"]) == set(next(iter(data["compiled"].values())))  # what compiled, timed
+    data["compiled"] = {"another-fingerprint": next(iter(data["compiled"].values()))}
+    data["failed"] = {"another-fingerprint": next(iter(data["failed"].values()))}
+    (cache_dir / manifest.MANIFEST).write_text(json.dumps(data))
     cli.main([*argv, "--name", "third"])
     third = json.loads((tmp_path / "third" / "report.json").read_text())
     assert {w["outcome"] for w in third["backends"]["narrow-fine"]["time"]["warmup"]} == {"ok"}
@@ -531,8 +531,8 @@ def test_warmup_opens_the_cheapest_gates_first_and_starts_each_backends_longest_
 
 
 def test_a_manifest_in_an_unknown_format_is_ignored(tmp_path):
-    (tmp_path / warmup.MANIFEST).write_text(json.dumps({"0123abcd": ["a | float32 d16 h1:1 none"]}))
-    assert warmup.load_manifest(tmp_path, "0123abcd") == set() and warmup.load_seconds(tmp_path) == {}
+    (tmp_path / manifest.MANIFEST).write_text(json.dumps({"0123abcd": ["a | float32 d16 h1:1 none"]}))
+    assert manifest.load(tmp_path, "0123abcd") == set() and manifest.load_seconds(tmp_path) == {}
 
 
 def test_the_warm_up_skips_backends_that_compile_nothing(tmp_path, misbehaving):
@@ -719,16 +719,16 @@ def test_a_profile_bounds_the_seconds_hypothesis_spends_shrinking():
 
 
 def test_a_warm_up_that_fails_releases_every_gate(tmp_path):
-    gates = tmp_path / "warming"
-    warmup.open_gates(gates, {"fa4", "flex"})
+    gate_dir = tmp_path / "warming"
+    gates.open_gates(gate_dir, {"fa4", "flex"})
 
     def broken(stop):
         raise RuntimeError("the warm-up could not start")
-    warming = warmup.Beside(broken, gates, {"fa4", "flex"})
+    warming = warmup.Beside(broken, gate_dir, {"fa4", "flex"})
     with pytest.raises(RuntimeError, match="could not start"):
         warming.join()
-    assert warmup.wait_for_gate(gates, "fa4") == 0.0 and not warmup.gate_path(gates, "flex").exists()
-    assert warmup.gated_backends(gates) == {"fa4", "flex"}  # the order the workers collected stays as it was
+    assert gates.wait_for_gate(gate_dir, "fa4") == 0.0 and not gates.gate_path(gate_dir, "flex").exists()
+    assert gates.gated_backends(gate_dir) == {"fa4", "flex"}  # the order the workers collected stays as it was
 
 
 def test_a_backend_that_hangs_compiling_beside_the_checks_opens_its_gate_at_the_compile_budget(tmp_path, misbehaving):
@@ -753,15 +753,15 @@ def test_a_vendor_package_upgrade_recompiles_that_vendors_kernels_only(tmp_path)
     config = lambda d: KernelConfig("float32", d, None, 1, 1, "none", False, None)  # noqa: E731
     old = [warmup.Job("fa4", "fa4", config(16), "flash-attn-4=4.0.0b36"), warmup.Job("flex", "flex", config(16))]
     results = [warmup.Result(j.name, j.config.key, "ok", 7.0, "") for j in old]
-    warmup.save_manifest(tmp_path, "common", old, results, set())
-    done = warmup.load_manifest(tmp_path, "common")
-    assert warmup.split_done(old, done)[0] == []  # the same versions: nothing to compile
+    manifest.save(tmp_path, "common", old, results, set())
+    done = manifest.load(tmp_path, "common")
+    assert manifest.split_done(old, done)[0] == []  # the same versions: nothing to compile
     upgraded = [warmup.Job("fa4", "fa4", config(16), "flash-attn-4=4.0.0b37"), old[1]]
-    todo, cached = warmup.split_done(upgraded, done)
+    todo, cached = manifest.split_done(upgraded, done)
     assert [j.name for j in todo] == ["fa4"] and [r.backend for r in cached] == ["flex"]
     # the last compile seconds are the backend's and configuration's, whatever the versions: they order the
     # upgrade's jobs
-    assert warmup.load_seconds(tmp_path) == {f"fa4 | {config(16).key}": 7.0, f"flex | {config(16).key}": 7.0}
+    assert manifest.load_seconds(tmp_path) == {f"fa4 | {config(16).key}": 7.0, f"flex | {config(16).key}": 7.0}
 
 
 def test_a_compiler_killed_by_the_system_is_tried_again_and_a_compile_error_is_not(tmp_path):
@@ -775,24 +775,24 @@ def test_a_compiler_killed_by_the_system_is_tried_again_and_a_compile_error_is_n
                warmup.Result("fi", config(128).key, "error", 12.0, "RuntimeError: Ninja build failed ... "
                                                                   "FAILED: [code=1] error: identifier undefined"),
                warmup.Result("fi", config(256).key, "error", 3.0, "MLIRError: Operation creation failed")]
-    warmup.save_manifest(tmp_path, "common", jobs, results, set())
-    failed = warmup.load_failed(tmp_path, "common")
-    todo, settled = warmup.split_done(jobs, set(), failed)
+    manifest.save(tmp_path, "common", jobs, results, set())
+    failed = manifest.load_failed(tmp_path, "common")
+    todo, settled = manifest.split_done(jobs, set(), failed)
     assert [j.config.head_dim for j in todo] == [64]
     assert sorted(r.key for r in settled) == sorted([config(128).key, config(256).key])
     # a manifest written before this rule, listing the killed build, is read the same way
-    manifest = json.loads((tmp_path / warmup.MANIFEST).read_text())
-    manifest["failed"]["common"]["old-killed"] = ["error", killed]
-    (tmp_path / warmup.MANIFEST).write_text(json.dumps(manifest))
-    assert "old-killed" not in warmup.load_failed(tmp_path, "common")
+    data = json.loads((tmp_path / manifest.MANIFEST).read_text())
+    data["failed"]["common"]["old-killed"] = ["error", killed]
+    (tmp_path / manifest.MANIFEST).write_text(json.dumps(data))
+    assert "old-killed" not in manifest.load_failed(tmp_path, "common")
 
 
 def test_a_backends_packages_are_the_distributions_of_its_modules():
     import importlib.metadata
-    assert warmup.package_versions(("hypothesis",)) == f"hypothesis={importlib.metadata.version('hypothesis')}"
-    assert warmup.package_versions(("hypothesis.strategies", "hypothesis")) == warmup.package_versions(("hypothesis",))
-    assert warmup.package_versions(("torch.nn.attention.flex_attention", "triton")) == ""  # in every fingerprint
-    assert warmup.package_versions(("no_such_module_anywhere",)) == ""
+    assert manifest.package_versions(("hypothesis",)) == f"hypothesis={importlib.metadata.version('hypothesis')}"
+    assert manifest.package_versions(("hypothesis.strategies", "hypothesis")) == manifest.package_versions(("hypothesis",))
+    assert manifest.package_versions(("torch.nn.attention.flex_attention", "triton")) == ""  # in every fingerprint
+    assert manifest.package_versions(("no_such_module_anywhere",)) == ""
 
 
 def test_the_cute_dsl_counts_among_fa4s_packages(monkeypatch):
@@ -800,7 +800,7 @@ def test_the_cute_dsl_counts_among_fa4s_packages(monkeypatch):
     real = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version",
                         lambda dist: "4.8.1" if dist == "nvidia-cutlass-dsl" else real(dist))
-    assert "nvidia-cutlass-dsl=4.8.1" in warmup.package_versions(("flash_attn.cute", "cutlass"))
+    assert "nvidia-cutlass-dsl=4.8.1" in manifest.package_versions(("flash_attn.cute", "cutlass"))
 
 
 def test_the_warm_up_simulator_models_shared_builds():
