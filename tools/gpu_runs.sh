@@ -37,7 +37,7 @@ RUN_DIR=${RUN_DIR:-/tmp/jfa-run}
 case $STAGE in
   start)  # a copy of the tree, so that later uploads cannot change the sources under the running suite
     rm -rf "$RUN_DIR" && mkdir -p "$RUN_DIR/tree" "$RUN_DIR/out"
-    git ls-files -z | xargs -0 cp --parents -t "$RUN_DIR/tree"
+    git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$RUN_DIR/tree"  # untracked too: a machine's .git may lag its files
     cp -r .git "$RUN_DIR/tree/"
     # what a report will call "uncommitted changes" on this machine, if anything (the first 40 paths)
     (cd "$RUN_DIR/tree" && git status --porcelain --untracked-files=no | head -40) > "$RUN_DIR/out/log_tree.txt"
