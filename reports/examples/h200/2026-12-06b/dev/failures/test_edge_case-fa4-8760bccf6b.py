@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Reproducer: fa4 · edge_case:value_dim_differs · bfloat16 (fail)
+
+MLIRError: Operation creation failed: expected top-level shape equivalence between the SMEM layout
+and the CTA V-map, but got '!cute.composed_layout<"S<3,4,3> o 0 o
+((8,16),(64,1)):((64,512),(1,0))">' and …
+
+Check:    conformance/spec/test_edge_cases.py::test_edge_case[fa4-value_dim_differs-bfloat16]
+Problem:  Problem(seqlens_q=[4, 9], seqlens_k=[6, 9], head_dim_v=32, dtype='bfloat16', causal='none')
+          (the call in flight when the check's process died: the shapes and options are the ones
+          that failed, the input values come from the problem's seed and may differ from the run's)
+Recorded: NVIDIA H200 (compute capability 9.0); python 3.12.3; torch 2.11.0, triton 3.6.0, flash-attn-4 4.0.0b36, flashinfer-python 0.7.2.post1, nvidia-cutlass-dsl 4.8.1
+          jfa-conformance commit 0781d958d9cf with uncommitted changes
+
+Needs jfa-conformance and the backend's own package installed, nothing from the report directory:
+    python test_edge_case-fa4-8760bccf6b.py                      exit 1: reproduced, 0: passes now, 2: cannot run here
+    python test_edge_case-fa4-8760bccf6b.py --backend reference  the same problem on another backend
+    python test_edge_case-fa4-8760bccf6b.py --device cuda:1      on another device
+
+It reruns the check (test_edge_case) on the problem as the run did and judges the result against the
+float64 oracle.
+"""
+import os
+import sys
+
+REPRODUCER = {'backend': 'fa4',
+ 'device': 'cuda',
+ 'check': 'test_edge_case',
+ 'params': {'case': 'value_dim_differs', 'dtype': 'bfloat16'},
+ 'problem': {'seqlens_q': [4, 9],
+             'seqlens_k': [6, 9],
+             'heads_q': 1,
+             'heads_kv': 1,
+             'head_dim': 64,
+             'head_dim_v': 32,
+             'dtype': 'bfloat16',
+             'causal': 'none',
+             'broadcast_q': False,
+             'scale': None,
+             'seed': 0,
+             'length_law': 'given',
+             'offsets_dtype': 'int32',
+             'layout': 'packed',
+             'offsets_layout': 'contiguous',
+             'grad_layout': 'contiguous',
+             'values': 'normal'},
+ 'mode': 'check',
+ 'gradients': False,
+ 'nodeid': 'conformance/spec/test_edge_cases.py::test_edge_case[fa4-value_dim_differs-bfloat16]',
+ 'outcome': 'fail'}
+
+if __name__ == "__main__":
+    # a device fault is then raised by the kernel launch that caused it (set before CUDA starts)
+    os.environ.setdefault("CUDA_LAUNCH_BLOCKING", "1")
+    from conformance.replay import reproducer_main
+
+    sys.exit(reproducer_main(REPRODUCER, sys.argv[1:]))

@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Reproducer: flashinfer-cudnn · edge_case:queries_without_keys · float16 (fail)
+
+disagrees with the float64 oracle: out inf (NaN or inf in the output), lse inf (NaN or inf in the
+output) the allowance
+
+Check:    conformance/spec/test_edge_cases.py::test_edge_case[flashinfer-cudnn-queries_without_keys-float16]
+Problem:  Problem(seqlens_q=[3, 5, 2], seqlens_k=[0, 4, 0], dtype='float16', causal='none')
+          (the failing example)
+Recorded: NVIDIA H200 (compute capability 9.0); python 3.12.3; torch 2.11.0, triton 3.6.0, flash-attn-4 4.0.0b36, flashinfer-python 0.7.2.post1, nvidia-cutlass-dsl 4.8.1
+          jfa-conformance commit 0781d958d9cf with uncommitted changes
+
+Needs jfa-conformance and the backend's own package installed, nothing from the report directory:
+    python test_edge_case-flashinfer-cudnn-2b5212ee3d.py                      exit 1: reproduced, 0: passes now, 2: cannot run here
+    python test_edge_case-flashinfer-cudnn-2b5212ee3d.py --backend reference  the same problem on another backend
+    python test_edge_case-flashinfer-cudnn-2b5212ee3d.py --device cuda:1      on another device
+
+It reruns the check (test_edge_case) on the problem as the run did and judges the result against the
+float64 oracle.
+"""
+import os
+import sys
+
+REPRODUCER = {'backend': 'flashinfer-cudnn',
+ 'device': 'cuda',
+ 'check': 'test_edge_case',
+ 'params': {'case': 'queries_without_keys', 'dtype': 'float16'},
+ 'problem': {'seqlens_q': [3, 5, 2],
+             'seqlens_k': [0, 4, 0],
+             'heads_q': 1,
+             'heads_kv': 1,
+             'head_dim': 64,
+             'head_dim_v': None,
+             'dtype': 'float16',
+             'causal': 'none',
+             'broadcast_q': False,
+             'scale': None,
+             'seed': 0,
+             'length_law': 'given',
+             'offsets_dtype': 'int32',
+             'layout': 'packed',
+             'offsets_layout': 'contiguous',
+             'grad_layout': 'contiguous',
+             'values': 'normal'},
+ 'mode': 'check',
+ 'gradients': False,
+ 'nodeid': 'conformance/spec/test_edge_cases.py::test_edge_case[flashinfer-cudnn-queries_without_keys-float16]',
+ 'outcome': 'fail'}
+
+if __name__ == "__main__":
+    # a device fault is then raised by the kernel launch that caused it (set before CUDA starts)
+    os.environ.setdefault("CUDA_LAUNCH_BLOCKING", "1")
+    from conformance.replay import reproducer_main
+
+    sys.exit(reproducer_main(REPRODUCER, sys.argv[1:]))

@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Reproducer: flashinfer · edge_case:misaligned_views · bfloat16 (crash)
+
+forward: CUDA error: an illegal instruction was encountered
+
+Check:    conformance/spec/test_edge_cases.py::test_edge_case[flashinfer-misaligned_views-bfloat16]
+Problem:  Problem(seqlens_q=[5, 0, 17], seqlens_k=[7, 3, 17], dtype='bfloat16', causal='none', layout='offset_view')
+          (the call in flight when the check's process died: the shapes and options are the ones
+          that failed, the input values come from the problem's seed and may differ from the run's)
+Recorded: NVIDIA H200 (compute capability 9.0); python 3.12.3; torch 2.11.0, triton 3.6.0, flash-attn-4 4.0.0b36, flashinfer-python 0.7.2.post1, nvidia-cutlass-dsl 4.8.1
+          jfa-conformance commit 0781d958d9cf with uncommitted changes
+
+Needs jfa-conformance and the backend's own package installed, nothing from the report directory:
+    python test_edge_case-flashinfer-0387cf4f6e.py                      exit 1: reproduced, 0: passes now, 2: cannot run here
+    python test_edge_case-flashinfer-0387cf4f6e.py --backend reference  the same problem on another backend
+    python test_edge_case-flashinfer-0387cf4f6e.py --device cuda:1      on another device
+
+It reruns the check (test_edge_case) on the problem as the run did and judges the result against the
+float64 oracle.
+"""
+import os
+import sys
+
+REPRODUCER = {'backend': 'flashinfer',
+ 'device': 'cuda',
+ 'check': 'test_edge_case',
+ 'params': {'case': 'misaligned_views', 'dtype': 'bfloat16'},
+ 'problem': {'seqlens_q': [5, 0, 17],
+             'seqlens_k': [7, 3, 17],
+             'heads_q': 1,
+             'heads_kv': 1,
+             'head_dim': 64,
+             'head_dim_v': None,
+             'dtype': 'bfloat16',
+             'causal': 'none',
+             'broadcast_q': False,
+             'scale': None,
+             'seed': 0,
+             'length_law': 'given',
+             'offsets_dtype': 'int32',
+             'layout': 'offset_view',
+             'offsets_layout': 'contiguous',
+             'grad_layout': 'contiguous',
+             'values': 'normal'},
+ 'mode': 'check',
+ 'gradients': False,
+ 'nodeid': 'conformance/spec/test_edge_cases.py::test_edge_case[flashinfer-misaligned_views-bfloat16]',
+ 'outcome': 'crash'}
+
+if __name__ == "__main__":
+    # a device fault is then raised by the kernel launch that caused it (set before CUDA starts)
+    os.environ.setdefault("CUDA_LAUNCH_BLOCKING", "1")
+    from conformance.replay import reproducer_main
+
+    sys.exit(reproducer_main(REPRODUCER, sys.argv[1:]))
