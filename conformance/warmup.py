@@ -580,8 +580,8 @@ class Beside:
     ``run(stop)`` runs it; ``stopping`` ends it early (the checks are over); ``status()`` says what compiles
     now, for the live view. However the warm-up ends, every gate is released: no check waits on it."""
 
-    def __init__(self, run, gate_dir: Path, gates: set[str], status=lambda: ""):
-        self.gate_dir, self.gates, self.status = gate_dir, gates, status
+    def __init__(self, run, gate_dir: Path, names: set[str], status=lambda: ""):
+        self.gate_dir, self.gates, self.status = gate_dir, names, status
         self.stopping = threading.Event()
         self._result, self._error = ({}, {"ran": False}), None
 
@@ -591,7 +591,7 @@ class Beside:
             except BaseException as exc:  # noqa: BLE001 - re-raised in join()
                 self._error = exc
             finally:
-                for name in gates:
+                for name in names:
                     gates.release_gate(gate_dir, name)
 
         self._thread = threading.Thread(target=target, name="jfa-warmup", daemon=True)
