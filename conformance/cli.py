@@ -498,11 +498,14 @@ def cmd_run(ns) -> int:
     warm_summary, warm_info = {}, {"ran": False}
     try:
         deadline = time.monotonic() + ns.time_limit if ns.time_limit else None
-        warming = None
+        bench = ns.bench if ns.bench is not None else device.startswith("cuda")
+        timed = timed_specs(ns.backend, chosen)
+        warming, stop_reason = None, None
         if ns.warmup if ns.warmup is not None else device.startswith("cuda"):
             from .warmup import start_beside
             warming = start_beside(ns, chosen, device, run_dir, env, cache_dir, console, deadline,
-                                   _worker_sets(ns, device), lambda jobs: WarmupView(console, jobs, enabled=False))
+                                   _worker_sets(ns, device), lambda jobs: WarmupView(console, jobs, enabled=False),
+                                   timed=timed if bench else ())
             if warming.gates:  # the checks of the backends still compiling wait at their gates
                 command += ["--jfa-warming", str(warming.gate_dir)]
         checks_started = time.time()
@@ -512,7 +515,9 @@ def cmd_run(ns) -> int:
                 rc, stop_reason = run_pytest(command, env, run_dir / "pytest.log", records_path, view, deadline, snapshot)
         finally:
             if warming is not None:  # the checks are over (a full run's gates are all open by then): what the
-                warming.stopping.set()  # warm-up still compiles (for checks -k left out, or after a stop) serves nobody
+                warming.checks_over.set()  # warm-up has yet to compile for checks (-k left them out) serves nobody,
+                if not (bench and rc is not None and stop_reason is None):  # and the rest only timings to come
+                    warming.stopping.set()
                 warm_summary, warm_info = warming.join()
         checks_wall = time.time() - checks_started
         collected, records, finished = rp.read_record_stream(records_path)
@@ -527,8 +532,6 @@ def cmd_run(ns) -> int:
             collected, records, f"never ran: {stop_reason}" if stop_reason else
             "never ran: the run stopped before reaching it (see pytest.log)", stopped=stop_reason is not None)
         timings, bench_status = [], BENCH_NOT_ASKED
-        bench = ns.bench if ns.bench is not None else device.startswith("cuda")
-        timed = timed_specs(ns.backend, chosen)
         if bench and stop_reason is None:
             timed_names[:] = [info.name for spec, info in chosen if spec in timed and info.available]
         if bench and stop_reason is not None:

@@ -45,6 +45,12 @@ CPU-seconds), the single-threaded backend's gate opened at 15.9-16.2 s instead o
 parallel builds ended at 31.0-31.5 s instead of 29.9-30.1 s (three runs each); not yet measured on a GPU
 machine.
 
+A run that times the backends (``--bench``, the default on a GPU) also warms the configurations of the
+timings' shapes (benchmarks.py) that the checks' list lacks: those jobs go after all the others and open no
+gate (no check waits for them), the checks' end does not stop them, and the timings start once they are
+done, so a timing's first call loads a kernel the warm-up compiled in parallel instead of compiling it
+there, one shape after another.
+
 A job that outlives ``budget_s`` is stopped with its process (a fresh one takes its place) and reported
 as ``timeout``; the backend's remaining jobs are skipped, and the checks phase starts that backend as
 *suspect* (see containment.py): a short probe decides whether its checks run at all. A process that dies
@@ -100,6 +106,7 @@ class Job:
     packages: str = ""  # the versions of the backend's own packages (package_versions)
     build: str = ""  # what the job compiles (Backend.build_key); jobs with one build key share what it makes
     background: bool = False  # its backend builds with many processes at once (Capabilities.parallel_build)
+    gate: bool = True  # its backend's checks wait for it; False: a configuration only the timings call
 
     @property
     def build_key(self) -> str:
@@ -110,7 +117,7 @@ class Job:
 
     def result(self, outcome: str, seconds: float = 0.0, message: str | None = None,
                worker: int | None = None) -> Result:
-        return Result(self.name, self.config.key, outcome, round(seconds, 3), message, worker, self.build)
+        return Result(self.name, self.config.key, outcome, round(seconds, 3), message, worker, self.build, self.gate)
 
 
 @dataclass
@@ -122,6 +129,7 @@ class Result:
     message: str | None = None
     worker: int | None = None
     build: str = ""  # the job's build key where its backend declares one (Backend.build_key)
+    gate: bool = True  # (Job.gate)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -311,7 +319,8 @@ def order(jobs: list[Job], seconds: dict[str, float] | None = None,
     expected seconds: what an earlier run measured for it (``seconds``: job key -> seconds), else the mean
     measured for its backend, else the backend's declared hint (``priors``: job backend ->
     ``Capabilities.compile_s``), else the mean of everything measured, else 0. Equal estimates, and every job
-    when nothing is known, keep backends interleaved (one job of each in turn)."""
+    when nothing is known, keep backends interleaved (one job of each in turn). The jobs no gate waits for
+    (``Job.gate`` False: configurations only the timings call) go after all the others."""
     by_backend: dict[str, list[Job]] = {}
     for job in jobs:
         by_backend.setdefault(job.backend, []).append(job)
@@ -323,7 +332,7 @@ def order(jobs: list[Job], seconds: dict[str, float] | None = None,
                 ordered.append(q.pop(0))
     seconds, priors = seconds or {}, {b: s for b, s in (priors or {}).items() if s is not None}
     if not seconds and not priors:
-        return ordered
+        return sorted(ordered, key=lambda job: not job.gate)
     per_backend: dict[str, list[float]] = {}
     for key, s in seconds.items():
         per_backend.setdefault(key.split(" | ", 1)[0], []).append(s)
@@ -342,19 +351,20 @@ def order(jobs: list[Job], seconds: dict[str, float] | None = None,
     # load what it made; what they measured was mostly waiting for it)
     builds: dict[tuple[str, str], float] = {}
     for job in ordered:
-        key = (job.backend, job.build_key)
-        builds[key] = max(builds.get(key, 0.0), expected(job))
+        if job.gate:
+            key = (job.backend, job.build_key)
+            builds[key] = max(builds.get(key, 0.0), expected(job))
     totals: dict[str, float] = {}
     for (backend, _), cost in builds.items():
         totals[backend] = totals.get(backend, 0.0) + cost
-    ranked = sorted(ordered, key=lambda job: (totals[job.backend], -expected(job)))  # stable: ties interleaved
+    ranked = sorted(ordered, key=lambda job: (totals.get(job.backend, 0.0), -expected(job)))  # stable: ties interleaved
     # then, within each backend, the jobs whose build an earlier job makes go after its builds
     seen: set[str] = set()
     follows = {}
     for job in ranked:
         follows[id(job)] = job.build_key in seen
         seen.add(job.build_key)
-    return sorted(ranked, key=lambda job: (totals[job.backend], follows[id(job)], -expected(job)))
+    return sorted(ranked, key=lambda job: (not job.gate, totals.get(job.backend, 0.0), follows[id(job)], -expected(job)))
 
 
 def next_job(pending: list[Job], building: set[str], background_free: bool = True) -> int | None:
@@ -371,12 +381,14 @@ def next_job(pending: list[Job], building: set[str], background_free: bool = Tru
 def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float, log_path: Path,
              on_result=None, on_start=None, deadline: float | None = None,
              seconds: dict[str, float] | None = None, priors: dict[str, float] | None = None,
-             stop: threading.Event | None = None, builds_at_once: tuple[int, int] | None = None) -> list[Result]:
+             stop: threading.Event | None = None, checks_over: threading.Event | None = None,
+             builds_at_once: tuple[int, int] | None = None) -> list[Result]:
     """Run ``jobs`` on ``len(envs)`` worker processes (one environment each, e.g. a pinned GPU), in the
     order of :func:`order` (``seconds``: what earlier runs took; ``priors``: the backends' hints).
 
     ``on_start(worker_index, job)`` and ``on_result(result)`` feed a live view. Past ``deadline``
-    (time.monotonic), or once ``stop`` is set, the jobs not yet finished are reported ``skipped``.
+    (time.monotonic), or once ``stop`` is set, the jobs not yet finished are reported ``skipped``; once
+    ``checks_over`` is set, so are the gated jobs not yet started (only the timings' jobs still run).
     """
     pending = order(jobs, seconds, priors)
     at_once, max_jobs = builds_at_once or parallel_builds()
@@ -432,8 +444,11 @@ def run_pool(jobs: list[Job], *, device: str, envs: list[dict], budget_s: float,
                         if index is None:
                             break  # every pending job waits for a build in progress
                         job = pending.pop(index)
-                        if job.backend in stopped_backends:
-                            results.append(job.result("skipped", message=stopped_backends[job.backend]))
+                        why = stopped_backends.get(job.backend) or (
+                            "the checks were over before it started" if job.gate and checks_over is not None
+                            and checks_over.is_set() else None)
+                        if why:
+                            results.append(job.result("skipped", message=why))
                             if on_result:
                                 on_result(results[-1])
                             continue
@@ -467,6 +482,8 @@ def summarize(results: list[Result]) -> dict[str, dict]:
         job = {"key": r.key, "seconds": r.seconds, "outcome": r.outcome, "message": r.message}
         if r.build:
             job["build"] = r.build
+        if not r.gate:
+            job["for"] = "timings"
         entry["warmup"].append(job)
     return summary
 
@@ -485,7 +502,7 @@ class Plan:
 
     def warming(self) -> set[str]:
         """The backends (display names) whose checks must wait for this warm-up."""
-        return {job.name for job in self.todo}
+        return {job.name for job in self.todo if job.gate}
 
 
 def _build_key(backend, config: KernelConfig, device: str) -> str:
@@ -498,8 +515,21 @@ def _build_key(backend, config: KernelConfig, device: str) -> str:
     return str(key) if key else ""
 
 
-def plan_warmup(ns, chosen, device: str, cache_dir: Path) -> Plan:
-    """Every backend's kernel configurations (configs.py), less those an earlier run settled (the manifest)."""
+def timing_configs(backend, device: str, known=()) -> list[KernelConfig]:
+    """The configurations of the timings' shapes (benchmarks.py) that ``backend`` takes and ``known`` lacks."""
+    from .benchmarks import shapes
+    made: list[KernelConfig] = []
+    for problem in shapes(device).values():
+        config = KernelConfig.of(problem)
+        if config not in known and config not in made and not backend.not_supported_reasons(problem):
+            made.append(config)
+    return made
+
+
+def plan_warmup(ns, chosen, device: str, cache_dir: Path, timed=()) -> Plan:
+    """Every backend's kernel configurations (configs.py), less those an earlier run settled (the manifest);
+    for the backends of ``timed`` (the run times them), also the configurations of the timings' shapes, which
+    no check waits for (``Job.gate`` False): compiled beside the checks, not in the timings' first calls."""
     from . import profiles, registry
     from .plugin import configs_for
     seed = ns.seed if ns.seed is not None else 0
@@ -517,6 +547,9 @@ def plan_warmup(ns, chosen, device: str, cache_dir: Path) -> Plan:
         packages = manifest.package_versions(backend.requires)
         background = backend.capabilities.parallel_build
         jobs += [Job(spec, info.name, c, packages, _build_key(backend, c, device), background) for c in configs]
+        if spec in timed:
+            jobs += [Job(spec, info.name, c, packages, _build_key(backend, c, device), background, gate=False)
+                     for c in timing_configs(backend, device, configs)]
         priors[spec] = backend.capabilities.compile_s
     print_ = manifest.fingerprint(device)
     done, failed = manifest.load(cache_dir, print_), manifest.load_failed(cache_dir, print_)
@@ -525,8 +558,8 @@ def plan_warmup(ns, chosen, device: str, cache_dir: Path) -> Plan:
 
 
 def run_warmup(ns, plan: Plan, device: str, run_dir: Path, env: dict, cache_dir: Path, console, deadline,
-               worker_sets, view, gate_dir: Path | None = None, stop: threading.Event | None = None
-               ) -> tuple[dict, dict]:
+               worker_sets, view, gate_dir: Path | None = None, stop: threading.Event | None = None,
+               checks_over: threading.Event | None = None) -> tuple[dict, dict]:
     """Run ``plan``: compile in a pool of worker processes (one environment per worker of ``worker_sets``),
     releasing each backend's gate in ``gate_dir`` when its last job ends (:class:`Beside` releases the rest
     however the warm-up ends); a backend that timed out compiling starts its checks as suspect
@@ -540,15 +573,20 @@ def run_warmup(ns, plan: Plan, device: str, run_dir: Path, env: dict, cache_dir:
     left: dict[str, int] = {}
     compiled: dict[str, float] = {}
     ready: dict[str, float] = {}  # backend -> seconds into the warm-up when its last job ended (its gate opened)
+    gated = {(job.name, job.config.key) for job in plan.todo if job.gate}
     for job in plan.todo:
-        left[job.name] = left.get(job.name, 0) + 1
+        if job.gate:
+            left[job.name] = left.get(job.name, 0) + 1
     with view(plan.todo) as shown:
         def finished(result: Result) -> None:
             if result.outcome == "timeout":
                 containment.mark(run_dir / ".flight", result.backend, "suspect",
                                  f"{result.backend} hung compiling {result.key}")
-            left[result.backend] -= 1
             compiled[result.backend] = compiled.get(result.backend, 0.0) + result.seconds
+            if (result.backend, result.key) not in gated:
+                shown.finished(result)
+                return
+            left[result.backend] -= 1
             if left[result.backend] == 0:
                 gates.release_gate(gate_dir, result.backend)
                 ready[result.backend] = round(time.monotonic() - started, 1)
@@ -560,7 +598,7 @@ def run_warmup(ns, plan: Plan, device: str, run_dir: Path, env: dict, cache_dir:
         results = run_pool(plan.todo, device=device, envs=envs, budget_s=ns.compile_timeout,
                            log_path=run_dir / "warmup.log", on_start=shown.started, on_result=finished,
                            deadline=deadline, seconds=manifest.load_seconds(cache_dir), priors=plan.priors,
-                           stop=stop) if plan.todo else []
+                           stop=stop, checks_over=checks_over) if plan.todo else []
     manifest.save(cache_dir, plan.fingerprint, plan.jobs, results, plan.done, plan.failed)
     results = plan.cached + results
     wall = round(time.monotonic() - started, 1)
@@ -577,17 +615,19 @@ def run_warmup(ns, plan: Plan, device: str, run_dir: Path, env: dict, cache_dir:
 
 class Beside:
     """The warm-up running in a thread beside the checks: ``join()`` gives its summary and report entry.
-    ``run(stop)`` runs it; ``stopping`` ends it early (the checks are over); ``status()`` says what compiles
-    now, for the live view. However the warm-up ends, every gate is released: no check waits on it."""
+    ``run(stop, checks_over)`` runs it; ``checks_over`` says the checks have ended (their jobs not yet
+    started are skipped; the timings' still run), ``stopping`` ends it early (nothing more will use it);
+    ``status()`` says what compiles now, for the live view. However the warm-up ends, every gate is
+    released: no check waits on it."""
 
     def __init__(self, run, gate_dir: Path, names: set[str], status=lambda: ""):
         self.gate_dir, self.gates, self.status = gate_dir, names, status
-        self.stopping = threading.Event()
+        self.stopping, self.checks_over = threading.Event(), threading.Event()
         self._result, self._error = ({}, {"ran": False}), None
 
         def target():
             try:
-                self._result = run(self.stopping)
+                self._result = run(self.stopping, self.checks_over)
             except BaseException as exc:  # noqa: BLE001 - re-raised in join()
                 self._error = exc
             finally:
@@ -605,13 +645,13 @@ class Beside:
 
 
 def start_beside(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: Path, console, deadline,
-                 worker_sets, make_view) -> Beside:
+                 worker_sets, make_view, timed=()) -> Beside:
     """Plan the warm-up, open a gate per backend with something to compile, and run it in a thread
     (``make_view(jobs)``: a WarmupView, not live: the checks' view is, and shows its ``status()``). While
     both run, each GPU holds twice the processes: the warm-up's hand back their cached memory after every
     job, and the check workers' share (``env``, updated here) leaves room for every context."""
     from .containment import MEMORY_SHARE_ENV, WARMUP_SHARE, memory_share
-    plan = plan_warmup(ns, chosen, device, cache_dir)
+    plan = plan_warmup(ns, chosen, device, cache_dir, timed)
     warm_env = dict(env)
     if plan.todo and device.startswith("cuda") and MEMORY_SHARE_ENV not in os.environ:
         per_gpu = max(n for _, n in worker_sets)
@@ -620,8 +660,10 @@ def start_beside(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: P
     gate_dir = run_dir / ".flight" / "warming"
     gates.open_gates(gate_dir, plan.warming())
     if plan.todo:
+        timings = sum(not job.gate for job in plan.todo)
         console.print(f"warm-up: compiling {len(plan.todo)} kernel configurations of "
-                      f"{', '.join(sorted(plan.warming()))} beside the checks; their checks wait for them",
+                      f"{', '.join(sorted({job.name for job in plan.todo}))} beside the checks; their checks wait "
+                      f"for them" + (f" ({timings} of them for the timings only, last)" if timings else ""),
                       highlight=False, soft_wrap=True)
     views = []
 
@@ -629,8 +671,9 @@ def start_beside(ns, chosen, device: str, run_dir: Path, env: dict, cache_dir: P
         views.append(make_view(jobs))
         return views[-1]
 
-    return Beside(lambda stop: run_warmup(ns, plan, device, run_dir, warm_env, cache_dir, console, deadline,
-                                          worker_sets, view, gate_dir=gate_dir, stop=stop),
+    return Beside(lambda stop, checks_over: run_warmup(ns, plan, device, run_dir, warm_env, cache_dir, console,
+                                                       deadline, worker_sets, view, gate_dir=gate_dir, stop=stop,
+                                                       checks_over=checks_over),
                   gate_dir, plan.warming(), status=lambda: views[-1].status() if views else "starting")
 
 

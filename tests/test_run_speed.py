@@ -186,6 +186,18 @@ PLAIN = textwrap.dedent('''
         capabilities = Capabilities(dtypes=("float32",), head_dims=(16,), causal_modes=("none",), gqa=False,
                                     broadcast_q="none", compile_s=5.0)
 
+    class TimedCompile(Reference):
+        """Declares compiling; each warm-up call writes its configuration's head dim and causal mode to CALLS."""
+        name = "timed-compile"
+        capabilities = Capabilities(dtypes=("float32",), head_dims=(16, 64), causal_modes=("none", "bottom_right"),
+                                    gqa=False, broadcast_q="none", compile_s=1.0)
+        def forward(self, args):
+            import sys
+            if "--serve" in sys.argv:
+                with open(os.environ["CALLS"], "a") as f:
+                    f.write(f"{args.q.shape[-1]} {args.causal} {time.time()}\\n")
+            return super().forward(args)
+
     _compiled = []
 
     class SlowCompile(Reference):
@@ -535,6 +547,41 @@ def test_a_manifest_in_an_unknown_format_is_ignored(tmp_path):
     assert manifest.load(tmp_path, "0123abcd") == set() and manifest.load_seconds(tmp_path) == {}
 
 
+def test_with_timings_the_warm_up_builds_their_shapes_last_and_outside_the_gate(tmp_path, misbehaving, monkeypatch):
+    # --bench: the warm-up also compiles the configurations of the timings' shapes (benchmarks.py) that the
+    # checks' list lacks, after every check configuration and without holding the checks at the gate; the
+    # timings then meet compiled kernels, and the next run finds them in the manifest
+    from conformance.benchmarks import shapes
+    monkeypatch.setenv("CALLS", str(tmp_path / "calls.txt"))
+    argv = ["run", "--report-dir", str(tmp_path), "-q", "-n", "1", "--warmup", "--bench", "--cache-dir",
+            str(tmp_path / "c"), "--backend", f"{misbehaving}:TimedCompile", "-k", "single_token"]
+    cli.main([*argv, "--name", "timed"])
+    report = json.loads((tmp_path / "timed" / "report.json").read_text())
+    jobs = report["backends"]["timed-compile"]["time"]["warmup"]
+    for_checks = [j["key"] for j in jobs if j.get("for") is None]
+    for_timings = [j["key"] for j in jobs if j.get("for") == "timings"]
+    wanted = {configs.KernelConfig.of(p).key for p in shapes("cpu").values()} - set(for_checks)
+    assert wanted and set(for_timings) == wanted and len(for_timings) == len(wanted)
+    assert {j["outcome"] for j in jobs} == {"ok"}
+    assert [j.get("for") for j in jobs] == [None] * len(for_checks) + ["timings"] * len(for_timings)  # last
+    assert "timed-compile" in report["run"]["warmup"]["ready_s"]  # its gate opened with its checks' jobs
+    assert report["run"]["benchmarks"] == "ok" and {t["backend"] for t in report["timings"]} == {"timed-compile"}
+    cli.main([*argv, "--name", "again"])
+    again = json.loads((tmp_path / "again" / "report.json").read_text())
+    assert {j["outcome"] for j in again["backends"]["timed-compile"]["time"]["warmup"]} == {"cached"}
+
+
+def test_the_timings_jobs_go_last_and_open_no_gate():
+    def job(backend, dim, gate=True):
+        return warmup.Job(backend, backend, configs.KernelConfig("float32", dim, None, 1, 1, "none", False, None),
+                          gate=gate)
+    jobs = [job("a", 64, gate=False), job("a", 16), job("b", 16), job("b", 32, gate=False)]
+    for ordered in (warmup.order(jobs), warmup.order(jobs, {"a | float32 d16 h1:1 none": 9.0}, {"b": 1.0})):
+        assert [j.gate for j in ordered] == [True, True, False, False]
+    plan = warmup.Plan(jobs, [jobs[0], jobs[2], jobs[3]], [], {}, "print", set(), {})
+    assert plan.warming() == {"b"}  # a's only job still to run is for the timings: its checks need not wait
+
+
 def test_the_warm_up_skips_backends_that_compile_nothing(tmp_path, misbehaving):
     # the reference declares compile_s = 0 (float64 torch: nothing a cache could keep); a backend that declares
     # nothing is warmed up
@@ -722,7 +769,7 @@ def test_a_warm_up_that_fails_releases_every_gate(tmp_path):
     gate_dir = tmp_path / "warming"
     gates.open_gates(gate_dir, {"fa4", "flex"})
 
-    def broken(stop):
+    def broken(stop, checks_over):
         raise RuntimeError("the warm-up could not start")
     warming = warmup.Beside(broken, gate_dir, {"fa4", "flex"})
     with pytest.raises(RuntimeError, match="could not start"):
