@@ -7,6 +7,9 @@
 #   bash tools/gpu_runs.sh OUT_DIR ci-core   the same two runs without FlashInfer (the backend set of the ci targets),
 #                                            in a cache directory of their own (OUT_DIR/cache-core), so that a later
 #                                            ci stage still starts cold: OUT_DIR/reports/{core-cold,core-warm}/
+#   bash tools/gpu_runs.sh OUT_DIR default   `jfa-conformance run` as a user types it (no options but where the report
+#                                            goes: the ci profile, the timings, the default cache directory) twice,
+#                                            cold then warm: OUT_DIR/reports/{default-cold,default-warm}/
 #   bash tools/gpu_runs.sh OUT_DIR bench     a warm run with --bench: OUT_DIR/reports/bench/
 #   bash tools/gpu_runs.sh OUT_DIR layouts   tests/test_adapter_layouts.py (every adapter under caller layouts):
 #                                            OUT_DIR/layouts.txt
@@ -30,7 +33,7 @@
 # FA4_PATH and FLASHINFER_PATH, if set, are put on PYTHONPATH (with the CuTe DSL packages under FA4_PATH).
 # LIMIT sets each run's --time-limit (default 300 s; the dev stage's is LIMIT_DEV). At the end the reports are packed into OUT_DIR/reports.tgz.
 set -u
-USAGE="usage: gpu_runs.sh OUT_DIR ci|ci-core|bench|dev|start|wait|kernels|layouts|fa4-old|flashinfer|flashinfer-bench|host"
+USAGE="usage: gpu_runs.sh OUT_DIR ci|ci-core|default|bench|dev|start|wait|kernels|layouts|fa4-old|flashinfer|flashinfer-bench|host"
 OUT_DIR=${1:?$USAGE}
 STAGE=${2:?$USAGE}
 RUN_DIR=${RUN_DIR:-/tmp/jfa-run}
@@ -77,10 +80,12 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$LOG"
 git log -1 --format="commit %H%n%s" | tee -a "$LOG"
 run() {  # NAME [jfa-conformance run arguments...]: one run, timed, with the GPU's memory sampled
   local name=$1; shift
+  local options=(-q --profile ci --time-limit "$LIMIT")
+  if [ "${1:-}" = --as-typed ]; then options=(); shift; fi
   nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 1000 > "$OUT_DIR/$name-gpu-mem.csv" &
   local sampler=$!
   local t0=$(date +%s)
-  timeout $((LIMIT + 120)) python3 -m conformance.cli run -q --profile ci --time-limit "$LIMIT" --name "$name" \
+  timeout $((LIMIT + 120)) python3 -m conformance.cli run "${options[@]}" --name "$name" \
     --report-dir "$OUT_DIR/reports" "$@" > "$OUT_DIR/$name.log" 2>&1
   local rc=$?
   kill $sampler 2>/dev/null
@@ -95,6 +100,9 @@ case $STAGE in
   ci-core)
     run core-cold --no-bench --cache-dir "$OUT_DIR/cache-core"
     run core-warm --no-bench --cache-dir "$OUT_DIR/cache-core" ;;
+  default)  # (the command's own time limit stays LIMIT + 120 s)
+    run default-cold --as-typed
+    run default-warm --as-typed ;;
   bench)
     run bench --bench ;;
   layouts)
@@ -120,6 +128,6 @@ case $STAGE in
     run flashinfer --no-bench --timeout 1200 --backend flashinfer --backend flashinfer-fa2 --backend flashinfer-fa3 \
       --backend flashinfer-cudnn ;;
   *)
-    echo "unknown stage $STAGE (ci, ci-core, bench, dev, start, wait, kernels, layouts, fa4-old, flashinfer, flashinfer-bench or host)" >&2; exit 2 ;;
+    echo "unknown stage $STAGE (ci, ci-core, default, bench, dev, start, wait, kernels, layouts, fa4-old, flashinfer, flashinfer-bench or host)" >&2; exit 2 ;;
 esac
 tar czf "$OUT_DIR/reports.tgz" -C "$OUT_DIR" reports
