@@ -227,3 +227,34 @@ def test_host_cost_is_per_call_and_the_table_shows_it(monkeypatch, tmp_path):
     bench.main(["--out", str(tmp_path), "--impls", "triton,sdpa", "--shapes", "T", "--rounds", "2", "--host"])
     assert len(measured) == 2
     assert "| T | triton | 1.000 | 900 | 4 | 2.000 | 1500 | 7 |" in (tmp_path / "bench.md").read_text()
+
+
+def test_the_profiled_steps_run_what_the_direction_names():
+    # tools/profile_kernels.py: the forward alone, the backward of one stored output, or both
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        pytest.skip("runs the kernels under the Triton interpreter only")
+    import profile_kernels
+    shape = dict(desc="t", lq=np.array([9, 3]), lk=np.array([9, 3]), H=1, causal=True, bq=False)
+    tensors = bench.build(shape, D=16, dtype=torch.float32, device="cpu")
+    launches = {}
+    for direction in profile_kernels.DIRECTIONS:
+        step = profile_kernels.make_step("triton-plan", shape, tensors, direction)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            step()
+        launches[direction] = {e.key for e in prof.key_averages()}
+    grad = "autograd::engine::evaluate_function"
+    assert not any(k.startswith(grad) for k in launches["fwd"])
+    assert any(k.startswith(grad) for k in launches["bwd"]) and any(k.startswith(grad) for k in launches["both"])
+
+
+def test_the_profile_stage_names_known_shapes_and_impls():
+    import profile_kernels
+    script = open(os.path.join(os.path.dirname(bench.__file__), "gpu_check.sh")).read()
+    stage = script[script.index("  ncu)"):]
+    shapes = re.search(r"for shape in ([^;]+);", stage).group(1).split()
+    impls = re.search(r"for impl in ([^;]+);", stage).group(1).split()
+    for shape in shapes:
+        for impl in impls:
+            profile_kernels.parse(["--shape", shape, "--impl", impl])  # exits on an unknown name
+    with pytest.raises(SystemExit):
+        profile_kernels.parse(["--shape", "S9"])

@@ -8,11 +8,16 @@
 #   bash tools/gpu_check.sh OUT_DIR bench   the timing table against FA4 and padded SDPA, three
 #                                                   interleaved rounds, S3 on three Pareto draws:
 #                                                   OUT_DIR/bench.md, OUT_DIR/bench.json
+#   bash tools/gpu_check.sh OUT_DIR ncu     Nsight Compute on one backward of FA4 and of triton-jfa (a plan) on
+#                                                   S1, S4b and S5 (tools/profile_kernels.py): each kernel's GPU
+#                                                   time, tensor-pipe share and SM / DRAM throughput:
+#                                                   OUT_DIR/ncu_<shape>_<impl>.csv; torch.profiler's kernel times
+#                                                   of the same calls: OUT_DIR/kernel_times.txt
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for the bench's FA4 rows; FA4_PATH, if set, is put
 # on PYTHONPATH with the CuTe DSL packages under it.  WORKERS sets the test and spec workers (default 8).
 set -u
-OUT_DIR=${1:?usage: gpu_check.sh OUT_DIR tests|spec|bench}
-STAGE=${2:?usage: gpu_check.sh OUT_DIR tests|spec|bench}
+OUT_DIR=${1:?usage: gpu_check.sh OUT_DIR tests|spec|bench|ncu}
+STAGE=${2:?usage: gpu_check.sh OUT_DIR tests|spec|bench|ncu}
 WORKERS=${WORKERS:-8}
 if [ -n "${FA4_PATH:-}" ]; then
   export PYTHONPATH=$FA4_PATH:$FA4_PATH/nvidia_cutlass_dsl/dsl_packages:${PYTHONPATH:-}
@@ -38,6 +43,20 @@ case $STAGE in
       --impls fa4,triton-plan,triton,triton-tl-plan,sdpa --shapes S4b,S1,S1c,S2,S4a,S3,S3s1,S3s2,S5 \
       --s3-seeds 1,2 --host >> "$LOG" 2>&1
     echo "bench rc=$?" | tee -a "$LOG"; cat "$OUT_DIR/bench.md" 2>/dev/null ;;
+  ncu)
+    metrics=gpu__time_duration.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active
+    metrics=$metrics,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed
+    metrics=$metrics,launch__registers_per_thread,launch__grid_size,launch__block_size
+    for shape in S1 S4b S5; do
+      for impl in fa4 triton-plan; do
+        timeout 240 ncu --profile-from-start off --csv --metrics "$metrics" \
+          python3 tools/profile_kernels.py --shape $shape --impl $impl --direction bwd > "$OUT_DIR/ncu_${shape}_${impl}.csv" 2>&1
+        echo "ncu $shape $impl rc=$?" | tee -a "$LOG"
+        timeout 120 python3 tools/profile_kernels.py --shape $shape --impl $impl --direction bwd --kernel-times \
+          >> "$OUT_DIR/kernel_times.txt" 2>&1
+      done
+    done
+    tail -40 "$OUT_DIR/kernel_times.txt" ;;
   *)
-    echo "unknown stage $STAGE (tests, spec or bench)" >&2; exit 2 ;;
+    echo "unknown stage $STAGE (tests, spec, bench or ncu)" >&2; exit 2 ;;
 esac
