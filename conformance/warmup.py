@@ -39,11 +39,10 @@ backend that declares ``Capabilities.parallel_build`` run in worker processes of
 sessions, as Linux's autogroup does: there a process's niceness ranks it only inside its own session): its
 builds take the cores the others leave idle. And they run a few at a time, each on its share of the cores
 (``parallel_builds``: on 16 cores two, of 8 compiler processes each, through MAX_JOBS): in the H200's dev run
-four fa3 builds at once ran some 70 nvcc processes and the kernel killed one for memory. Modelled on a 2-core CPU (three workers; two jobs each running
-four processes of 5 CPU-seconds, as ninja runs nvcc, ranked first; four single-threaded jobs of 3
-CPU-seconds), the single-threaded backend's gate opened at 15.9-16.2 s instead of 23.2-23.4 s and the
-parallel builds ended at 31.0-31.5 s instead of 29.9-30.1 s (three runs each); not yet measured on a GPU
-machine.
+four fa3 builds at once ran some 70 nvcc processes and the kernel killed one for memory. Measured on a
+fresh H200 with both (reports/examples/h200/2026-12-06b/): FA4's, triton-jfa's and flex's gates opened at
+83, 91 and 96 s instead of 275-310 s, no compiler was killed, and FlashInfer's eight builds, two at a time,
+opened its last gates at 320 s (the cold run: 344 s, every check judged).
 
 A run that times the backends (``--bench``, the default on a GPU) also warms the configurations of the
 timings' shapes (benchmarks.py) that the checks' list lacks: those jobs go after all the others and open no
