@@ -148,6 +148,15 @@ CATALOG: tuple[BugClass, ...] = (
         BUG + "queries and keys have their own offsets",
         "mutant", (FWD, LSE, GRAD, EDGE, META, BCAST, GUARD)),
     BugClass(
+        "query-start-from-batch-index", "Queries of sequence b read from token b",
+        (issue(FI, 3800, "cudnn_batch_prefill_with_kv_cache gave the Q descriptor a batch stride of one token: "
+            "without batch_offsets_q, sequence b read its queries from token b and every sequence after the first "
+            "was silently wrong"),
+         pull(FI, 3801, "fix: a whole sequence's stride for Q, as the O descriptor already had")),
+        "two or more sequences, the first with more than one query row",
+        BUG + "sequence b's queries start at cu_seqlens_q[b]",
+        "mutant", (FWD, LSE, GRAD, EDGE, META, BCAST, GUARD)),
+    BugClass(
         "key-extent-from-max-seqlen", "A sequence's key range taken from the batch-wide max_seqlen_k",
         (pull("vllm-project/flash-attention", 18, "the split-KV varlen kernel used params.seqlen_k (the batch "
             "maximum) where the sequence's actual_seqlen_k was needed: wrong results"),),
@@ -210,6 +219,14 @@ CATALOG: tuple[BugClass, ...] = (
         BUG + "SPEC.md: output 0, LSE -inf, no NaN",
         "mutant", (FWD, GRAD, EDGE, META, BCAST, GUARD)),
     BugClass(
+        "empty-row-lse-positive-inf", "LSE +inf for a row with no visible key",
+        (pull(FA, 978, "the forward returned LSE +inf for queries with no key to attend to (K/V length 0) where the "
+            "definition gives log(0) = -inf; merging partial results needs -inf"),
+         pull("deepseek-ai/FlashMLA", 77, "return LSE -inf, not +inf, for a row that attends to no key")),
+        "Lk = 0, or bottom-right causal rows i < Lq - Lk (the output is 0 as it should be)",
+        BUG + "SPEC.md: LSE -inf for a row without a visible key, the neutral element of a merge",
+        "mutant", (EDGE, META)),
+    BugClass(
         "finite-mask-sentinel", "Masking with a finite sentinel: fully masked rows average the values",
         (issue(PT, 110213, "with every score of a row at finfo.min, SDPA 2.0 and CPU returned values while 2.1 on "
             "GPU returned NaN"),
@@ -244,6 +261,14 @@ CATALOG: tuple[BugClass, ...] = (
         "Hkv > 1 and Hq > Hkv",
         BUG + "query head h reads KV head h // (Hq / Hkv)",
         "mutant", (FWD, LSE, GRAD, EDGE, GUARD)),
+    BugClass(
+        "gqa-backward-head-map-mismatch", "dK/dV reduced over another GQA head map than the forward's",
+        (issue("XunhaoLai/native-sparse-attention-triton", 27, "with interleaved GQA the dK/dV kernel split the "
+            "head index by the group size while the forward and dQ split it by the KV head count: dK and dV took "
+            "the wrong query heads"),),
+        "GQA with Hkv > 1 and Hq > Hkv, gradients",
+        BUG + "dK / dV of KV head j sum the query heads that read j in the forward",
+        "mutant", (GRAD, EDGE)),
     BugClass(
         "head-dim-not-multiple-of-16", "Head dims not a multiple of 16 truncated",
         (issue(FI, 4299, "FA2 prefill accepted any head_dim; ones not a multiple of 16 (72, 136) silently returned "
@@ -394,6 +419,18 @@ CATALOG: tuple[BugClass, ...] = (
             "maximum"),),
         "max_seqlen_k > max_seqlen_q (cross-attention, broadcast-Q with long keys)",
         BUG,
+        "mutant", (GRAD, EDGE)),
+    BugClass(
+        "backward-mask-differs-from-forward", "The backward masks differently from the forward",
+        (issue("triton-lang/triton", 4541, "the tutorial's fused attention backward ignored the causal flag the "
+            "forward honoured"),
+         issue("triton-lang/triton", 5660, "with causal=False the forward matched but the q/k/v gradients were far "
+             "off: the backward still masked causally"),
+         pull("triton-lang/triton", 8565, "the tutorial's backward applies the forward's mask"),
+         pull("xlite-dev/ffpa-attn", 300, "the forward aligned causal bottom-right (q + Sk - Sq >= k), the backward "
+             "top-left (q >= k): wrong or NaN gradients when Sq != Sk")),
+        "causal with Lq != Lk in some sequence (or not causal, for a backward that always masks), gradients",
+        BUG + "the gradients are those of the forward's function, mask included",
         "mutant", (GRAD, EDGE)),
     BugClass(
         "backward-silently-zero", "Backward silently returns zero gradients",

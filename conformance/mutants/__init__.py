@@ -78,6 +78,10 @@ MUTANTS: dict[str, type[Unmutated]] = _registry(
     inputs.RunningMaxResetToZero,
     inputs.FixedMaxSubtraction,
     inputs.BackwardPaddedKeysOverflow,
+    forward.QueryRowsFromBatchIndex,
+    forward.LsePositiveInfWithoutKeys,
+    backward.BackwardCausalTopLeft,
+    backward.GqaDkvHeadMapInterleaved,
 )
 
 PENDING: dict[str, type[Unmutated]] = _registry()

@@ -203,3 +203,45 @@ class _NarrowedValueProduct(torch.autograd.Function):
         grad_p = torch.einsum("hqd,khd->hqk", grad[..., :w], v[..., :w])
         grad_v = torch.einsum("hqk,hqd->khd", p, grad)
         return grad_p, grad_v, None
+
+
+class BackwardCausalTopLeft(Unmutated):
+    name = "mutant-backward-causal-top-left"
+    catalog_id = "backward-mask-differs-from-forward"
+    bug = ("the forward masks bottom-right, the backward top-left (j <= i): out and LSE are right, dQ, dK and dV "
+           "are those of another mask wherever Lq != Lk")
+
+    def attend(self, args, b):
+        out, lse = super().attend(args, b)
+        if args.causal != "bottom_right":
+            return out, lse
+        from .forward import CausalTopLeft
+        other, _ = CausalTopLeft().attend(args, b)
+        return out.detach() + (other - other.detach()), lse  # the forward's values, the other mask's gradients
+
+
+class _ReducedByAnotherMap(torch.autograd.Function):
+    """Rows per query head, t[:, heads]; the backward sums each query head's gradient into ``other[h]``."""
+
+    @staticmethod
+    def forward(ctx, t, heads, other):
+        ctx.kv_heads, ctx.other = t.shape[1], other
+        return t[:, heads]
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = grad.new_zeros(grad.shape[0], ctx.kv_heads, grad.shape[2])
+        return reduced.index_add_(1, ctx.other, grad), None, None
+
+
+class GqaDkvHeadMapInterleaved(Unmutated):
+    name = "mutant-gqa-dkv-head-map-interleaved"
+    catalog_id = "gqa-backward-head-map-mismatch"
+    bug = ("the dK/dV reduction maps query head h to KV head h % Hkv while the forward and dQ use h // (Hq / Hkv): "
+           "under GQA with more than one KV head, dK and dV sum the wrong query heads")
+
+    def expand_keys(self, k, kv_head):
+        return _ReducedByAnotherMap.apply(k, kv_head, torch.arange(len(kv_head)) % k.shape[1])
+
+    def expand_values(self, v, kv_head):
+        return _ReducedByAnotherMap.apply(v, kv_head, torch.arange(len(kv_head)) % v.shape[1])

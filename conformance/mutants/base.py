@@ -74,6 +74,10 @@ class Unmutated(Backend):
         """Which KV head each query head reads."""
         return torch.arange(heads_q) // (heads_q // heads_kv)
 
+    def expand_keys(self, k: torch.Tensor, kv_head: torch.Tensor) -> torch.Tensor:
+        """Key rows per query head: k [Lk, Hkv, D] -> [Lk, Hq, D]."""
+        return k[:, kv_head]
+
     def expand_values(self, v: torch.Tensor, kv_head: torch.Tensor) -> torch.Tensor:
         return v[:, kv_head]
 
@@ -152,7 +156,7 @@ class Unmutated(Backend):
         k, v = self.compute_view(k), self.compute_view(v)
         len_q, len_k = q.shape[0], self.key_length(args, b)
         kv_head = self.kv_head_of(q.shape[1], k.shape[1])
-        s = self.scores(q, k[:, kv_head]) * self.scale(args)
+        s = self.scores(q, self.expand_keys(k, kv_head)) * self.scale(args)
         visible = self.visible(args, torch.arange(len_q)[:, None], k_pos[None, :], len_q, len_k)
         out, lse = self.softmax_values(args, self.mask(args, s, visible), self.expand_values(v, kv_head))
         return out.transpose(0, 1), lse

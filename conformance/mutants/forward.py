@@ -153,6 +153,19 @@ class CausalTopLeft(Unmutated):
         return key_visible(q_pos, k_pos, len_q, len_k, causal)
 
 
+class QueryRowsFromBatchIndex(Unmutated):
+    name = "mutant-query-rows-from-batch-index"
+    catalog_id = "query-start-from-batch-index"
+    bug = ("sequence b reads its queries from token b, not from cu_seqlens_q[b] (a batch stride of one token): "
+           "every sequence after the first attends with other sequences' query rows")
+
+    def sequence_queries(self, args, b):
+        if args.broadcast_q:  # one shared query block: no per-sequence query offset to get wrong
+            return super().sequence_queries(args, b)
+        length = int(args.cu_seqlens_q[b + 1] - args.cu_seqlens_q[b])
+        return raw_rows(args.q, b, b + length)
+
+
 class CausalDiagonalFromMaxSeqlen(Unmutated):
     name = "mutant-causal-diagonal-from-max-seqlen"
     catalog_id = "causal-offset-from-padded-maxima"
@@ -353,6 +366,16 @@ class LseBase2(Unmutated):
 
     def log_sum_exp(self, row_max, row_sum):
         return super().log_sum_exp(row_max, row_sum) * math.log2(math.e)
+
+
+class LsePositiveInfWithoutKeys(Unmutated):
+    name = "mutant-lse-positive-inf-without-keys"
+    catalog_id = "empty-row-lse-positive-inf"
+    bug = "a query row with no visible key gets LSE +inf (out 0 as it should), not -inf"
+
+    def log_sum_exp(self, row_max, row_sum):
+        lse = super().log_sum_exp(row_max, row_sum)
+        return torch.where(row_sum > 0, lse, torch.full_like(lse, float("inf")))
 
 
 class LsePaddedLayout(Unmutated):
