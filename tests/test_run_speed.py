@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
+import re
 import textwrap
 import time
 
@@ -850,7 +851,7 @@ def test_the_cute_dsl_counts_among_fa4s_packages(monkeypatch):
     assert "nvidia-cutlass-dsl=4.8.1" in manifest.package_versions(("flash_attn.cute", "cutlass"))
 
 
-def test_the_warm_up_simulator_models_shared_builds():
+def test_the_warm_up_simulator_models_shared_builds(tmp_path, capsys):
     import importlib.util
     from types import SimpleNamespace
 
@@ -868,3 +869,9 @@ def test_the_warm_up_simulator_models_shared_builds():
     assert tool.gates(jobs, seconds, 2, 4.0, hold_back=True) == {"fi": 104.0, "x": 100.0}
     # started at once, it holds a worker while it waits for m, and x's jobs come after
     assert tool.gates(jobs, seconds, 2, 4.0, hold_back=False) == {"fi": 104.0, "x": 154.0}
+    # a report whose warm-up built the timings' shapes too: those jobs open no gate, in either order
+    report = {"backends": {"x": {"time": {"warmup": [
+        {"key": "c", "seconds": 50.0}, {"key": "t", "seconds": 500.0, "for": "timings"}]}}}}
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    assert tool.main([str(tmp_path / "report.json"), "--workers", "1"]) == 0
+    assert re.search(r"warm-up order\s+50 s", capsys.readouterr().out)  # c first; the timings' job after it

@@ -48,7 +48,8 @@ def gates(jobs, seconds: dict[str, float], workers: int, load_s: float, hold_bac
         else:
             end = start + seconds[f"{job.backend} | {job.config.key}"]
             made[job.build_key] = end
-        ends[job.backend] = max(ends.get(job.backend, 0.0), end)
+        if getattr(job, "gate", True):  # a job only the timings use opens no gate
+            ends[job.backend] = max(ends.get(job.backend, 0.0), end)
         heapq.heappush(free, end)
     return ends
 
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, entry in (report.get("backends") or {}).items():
         for w in ((entry.get("time") or {}).get("warmup") or []):
             job = SimpleNamespace(backend=name, name=name, config=SimpleNamespace(key=w["key"]),
-                                  build_key=w.get("build") or f"{name} | {w['key']}")
+                                  build_key=w.get("build") or f"{name} | {w['key']}", background=False,
+                                  gate=w.get("for") != "timings")
             jobs.append(job)
             seconds[f"{name} | {w['key']}"] = float(w["seconds"])
     if not jobs:
