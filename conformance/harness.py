@@ -41,6 +41,19 @@ DEVICE_ERROR = re.compile(
 )
 
 
+# Library statuses that name a bad argument or an unsupported request, found before anything is launched:
+# the context is intact, so such an error is the backend's answer to this problem (a failure, with its
+# message), not a device fault. cuDNN's execution and internal errors, and every CUDA error, stay faults.
+ARGUMENT_STATUS = re.compile(r"CUDNN_STATUS_(?:BAD_PARAM|NOT_SUPPORTED)\w*|CUBLAS_STATUS_(?:INVALID_VALUE|NOT_SUPPORTED)\w*")
+
+
+def device_error(message: str) -> str | None:
+    """The words of ``message`` that name a device error (:data:`DEVICE_ERROR`, a library's argument
+    statuses left out), or None."""
+    match = DEVICE_ERROR.search(ARGUMENT_STATUS.sub("", message))
+    return match.group(0) if match else None
+
+
 class DeviceFault(BaseException):
     """A device error inside a backend call. Every later call on that device fails too, so this is a
     BaseException: hypothesis stops at once instead of "shrinking" on a dead context (which would name
@@ -56,7 +69,7 @@ def _faults_attributed(backend: Backend, phase: str, device: torch.device):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     except Exception as exc:
-        if DEVICE_ERROR.search(str(exc)):
+        if device_error(str(exc)):
             raise DeviceFault(f"{backend.name} {phase}: {type(exc).__name__}: {exc}") from exc
         raise
 

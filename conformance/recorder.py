@@ -32,7 +32,7 @@ import pytest
 
 from . import containment, jit_watch
 from .checklog import CheckLog
-from .harness import DEVICE_ERROR
+from .harness import device_error
 from .problem import Problem, problem_of_args
 
 RECORD_ATTR = "jfa_record"
@@ -132,8 +132,8 @@ def classify(report, message: str) -> tuple[str, str | None]:
         return "pass", ("expected to fail but passed: " + report.wasxfail) if hasattr(report, "wasxfail") else None
     if TIMEOUT_MESSAGE.search(message):
         return "timeout", TIMEOUT_MESSAGE.search(message).group(0)
-    if DEVICE_ERROR.search(message):
-        return "crash", "device error: " + DEVICE_ERROR.search(message).group(0)
+    if device_error(message):
+        return "crash", "device error: " + device_error(message)
     if report.when != "call":
         return "fail", f"error in {report.when}"
     return "fail", None

@@ -423,7 +423,7 @@ def sweep(name: str, device: str) -> list[dict]:
     so the layouts after it are ``not reached``). The device is synchronised after every call, so an
     asynchronous fault is named at the layout that caused it. Known faults run last."""
     from conformance import registry
-    from conformance.harness import DEVICE_ERROR
+    from conformance.harness import device_error
 
     backend = registry.resolve(name)
     layouts = sorted(LAYOUTS, key=lambda layout: (name, layout) in KNOWN_FAULTS)
@@ -449,7 +449,7 @@ def sweep(name: str, device: str) -> list[dict]:
             record.update(status="refused", detail=str(exc))
         except Exception as exc:  # noqa: BLE001 - every outcome is a record
             message = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            if DEVICE_ERROR.search(str(exc)):
+            if device_error(str(exc)):
                 record.update(status="fault", detail=message)
                 dead = f"after the fault in {layout}"
             else:

@@ -132,3 +132,34 @@ def test_a_device_fault_does_not_leak_into_the_next_check(tmp_path):
     report = json.loads((tmp_path / "sticky" / "report.json").read_text())
     outcomes = {r["feature"]: r["outcome"] for r in report["records"]}
     assert outcomes == {"forward": "crash", "edge_case:single_token": "pass"}, outcomes
+
+
+def test_a_librarys_argument_status_is_the_backends_error_not_a_device_fault():
+    # cuDNN / cuBLAS name a bad argument or an unsupported request before launching anything: the context is
+    # intact, so the check records the backend's error as a failure (hypothesis may shrink it), not a crash
+    import pytest
+
+    from conformance.harness import DeviceFault, call_backend, device_error
+    from conformance.problem import Problem, make_inputs
+    from conformance.reference import Reference
+
+    bad_param = ("execute(handle, plan->get_raw_desc(), variant_pack_descriptor.get_ptr()) failed with message: "
+                 "varPackPtrs[io_uid_idx] == nullptr, and code: CUDNN_STATUS_BAD_PARAM_NULL_POINTER")
+    assert device_error(bad_param) is None
+    assert device_error("CUBLAS_STATUS_INVALID_VALUE when calling cublasGemmEx") is None
+    assert device_error("CUDNN_STATUS_EXECUTION_FAILED") == "CUDNN_STATUS_"
+    assert device_error("CUBLAS_STATUS_EXECUTION_FAILED when calling cublasGemmEx") == "CUBLAS_STATUS_"
+    assert device_error(f"{bad_param}; then CUDA error: an illegal memory access") == "CUDA error"
+
+    class Refuses(Reference):
+        def __init__(self, message):
+            self.message = message
+
+        def forward(self, args):
+            raise RuntimeError(self.message)
+
+    args = make_inputs(Problem((3,), (4,)))
+    with pytest.raises(RuntimeError, match="BAD_PARAM_NULL_POINTER"):
+        call_backend(Refuses(bad_param), args)
+    with pytest.raises(DeviceFault, match="illegal memory access"):
+        call_backend(Refuses("CUDA error: an illegal memory access was encountered"), args)
