@@ -518,9 +518,8 @@ def cmd_run(ns) -> int:
                 warming.checks_over.set()  # warm-up has yet to compile for checks (-k left them out) serves nobody,
                 if not (bench and rc is not None and stop_reason is None):  # and the rest only timings to come
                     warming.stopping.set()
-                elif warming.status():
-                    console.print(f"warm-up: the timings' kernels: {warming.status()}", highlight=False,
-                                  soft_wrap=True)
+                elif (left := warming.status()):
+                    console.print(f"warm-up: the timings' kernels: {left}", highlight=False, soft_wrap=True)
                 warm_summary, warm_info = warming.join()
         checks_wall = time.time() - checks_started
         collected, records, finished = rp.read_record_stream(records_path)

@@ -132,8 +132,9 @@ def classify(report, message: str) -> tuple[str, str | None]:
         return "pass", ("expected to fail but passed: " + report.wasxfail) if hasattr(report, "wasxfail") else None
     if TIMEOUT_MESSAGE.search(message):
         return "timeout", TIMEOUT_MESSAGE.search(message).group(0)
-    if device_error(message):
-        return "crash", "device error: " + device_error(message)
+    fault = device_error(message)
+    if fault:
+        return "crash", "device error: " + fault
     if report.when != "call":
         return "fail", f"error in {report.when}"
     return "fail", None

@@ -62,7 +62,6 @@ import dataclasses
 import json
 import os
 import queue
-import re
 import subprocess
 import sys
 import threading

@@ -48,7 +48,7 @@ def gates(jobs, seconds: dict[str, float], workers: int, load_s: float, hold_bac
         else:
             end = start + seconds[f"{job.backend} | {job.config.key}"]
             made[job.build_key] = end
-        if getattr(job, "gate", True):  # a job only the timings use opens no gate
+        if job.gate:  # a job only the timings use opens no gate
             ends[job.backend] = max(ends.get(job.backend, 0.0), end)
         heapq.heappush(free, end)
     return ends

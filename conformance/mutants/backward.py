@@ -7,6 +7,7 @@ import random
 import torch
 
 from .base import COMPUTE, TILE, Unmutated
+from .forward import CausalTopLeft
 
 _system_random = random.SystemRandom()  # outside every seeded RNG: run-to-run variation is the point
 
@@ -215,7 +216,6 @@ class BackwardCausalTopLeft(Unmutated):
         out, lse = super().attend(args, b)
         if args.causal != "bottom_right":
             return out, lse
-        from .forward import CausalTopLeft
         other, _ = CausalTopLeft().attend(args, b)
         return out.detach() + (other - other.detach()), lse  # the forward's values, the other mask's gradients
 
