@@ -11,8 +11,9 @@
 #   bash tools/gpu_check.sh OUT_DIR ncu     Nsight Compute on one backward of FA4 and of triton-jfa (a plan) on
 #                                                   S1, S4b and S5 (tools/profile_kernels.py): each kernel's GPU
 #                                                   time, tensor-pipe share and SM / DRAM throughput:
-#                                                   OUT_DIR/ncu_<shape>_<impl>.csv; torch.profiler's kernel times
-#                                                   of the same calls: OUT_DIR/kernel_times.txt
+#                                                   OUT_DIR/ncu_<shape>_<impl>.csv; with KERNEL_TIMES=1 also
+#                                                   torch.profiler's kernel times of the same calls:
+#                                                   OUT_DIR/kernel_times.txt
 # FA4 (flash-attn-4 with its CuTe DSL) must be importable for the bench's FA4 rows; FA4_PATH, if set, is put
 # on PYTHONPATH with the CuTe DSL packages under it.  WORKERS sets the test and spec workers (default 8).
 set -u
@@ -46,17 +47,20 @@ case $STAGE in
   ncu)
     metrics=gpu__time_duration.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active
     metrics=$metrics,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed
-    metrics=$metrics,launch__registers_per_thread,launch__grid_size,launch__block_size
+    metrics=$metrics,launch__registers_per_thread,launch__grid_size,launch__block_size,sm__warps_active.avg.pct_of_peak_sustained_active,lts__t_sector_hit_rate.pct
     for shape in S1 S4b S5; do
       for impl in fa4 triton-plan; do
         timeout 240 ncu --profile-from-start off --csv --metrics "$metrics" \
           python3 tools/profile_kernels.py --shape $shape --impl $impl --direction bwd > "$OUT_DIR/ncu_${shape}_${impl}.csv" 2>&1
         echo "ncu $shape $impl rc=$?" | tee -a "$LOG"
-        timeout 120 python3 tools/profile_kernels.py --shape $shape --impl $impl --direction bwd --kernel-times \
-          >> "$OUT_DIR/kernel_times.txt" 2>&1
+        if [ -n "${KERNEL_TIMES:-}" ]; then
+          timeout 120 python3 tools/profile_kernels.py --shape $shape --impl $impl --direction bwd --kernel-times \
+            >> "$OUT_DIR/kernel_times.txt" 2>&1
+        fi
       done
     done
-    tail -40 "$OUT_DIR/kernel_times.txt" ;;
+    for f in "$OUT_DIR"/ncu_*.csv; do echo "== $f"; grep -v '^==PROF==' "$f" | tail -30; done
+    [ -f "$OUT_DIR/kernel_times.txt" ] && tail -40 "$OUT_DIR/kernel_times.txt" ;;
   *)
     echo "unknown stage $STAGE (tests, spec, bench or ncu)" >&2; exit 2 ;;
 esac
