@@ -85,6 +85,8 @@ GLUON_CASES = [
     ([200, 7, 130], [190, 300, 1], 2, 1, 64, 64, False),
     ([100, 257], [129, 80], 2, 2, 128, 64, False),
     ([300, 0, 65, 129, 1], [257, 5, 64, 400, 1], 2, 1, 128, 128, False),
+    # head dim 64's 64-row query blocks in the dK/dV kernel, under broadcast-Q and GQA, ragged against 64
+    ([130], [300, 0, 1, 129, 64, 65], 4, 2, 64, 64, True),
 ]
 
 
@@ -145,12 +147,13 @@ def test_gpu_gluon_rows_past_lk_never_leak(poison, causal):
 
 
 @needs_gluon
+@pytest.mark.parametrize("d", [128, 64])
 @pytest.mark.parametrize("poisoned_first", [True, False])
 @pytest.mark.parametrize("poison", ["inf", "nan"])
-def test_gpu_gluon_backward_rows_past_the_end_never_leak(poison, poisoned_first):
+def test_gpu_gluon_backward_rows_past_the_end_never_leak(poison, poisoned_first, d):
     """A ragged last query block reads the next sequence's Q, dO (and, computing delta, O) rows, a ragged key
     block its K and V rows: none of them may reach the clean sequence's gradients."""
-    paths = check_grads_beside_a_poisoned_sequence(poison, poisoned_first=poisoned_first, d=128,
+    paths = check_grads_beside_a_poisoned_sequence(poison, poisoned_first=poisoned_first, d=d,
                                                    tol=2 * TOL[torch.bfloat16], config=Config(gluon_split_keys=0))
     assert paths[:4] == ("gluon", "gluon", "gluon", "dq kernel"), paths
 
