@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402  (tools/bench.py)
 
-VARIANTS = "m32-n64s2=32:64:2,m64-n64s2=64:64:2,m64-n64s4=64:64:4,m32-n64s4=32:64:4"
+VARIANTS = "m32-n64s2=32:64:2,m64-n64s2=64:64:2,m64-n64s3=64:64:3,m64-n64s4=64:64:4"
 
 
 def shapes():

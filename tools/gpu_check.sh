@@ -9,7 +9,7 @@
 #                                                   interleaved rounds, S3 on three Pareto draws:
 #                                                   OUT_DIR/bench.md, OUT_DIR/bench.json
 #   bash tools/gpu_check.sh OUT_DIR ncu     Nsight Compute on one backward of FA4 and of triton-jfa (a plan) on
-#                                                   S1, S4b and S5 (tools/profile_kernels.py): each kernel's GPU
+#                                                   S1, S4b and S5 (NCU_SHAPES) (tools/profile_kernels.py): each kernel's GPU
 #                                                   time, tensor-pipe share and SM / DRAM throughput:
 #                                                   OUT_DIR/ncu_<shape>_<impl>.csv; with KERNEL_TIMES=1 also
 #                                                   torch.profiler's kernel times of the same calls:
@@ -48,7 +48,7 @@ case $STAGE in
     metrics=gpu__time_duration.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active
     metrics=$metrics,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed
     metrics=$metrics,launch__registers_per_thread,launch__grid_size,launch__block_size,sm__warps_active.avg.pct_of_peak_sustained_active,lts__t_sector_hit_rate.pct
-    for shape in S1 S4b S5; do
+    for shape in ${NCU_SHAPES:-S1 S4b S5}; do
       for impl in fa4 triton-plan; do
         timeout 240 ncu --profile-from-start off --csv --metrics "$metrics" \
           python3 tools/profile_kernels.py --shape $shape --impl $impl --direction bwd > "$OUT_DIR/ncu_${shape}_${impl}.csv" 2>&1
