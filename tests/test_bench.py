@@ -251,7 +251,7 @@ def test_the_profile_stage_names_known_shapes_and_impls():
     import profile_kernels
     script = open(os.path.join(os.path.dirname(bench.__file__), "gpu_check.sh")).read()
     stage = script[script.index("  ncu)"):]
-    shapes = re.search(r"for shape in ([^;]+);", stage).group(1).split()
+    shapes = re.search(r"for shape in \$\{NCU_SHAPES:-([^}]+)\};", stage).group(1).split()
     impls = re.search(r"for impl in ([^;]+);", stage).group(1).split()
     for shape in shapes:
         for impl in impls:
