@@ -16,6 +16,7 @@ pay on it, and the seconds of the first call (compilation included).
 """
 from __future__ import annotations
 
+import functools
 import random
 import time
 
@@ -80,6 +81,35 @@ def length_skew(problem: Problem) -> float:
     return max(lens) / mean if mean else 1.0
 
 
+@functools.lru_cache(maxsize=2)
+def _drawn(problem: Problem):
+    """A shape's inputs and upstream gradient, drawn once per session on the host (make_inputs draws on the CPU:
+    about half a second for a GPU shape, which every backend and direction would otherwise pay again).  The
+    timings run shape by shape (plugin.arrange_timings), so two entries serve every turn."""
+    return make_inputs(problem, "cpu"), make_grad_out(problem, "cpu")
+
+
+def fresh_inputs(problem: Problem, device: str):
+    """(args, grad_out) of ``problem`` on ``device``: copies of the drawn tensors, so that nothing a backend
+    does to its inputs reaches another's timing."""
+    args, grad_out = _drawn(problem)
+    moved = {name: getattr(args, name).to(device, copy=True) for name in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")}
+    return args.replace(**moved), grad_out.to(device, copy=True)
+
+
+def out_of_memory(exc: BaseException) -> str:
+    """The skip reason of a timing the device cannot hold (a padded layout's mask on a long sequence, say)."""
+    return f"not timed: out of memory on this device ({str(exc).split('. Including')[0].strip()})"
+
+
+def _skip_if_out_of_memory(reason, device: str) -> None:
+    # outside the except block, so that the failed call's tensors are freed before the cache is emptied
+    if reason:
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        pytest.skip(reason)
+
+
 def _synchronize(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)
@@ -98,7 +128,7 @@ def test_timing(benchmark, backend, device, shape, direction):
         pytest.skip(f"unsupported: {exc}")
     if direction == "backward" and not backend.capabilities.backward:
         pytest.skip(f"unsupported: {backend.name} declares no backward")
-    args = make_inputs(problem, device)
+    args, grad_out = fresh_inputs(problem, device)
     benchmark.group = f"{shape}-{direction}"
     benchmark.extra_info.update(
         backend=backend.name, shape=shape, direction=direction, useful_flops=useful_flops(problem, direction),
@@ -113,8 +143,12 @@ def test_timing(benchmark, backend, device, shape, direction):
         call_args = args.replace(q=leaves[0], k=leaves[1], v=leaves[2])
         if call_args.broadcast_q and backend.capabilities.broadcast_q == "emulated":
             call_args = call_args.with_broadcast_q_expanded()
-        out = backend.forward(call_args).out
-        grad_out = make_grad_out(problem, device)
+        oom = None
+        try:
+            out = backend.forward(call_args).out
+        except torch.OutOfMemoryError as exc:
+            oom = out_of_memory(exc)
+        _skip_if_out_of_memory(oom, device)
 
         def call():
             torch.autograd.grad(out, leaves, grad_out, retain_graph=True, allow_unused=True)
@@ -126,7 +160,12 @@ def test_timing(benchmark, backend, device, shape, direction):
     # configuration (dtype, head dims, causal mode), so a shape after one with the same configuration
     # may find its kernels compiled already; the report shows it beside the backend's compile time.
     start = time.perf_counter()
-    one()
+    oom = None
+    try:
+        one()
+    except torch.OutOfMemoryError as exc:
+        oom = out_of_memory(exc)
+    _skip_if_out_of_memory(oom, device)
     benchmark.extra_info["first_call_s"] = time.perf_counter() - start
     # Same as the spec's contract check: a wrong shape would make the timing meaningless.
     call_backend(backend, args)

@@ -455,7 +455,7 @@ def cmd_run(ns) -> int:
 
     timed_names: list[str] = []  # the backends the benchmarks time, once they start
 
-    def assemble(records, *, complete, rc, bench_status, timings, stop_reason=None) -> dict:
+    def assemble(records, *, complete, rc, bench_status, timings, stop_reason=None, gaps=()) -> dict:
         times = backend_times([info.name for _, info in chosen], warm_summary, records)
         return {
             "schema": rp.SCHEMA, "schema_version": rp.SCHEMA_VERSION,
@@ -477,6 +477,7 @@ def cmd_run(ns) -> int:
             "coverage": coverage_of(records),
             "records": records,
             "timings": timings,
+            "timing_gaps": list(gaps),
         }
 
     def snapshot() -> None:
@@ -494,6 +495,7 @@ def cmd_run(ns) -> int:
     import signal
     previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
     records, timings, rc, finished, bench_status, check_phase = [], [], None, False, "not run", None
+    gaps: list[dict] = []  # timings that failed or could not be made (pytest_session.timing_gaps)
     collected = None
     warm_summary, warm_info = {}, {"ran": False}
     try:
@@ -533,7 +535,7 @@ def cmd_run(ns) -> int:
         records = rp.complete_records(
             collected, records, f"never ran: {stop_reason}" if stop_reason else
             "never ran: the run stopped before reaching it (see pytest.log)", stopped=stop_reason is not None)
-        timings, bench_status = [], BENCH_NOT_ASKED
+        timings, bench_status, gaps = [], BENCH_NOT_ASKED, []
         if bench and stop_reason is None:
             timed_names[:] = [info.name for spec, info in chosen if spec in timed and info.available]
         if bench and stop_reason is not None:
@@ -542,7 +544,7 @@ def cmd_run(ns) -> int:
             bench_status = ("not run: no kernel backend to time (the references, and backends an interpreter runs, "
                             "are timed when named with --backend)")
         elif bench:
-            timings, bench_status = run_benchmarks(run_dir, timed, device, env, console, ns.timeout, deadline)
+            timings, bench_status, gaps = run_benchmarks(run_dir, timed, device, env, console, ns.timeout, deadline)
     except RunStopped as exc:  # SIGTERM while the benchmarks ran, or outside the checks' own stop handling
         stop_reason, bench_status = str(exc), f"stopped: {exc}"
         if collected is None:  # stopped before the checks' records were read: what they wrote, the rest not run
@@ -557,7 +559,7 @@ def cmd_run(ns) -> int:
     if partial_junit.exists():
         os.replace(partial_junit, run_dir / "junit.xml")
     complete = rp.verdicts_complete(collected, records, finished)
-    report = assemble(records, complete=complete, rc=rc, bench_status=bench_status, timings=timings,
+    report = assemble(records, complete=complete, rc=rc, bench_status=bench_status, timings=timings, gaps=gaps,
                       stop_reason=stop_reason)
     regressions = []
     if baseline is not None:

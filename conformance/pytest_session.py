@@ -87,31 +87,66 @@ def stop_group(proc) -> None:
 
 
 def run_benchmarks(run_dir: Path, backend_specs, device, env, console, timeout_s: float,
-                   deadline: float | None = None) -> tuple[list[dict], str]:
+                   deadline: float | None = None) -> tuple[list[dict], str, list[dict]]:
     """pytest-benchmark timings of ``backend_specs``, stopped at ``deadline`` (the run's --time-limit):
-    a stopped session still writes what it timed (pytest-benchmark saves at session finish)."""
+    a stopped session still writes what it timed (pytest-benchmark saves at session finish).  Returns the
+    timings, the session's status and its gaps (``timing_gaps``: the timings that failed or could not be
+    made, each with its reason)."""
     from . import report as rp
     bench_file = Path(__file__).resolve().parent / "benchmarks.py"
     partial = run_dir / ".benchmark.json.partial"
+    junit = run_dir / ".benchmark-junit.xml"
     command = [sys.executable, "-m", "pytest", str(bench_file), "-p", "conformance.plugin", "-p", "no:cacheprovider",
                "-q", "--device", device, "--benchmark-only", "--benchmark-json", str(partial),
-               "--timeout", f"{timeout_s:g}", "--timeout-method", "thread"]
+               "--junitxml", str(junit), "--timeout", f"{timeout_s:g}", "--timeout-method", "thread"]
     for spec in backend_specs:
         command += ["--backend", spec]
     if deadline is not None and time.monotonic() > deadline:
-        return [], "benchmarks not started: stopped: the run reached its --time-limit"
+        return [], "benchmarks not started: stopped: the run reached its --time-limit", []
     with console.status("timing forward and backward of each backend (pytest-benchmark) ..."):
         rc, stopped = run_pytest(command, env, run_dir / "pytest.log", run_dir / ".none", None, deadline)
+    gaps = timing_gaps(junit)
+    junit.unlink(missing_ok=True)
     if not partial.exists():
         why = f"stopped: {stopped}" if stopped else f"pytest exit code {rc}; see pytest.log"
-        return [], f"benchmarks did not complete ({why})"
+        return [], f"benchmarks did not complete ({why})", gaps
     bench = json.loads(partial.read_text())
     os.replace(partial, run_dir / "benchmark.json")
     if stopped:
         status = f"stopped: {stopped}; the timings finished before it are kept"
     else:
         status = "ok" if rc == 0 else f"some benchmarks failed (pytest exit code {rc}; see pytest.log)"
-    return rp.timings_from_benchmark(bench), status
+    return rp.timings_from_benchmark(bench), status, gaps
+
+
+def timing_gaps(junit_path: Path) -> list[dict]:
+    """The timings the benchmark session's JUnit file names as failed or not timed (skipped with a reason
+    that starts "not timed", such as running out of device memory; declared-unsupported shapes are not
+    gaps): backend, shape, direction, outcome and the first line of the reason."""
+    import xml.etree.ElementTree as ET
+    try:
+        cases = ET.parse(junit_path).getroot().iter("testcase")
+    except (OSError, ET.ParseError):
+        return []
+    gaps = []
+    for case in cases:
+        name = case.get("name", "")
+        if not name.startswith("test_timing[") or not name.endswith("]"):
+            continue
+        rest, direction = name[len("test_timing["):-1].rsplit("-", 1)
+        backend, shape = rest.rsplit("-", 1)  # backend names may hold "-", shape names do not
+        for tag, outcome in (("failure", "failed"), ("error", "failed"), ("skipped", "not timed")):
+            node = case.find(tag)
+            if node is None:
+                continue
+            message = (node.get("message") or node.text or "").strip().splitlines()
+            message = message[0][:300] if message else ""
+            if outcome == "not timed" and not message.startswith("not timed"):
+                continue  # a declared-unsupported shape
+            gaps.append({"backend": backend, "shape": shape, "direction": direction, "outcome": outcome,
+                         "message": message.removeprefix("not timed: ")})
+            break
+    return gaps
 
 
 def timed_specs(named: list[str], chosen) -> list[str]:

@@ -40,6 +40,18 @@ PLAIN = textwrap.dedent('''
         def forward(self, args):
             os.abort()
 
+    class OutOfMemoryOnLong(Reference):
+        """Runs out of device memory on causal problems of more than 100 rows (the CPU timings' causal shapes),
+        as a padded layout does on a long sequence."""
+        name = "oom-on-long"
+        def forward(self, args):
+            if args.causal == "bottom_right" and args.q.shape[0] > 100:
+                import torch
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 GiB. GPU 0 has a total "
+                                             "capacity of 79.18 GiB of which 24.19 GiB is free. Including non-PyTorch "
+                                             "memory, this process has 54.98 GiB memory in use.")
+            return super().forward(args)
+
     NARROW = Capabilities(dtypes=("float32",), head_dims=(16,), causal_modes=("none",), gqa=False,
                           broadcast_q="none")
 

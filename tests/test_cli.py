@@ -208,9 +208,49 @@ def test_benchmarks_keep_to_the_time_limit_and_time_kernels_not_oracles(tmp_path
     named = cli.build_parser().parse_args(["run", "--bench", "--backend", "reference", "--backend", "sdpa"])
     assert pytest_session.timed_specs(named.backend, chosen) == ["reference", "sdpa"]
     # past the run's deadline the benchmark session is stopped, and the status says so
-    timings, status = pytest_session.run_benchmarks(tmp_path, ["reference"], "cpu", dict(os.environ),
-                                                    Console(quiet=True), 60, deadline=time.monotonic() - 1)
-    assert timings == [] and "stopped: the run reached its --time-limit" in status
+    timings, status, gaps = pytest_session.run_benchmarks(tmp_path, ["reference"], "cpu", dict(os.environ),
+                                                          Console(quiet=True), 60, deadline=time.monotonic() - 1)
+    assert timings == [] and gaps == [] and "stopped: the run reached its --time-limit" in status
+
+
+def test_a_timing_the_device_cannot_hold_is_named_with_its_reason_and_the_others_are_kept(tmp_path, misbehaving):
+    # out of device memory on the two causal shapes (both directions): those four are not timed, each named in
+    # the report with the reason, the backend's other timings kept, and the session is not a failure
+    code, report = run(tmp_path, "--backend", f"{misbehaving}:OutOfMemoryOnLong", "-k", "empty_batch and float32",
+                       "--bench", "--name", "oom")
+    assert code == 0, report and report["run"]
+    assert report["run"]["benchmarks"] == "ok"
+    gaps = report["timing_gaps"]
+    assert {(g["shape"], g["direction"]) for g in gaps} == {(s, d) for s in ("uniform_causal", "one_long")
+                                                           for d in ("forward", "backward")}
+    assert all(g["backend"] == "oom-on-long" and g["outcome"] == "not timed" for g in gaps)
+    assert all(g["message"].startswith("out of memory on this device (CUDA out of memory. Tried to allocate 32.00 GiB")
+               and "Including" not in g["message"] for g in gaps)
+    assert {(t["shape"], t["direction"]) for t in report["timings"]} == {
+        (s, d) for s in ("dense", "uniform", "pareto") for d in ("forward", "backward")}
+    summary = " ".join((tmp_path / "reports" / "oom" / "summary.md").read_text().split())
+    assert "oom-on-long: not timed on uniform_causal forward, uniform_causal backward, one_long forward, one_long" \
+           " backward: out of memory on this device" in summary
+
+
+def test_timing_gaps_are_failures_and_reasoned_skips_not_unsupported_shapes(tmp_path):
+    junit = tmp_path / "j.xml"
+    junit.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="b" name="test_timing[sdpa-cudnn-one_long-backward]" time="1">'
+        '<failure message="RuntimeError: cuDNN error&#10;second line">trace</failure></testcase>'
+        '<testcase classname="b" name="test_timing[sdpa-one_long-forward]" time="1">'
+        '<skipped type="pytest.skip" message="not timed: out of memory on this device (x)">s</skipped></testcase>'
+        '<testcase classname="b" name="test_timing[fa4-pareto-forward]" time="1">'
+        '<skipped type="pytest.skip" message="unsupported: head dim">s</skipped></testcase>'
+        '<testcase classname="b" name="test_timing[fa4-dense-forward]" time="1"/>'
+        '</testsuite></testsuites>')
+    assert pytest_session.timing_gaps(junit) == [
+        {"backend": "sdpa-cudnn", "shape": "one_long", "direction": "backward", "outcome": "failed",
+         "message": "RuntimeError: cuDNN error"},
+        {"backend": "sdpa", "shape": "one_long", "direction": "forward", "outcome": "not timed",
+         "message": "out of memory on this device (x)"}]
+    assert pytest_session.timing_gaps(tmp_path / "missing.xml") == []
 
 
 def test_gpus_pins_one_worker_per_device_and_records_the_index(tmp_path):

@@ -7,6 +7,7 @@ import os
 import re
 
 import pytest
+import torch
 
 from conformance import benchmarks
 from conformance import report as rp
@@ -378,3 +379,19 @@ def test_timings_run_shape_by_shape_so_a_stopped_session_keeps_whole_rows():
     assert rows[:4] == [("dense", "forward")] * 2 + [("dense", "backward")] * 2
     assert [r[0] for r in rows[::4]] == list(benchmarks.SHAPES)
     assert [i.split("-", 1)[0] for i in ids[:2]] == ["sdpa", "reference"]  # the order the backends were named
+
+
+def test_timings_draw_each_shape_once_and_hand_every_backend_its_own_copy():
+    from conformance.problem import make_grad_out, make_inputs
+    problem = benchmarks.shapes("cpu")["uniform"]
+    benchmarks._drawn.cache_clear()
+    (a, ga), (b, gb) = benchmarks.fresh_inputs(problem, "cpu"), benchmarks.fresh_inputs(problem, "cpu")
+    assert benchmarks._drawn.cache_info().misses == 1  # drawn once, not per backend and direction
+    want, want_g = make_inputs(problem, "cpu"), make_grad_out(problem, "cpu")
+    for name in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert torch.equal(x, getattr(want, name)) and x.data_ptr() != y.data_ptr()  # the same numbers, apart
+    assert torch.equal(ga, want_g) and ga.data_ptr() != gb.data_ptr()
+    a.q.add_(1)  # a backend writing into its inputs reaches no other timing
+    assert torch.equal(benchmarks.fresh_inputs(problem, "cpu")[0].q, want.q)
+    assert (a.max_seqlen_q, a.causal, a.softmax_scale) == (want.max_seqlen_q, want.causal, want.softmax_scale)

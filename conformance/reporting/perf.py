@@ -50,8 +50,10 @@ def timed_backends(report: dict) -> list[str]:
 
 def timing_notes(report: dict) -> list[str]:
     """One line per backend an interpreter ran in this run (``Capabilities.interpreted_by``): its timings are
-    the interpreter's, or it was left untimed; and one line for the backends the benchmarks were to time
-    (``run.timed_backends``) that have no timing, with the benchmarks' status (a time limit, a failure)."""
+    the interpreter's, or it was left untimed; one per backend host-bound somewhere; one per backend and reason
+    for the timings that failed or were not made (``timing_gaps``: out of device memory, say); and one line for
+    the backends the benchmarks were to time (``run.timed_backends``) that have no timing, with the benchmarks'
+    status (a time limit, a failure)."""
     timed = set(timed_backends(report))
     notes = []
     for name, entry in (report.get("backends") or {}).items():
@@ -70,6 +72,12 @@ def timing_notes(report: dict) -> list[str]:
             notes.append(f"{name}: host-bound in {n} of its {total} timings (the host's time per call is at least "
                          f"{HOST_BOUND_SHARE:.0%} of the time per call): there its times are its host's, not its "
                          "kernels'")
+    by_reason: dict[tuple[str, str, str], list[str]] = {}
+    for gap in report.get("timing_gaps") or []:
+        key = (gap["backend"], gap["outcome"], gap["message"])
+        by_reason.setdefault(key, []).append(f"{gap['shape']} {gap['direction']}")
+    for (name, outcome, message), where in by_reason.items():
+        notes.append(f"{name}: {outcome} on {', '.join(where)}: {message}")
     run = report.get("run") or {}
     missing = [name for name in run.get("timed_backends") or [] if name not in timed]
     status = run.get("benchmarks") or "unknown"
