@@ -171,7 +171,7 @@ def _dkdv_gluon(q, k, v, do, stats, cu_cols, dk, dv, cu_q, cu_k, t, plan):
     hkv, dvd = k.shape[1], v.shape[2]
     if t.n_items == 0 or k.shape[0] == 0:
         return
-    m, n = dkdv.block_m(d), dkdv.HALF_N.value
+    m, n = dkdv.BLOCK_M.value, dkdv.HALF_N.value
     qd, kd, vd, dod = _descriptors(((q, m), (k, n), (v, n), (do, m)))
     n_programs, dynamic, counter = _grid(t, q.device, plan.config)
     statsd = TensorDescriptor.from_tensor(stats, [1, m], dkdv.STATS_LAYOUT)
@@ -180,8 +180,7 @@ def _dkdv_gluon(q, k, v, do, stats, cu_cols, dk, dv, cu_q, cu_k, t, plan):
         qd, kd, vd, dod, statsd, dk, dv, cu_q, cu_k, t.seq, t.blk, t.items, counter,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), plan.scale, plan.scale * tl.LOG2E,
         hkv, hq // hkv, t.counts, cu_cols, dk_desc, dv_desc,
-        BROADCAST=plan.broadcast, CAUSAL=plan.causal, HEAD_D=d, HEAD_DV=dvd, STAGES=dkdv.STAGES, BLOCK_M=m,
-        dynamic=int(dynamic),
+        BROADCAST=plan.broadcast, CAUSAL=plan.causal, HEAD_D=d, HEAD_DV=dvd, STAGES=dkdv.STAGES, dynamic=int(dynamic),
         num_warps=4)
 
 
@@ -194,12 +193,12 @@ def _dq_gluon(q, k, v, do, out, lse, delta, stats, columns, cu_q, cu_k, t, plan)
     dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)  # every row with queries is in exactly one tile
     if t.n_items == 0 or q.shape[0] == 0:
         return dq
-    m, (n, stages) = gdq.HALF_M.value, gdq.tiles(d)
+    m, n = gdq.HALF_M.value, gdq.BLOCK_N.value
     qd, kd, vd, dod, dqd = _descriptors(((q, m), (k, n), (v, n), (do, m), (dq, m)))
     n_programs, dynamic, counter = _grid(t, q.device, plan.config)
     gdq.dq_kernel[(n_programs,)](
         qd, kd, vd, dod, dq, lse, delta, cu_q, cu_k, t.seq, t.blk, t.items, counter,
         dq.stride(0), dq.stride(1), lse.stride(0), plan.scale, plan.scale * tl.LOG2E, hq, hq // hkv, t.counts, dqd,
         out, stats, columns.cols, out.stride(0), out.stride(1), stats.stride(0),
-        CAUSAL=plan.causal, HEAD_D=d, HEAD_DV=dvd, STAGES=stages, BLOCK_N=n, dynamic=int(dynamic), num_warps=4)
+        CAUSAL=plan.causal, HEAD_D=d, HEAD_DV=dvd, STAGES=gdq.STAGES, dynamic=int(dynamic), num_warps=4)
     return dq

@@ -30,14 +30,12 @@
 #                                            triton-jfa (baseline fa4): OUT_DIR/reports/flashinfer-bench/
 #   bash tools/gpu_runs.sh OUT_DIR host      tools/host_costs.py: a plain call's host time piece by piece:
 #                                            OUT_DIR/host_costs.json
-#   bash tools/gpu_runs.sh OUT_DIR bwd-tiles the Gluon backward's GPU tests, then tools/ab_bwd_tiles.py (its tiles at head
-#                                            dim 64 against each other and FA4): OUT_DIR/bwd-tiles/
 #   bash tools/gpu_runs.sh OUT_DIR ncu       tools/gpu_check.sh's ncu stage (Nsight Compute on the backward of FA4
 #                                            and triton-jfa), so that it can follow other stages: OUT_DIR/ncu/
 # FA4_PATH and FLASHINFER_PATH, if set, are put on PYTHONPATH (with the CuTe DSL packages under FA4_PATH).
 # LIMIT sets each run's --time-limit (default 300 s; the dev stage's is LIMIT_DEV). At the end the reports are packed into OUT_DIR/reports.tgz.
 set -u
-USAGE="usage: gpu_runs.sh OUT_DIR ci|ci-core|default|bench|dev|start|wait|kernels|layouts|fa4-old|flashinfer|flashinfer-bench|host|bwd-tiles|ncu"
+USAGE="usage: gpu_runs.sh OUT_DIR ci|ci-core|default|bench|dev|start|wait|kernels|layouts|fa4-old|flashinfer|flashinfer-bench|host|ncu"
 OUT_DIR=${1:?$USAGE}
 STAGE=${2:?$USAGE}
 RUN_DIR=${RUN_DIR:-/tmp/jfa-run}
@@ -62,7 +60,7 @@ case $STAGE in
     # the reports of the stages finished so far (packed after each), and the benchmark's results so far
     cp "$RUN_DIR/out/reports.tgz" "$OUT_DIR/" 2>/dev/null
     [ -d "$RUN_DIR/out/bench" ] && tar czf "$OUT_DIR/bench.tgz" -C "$RUN_DIR/out" bench
-    cp "$RUN_DIR/out/ncu.tgz" "$RUN_DIR/out/bwd-tiles.tgz" "$OUT_DIR/" 2>/dev/null
+    cp "$RUN_DIR/out/ncu.tgz" "$OUT_DIR/" 2>/dev/null
     if [ -f "$RUN_DIR/done" ]; then
       echo "all stages done"
     else
@@ -119,14 +117,6 @@ case $STAGE in
     done ;;
   dev)  # LIMIT_DEV (default 1200 s: the dev profile's target) is its --time-limit
     LIMIT=${LIMIT_DEV:-1200} run dev --no-bench --profile dev ;;
-  bwd-tiles)
-    mkdir -p "$OUT_DIR/bwd-tiles"
-    timeout 300 python3 -m pytest tests/test_kernels_gpu.py -q -rA -n 8 -p no:cacheprovider \
-      -k "gluon_kernels or backward_rows_past or answers_do_not_depend" > "$OUT_DIR/bwd-tiles/pytest.txt" 2>&1
-    echo "bwd-tiles pytest rc=$?" | tee -a "$LOG"; tail -3 "$OUT_DIR/bwd-tiles/pytest.txt" | tee -a "$LOG"
-    timeout 420 python3 tools/ab_bwd_tiles.py --out "$OUT_DIR/bwd-tiles" --rounds 3 > "$OUT_DIR/bwd-tiles/ab.log" 2>&1
-    echo "bwd-tiles ab rc=$?" | tee -a "$LOG"; tail -22 "$OUT_DIR/bwd-tiles/ab.log" | tee -a "$LOG"
-    tar czf "$OUT_DIR/bwd-tiles.tgz" -C "$OUT_DIR" bwd-tiles ;;
   ncu)
     bash tools/gpu_check.sh "$OUT_DIR/ncu" ncu 2>&1 | tee -a "$LOG"
     [ -d "$OUT_DIR/ncu" ] && tar czf "$OUT_DIR/ncu.tgz" -C "$OUT_DIR" ncu ;;
@@ -144,6 +134,6 @@ case $STAGE in
     run flashinfer --no-bench --timeout 1200 --backend flashinfer --backend flashinfer-fa2 --backend flashinfer-fa3 \
       --backend flashinfer-cudnn ;;
   *)
-    echo "unknown stage $STAGE (ci, ci-core, default, bench, dev, start, wait, kernels, layouts, fa4-old, flashinfer, flashinfer-bench, host, bwd-tiles or ncu)" >&2; exit 2 ;;
+    echo "unknown stage $STAGE (ci, ci-core, default, bench, dev, start, wait, kernels, layouts, fa4-old, flashinfer, flashinfer-bench, host or ncu)" >&2; exit 2 ;;
 esac
 tar czf "$OUT_DIR/reports.tgz" -C "$OUT_DIR" reports

@@ -41,27 +41,20 @@ from .pipeline import (compile_sm90 as _compile, desc_type, next_pos, publish_po
 # (constexpr globals: the jitted code reads them; the host reads .value)
 HALF_N = gl.constexpr(64)  # keys per consumer warp group: one wgmma M-extent
 BLOCK_N = gl.constexpr(128)  # keys per item
+BLOCK_M = gl.constexpr(32)  # query rows per streamed block
 STAGES = 3  # Q/dO blocks in flight
 HEAD_DIMS = (64, 128)  # where the host runs it (D == Dv)
-# the [1, block_m] fp32 boxes of the backward statistics: unswizzled, since a stage's box is 128 or 256 bytes
-# and a swizzled TMA destination must start on a 1,024-byte boundary
+# the [1, BLOCK_M] fp32 boxes of the backward statistics: unswizzled, since a stage's box is 128 bytes and a
+# swizzled TMA destination must start on a 1,024-byte boundary
 STATS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-
-
-def block_m(head_d):
-    """Query rows per streamed block: 32 at head dim 128 (its two fp32 accumulators and K in registers leave
-    no room for a 64-row block's S^T and dP^T), 64 below (half the blocks, so half the waits and barrier
-    round trips per key, for MMAs of twice the width)."""
-    return 64 if head_d <= 64 else 32
 
 
 def smem_bytes(head_d, head_dv, stages=STAGES):
     """Shared memory the kernel allocates (bf16/fp16), without its barriers and alignment (which
     tests/test_gluon_compile.py bounds by 1 KB)."""
-    m = block_m(head_d)
     # the Q/dO ring, the two K/V buffers, the position buffer
-    size = 2 * (stages * m * (head_d + head_dv) + 4 * 64 * (head_d + head_dv)) + 2 * 32 * 4
-    return size + stages * 2 * m * 4  # each stage's LSE and delta
+    size = 2 * (stages * BLOCK_M.value * (head_d + head_dv) + 4 * 64 * (head_d + head_dv)) + 2 * 32 * 4
+    return size + stages * 2 * BLOCK_M.value * 4  # each stage's LSE and delta
 
 
 @aggregate
@@ -73,22 +66,19 @@ class BwdFlags:
     HEAD_D: gl.constexpr
     HEAD_DV: gl.constexpr
     STAGES: gl.constexpr
-    BLOCK_M: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, BLOCK_M):
+    def __init__(self, WG, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES):
         self.WG = gl.constexpr(WG)
         self.BROADCAST = gl.constexpr(BROADCAST)
         self.CAUSAL = gl.constexpr(CAUSAL)
         self.HEAD_D = gl.constexpr(HEAD_D)
         self.HEAD_DV = gl.constexpr(HEAD_DV)
         self.STAGES = gl.constexpr(STAGES)
-        self.BLOCK_M = gl.constexpr(BLOCK_M)
 
 
 @gluon.jit
-def _kv_item(pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K, BROADCAST: gl.constexpr, CAUSAL: gl.constexpr,
-             BLOCK_M: gl.constexpr):
+def _kv_item(pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K, BROADCAST: gl.constexpr, CAUSAL: gl.constexpr):
     # where the item at launch position ``pos`` (ITEMS[pos] = tile * HKV + kv head) reads and writes, and
     # the query blocks it visits: m_lo, m_lo + BLOCK_M, ... below lq
     item = gl.load(ITEMS + pos)
@@ -124,7 +114,6 @@ def _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, stats_
     HEAD_D: gl.constexpr = flags.HEAD_D
     HEAD_DV: gl.constexpr = flags.HEAD_DV
     STAGES: gl.constexpr = flags.STAGES
-    BLOCK_M: gl.constexpr = flags.BLOCK_M
     HQ = HKV * GROUP
     # one block's Q, dO and its rows' two statistics (log2-domain LSE, delta: rows h and HQ + h of stats_desc)
     block_bytes: gl.constexpr = (q_desc.block_type.nbytes + do_desc.block_type.nbytes
@@ -135,7 +124,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, stats_
     pos = gl.program_id(0)
     while pos < n_items:
         q_start, o_start, lq, k_start, lk, hk, n0, diag, m_lo, n_steps, b = _kv_item(
-            pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, flags.CAUSAL, BLOCK_M)
+            pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, flags.CAUSAL)
         col0 = gl.load(CU_COLS + b)  # the sequence's first column of the statistics
         kb = tk % 2
         # a fresh barrier counts as having completed the phase before 0, so first rounds do not wait
@@ -205,8 +194,7 @@ def _row_stats(stats_smem, s, row_ok, s_layout: gl.constexpr):
 
 @gluon.jit
 def _block(dk, dv, k_a, v_half, q_s, do_s, stats_smem, s, keys, rows, lq, diag, qk_scale,
-           CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-           ds_layout: gl.constexpr):
+           CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, ds_layout: gl.constexpr):
     # one query block against this group's 64 keys: S^T and dP^T first (k_a: K as S^T's A operand, in
     # registers), then the two accumulating MMAs
     st = warpgroup_mma(k_a, q_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
@@ -242,7 +230,6 @@ def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, k
     HEAD_D: gl.constexpr = flags.HEAD_D
     HEAD_DV: gl.constexpr = flags.HEAD_DV
     STAGES: gl.constexpr = flags.STAGES
-    BLOCK_M: gl.constexpr = flags.BLOCK_M
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     dk_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -257,7 +244,7 @@ def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, k
     pos = read_pos(pos_smem, 0)
     while pos < n_items:
         q_start, o_start, lq, k_start, lk, hk, n0, diag, m_lo, n_steps, b = _kv_item(
-            pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, CAUSAL, BLOCK_M)
+            pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, CAUSAL)
         kb = tk % 2
         k_half = k_smem.index(2 * kb + WG)
         v_half = v_smem.index(2 * kb + WG)
@@ -274,7 +261,7 @@ def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, k
                 mbarrier.wait(qdo_ready.index(s), (r // STAGES) & 1)
                 rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
                 dk, dv = _block(dk, dv, k_a, v_half, q_smem.index(s), do_smem.index(s), stats_smem, s, keys, rows,
-                                lq, diag, qk_scale, CAUSAL, BLOCK_M, s_layout, p_layout, ds_layout)
+                                lq, diag, qk_scale, CAUSAL, s_layout, p_layout, ds_layout)
                 mbarrier.arrive(qdo_empty.index(s))
                 r += 1
         # every MMA reading this item's K/V is done
@@ -298,7 +285,7 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
                 COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, qk_scale,
                 HKV, GROUP, N_ITEMS, CU_COLS, dk_desc, dv_desc, dynamic,
                 BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
-                STAGES: gl.constexpr, BLOCK_M: gl.constexpr):
+                STAGES: gl.constexpr):
     # work items: (128-key block, kv head) in ITEMS' order; program p runs the launch positions p, then
     # p + P, ... (dynamic != 0: those it claims from COUNTER)
     n_items = gl.load(N_ITEMS)  # the item count, written on the device by the schedule's builder
@@ -326,18 +313,18 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
               DK, DV, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
               stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, qk_scale, dk_desc, dv_desc)
     gl.warp_specialize([
-        (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, BLOCK_M), )),
-        (_consumer, shared + (BwdFlags(1, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, BLOCK_M), )),
+        (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES), )),
+        (_consumer, shared + (BwdFlags(1, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES), )),
         (_loader, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem,
                    kv_ready, kv_empty, qdo_ready, qdo_empty, tail_bar,
                    ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, CU_COLS, HKV, GROUP, n_items, dynamic,
-                   BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, BLOCK_M))),
+                   BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES))),
     ], [4, 1], [232, 40])
 
 
 def compile_sm90(head_d=128, head_dv=128, stages=STAGES, causal=False, broadcast=False, dtype="bf16"):
     """``dkdv_kernel`` compiled for sm_90 on any machine (pipeline.compile_sm90)."""
-    m, n = block_m(head_d), HALF_N.value
+    m, n = BLOCK_M.value, HALF_N.value
     types = {"q_desc": desc_type(dtype, m, head_d), "k_desc": desc_type(dtype, n, head_d),
              "v_desc": desc_type(dtype, n, head_dv), "do_desc": desc_type(dtype, m, head_dv),
              "stats_desc": f"tensordesc<fp32[1, {m}],{STATS_LAYOUT!r}>", "DK": "*" + dtype, "DV": "*" + dtype,
@@ -347,4 +334,4 @@ def compile_sm90(head_d=128, head_dv=128, stages=STAGES, causal=False, broadcast
              "CU_COLS": "*i32", "dk_desc": desc_type(dtype, n, head_d), "dv_desc": desc_type(dtype, n, head_dv),
              "dynamic": "i32"}
     return _compile(dkdv_kernel, types, dict(BROADCAST=broadcast, CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv,
-                                             STAGES=stages, BLOCK_M=m))
+                                             STAGES=stages))
