@@ -435,7 +435,14 @@ def merge(reports: list[dict], name: str = "merged") -> dict:
                     "complete": rep["run"].get("complete", True), "checks": len(rep["records"])}
                    for rep in reports],
     }
+    # a timing one shard could not make is a gap only if no other shard made it
+    gaps: dict[tuple, dict] = {}
+    for rep in reports:
+        for g in rep.get("timing_gaps", []):
+            key = (g["backend"], g["shape"], g["direction"])
+            if key not in timings:
+                gaps.setdefault(key, g)
     merged = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run": run, "backends": backends,
-              "records": list(by_id.values()), "timings": list(timings.values())}
+              "records": list(by_id.values()), "timings": list(timings.values()), "timing_gaps": list(gaps.values())}
     merged["summary"] = summarize_backends(merged)
     return merged

@@ -167,6 +167,11 @@ def test_merge_keeps_every_shard_and_the_worst_outcome_of_a_repeated_check():
     assert merged["run"]["seed"] == "derandomized" and "seed `derandomized`" in render_markdown(merged)
     shard_b["run"]["seed"] = 7
     assert rp.merge([shard_a, shard_b])["run"]["seed"] == "mixed"
+    # a timing one shard could not make stays a gap only where no other shard made it
+    gap = dict(backend="b", shape="dense", direction="forward", outcome="not timed", message="out of memory (x)")
+    other = dict(gap, shape="one_long")
+    shard_a["timing_gaps"] = [gap, other]
+    assert rp.merge([shard_a, shard_b])["timing_gaps"] == [other]
 
 
 def test_merge_completes_a_cut_short_shard_with_a_rerun():
