@@ -606,7 +606,7 @@ def cmd_compare(ns) -> int:
     diff = rp.compare(old, new, ns.timing_threshold)
     if ns.json:
         print(json.dumps(diff, indent=1))
-        return 1 if diff["new_failures"] or diff["timing_regressions"] else 0
+        return 1 if diff["new_failures"] or diff["timing_regressions"] or diff["timings_lost"] else 0
     console = _console()
     console.print(f"[bold]{old['run'].get('name')}[/] -> [bold]{new['run'].get('name')}[/]")
     cause = {r["id"]: g for g in triage.groups(new["records"], entries) for r in g.records}
@@ -624,6 +624,9 @@ def cmd_compare(ns) -> int:
         ("Fixed", diff["fixed"], lambda f: f"{f['backend']} {f['feature']} {f.get('dtype') or ''}: {f['before']} -> {f['after']}"),
         ("Error-budget changes (>= 5 points)", diff["budget_changes"][:25],
          lambda c: f"{c['backend']} {c['feature']} {c.get('dtype') or ''}: {c['before']:.0%} -> {c['after']:.0%}"),
+        ("Timings lost (made by the baseline, failed or not made now)", diff["timings_lost"],
+         lambda t: f"{t['backend']} {t['shape']} {t['direction']}: {t['before_s'] * 1e3:.3f} ms -> {t['outcome']}: "
+                   f"{t['message']}"),
     ]
     for title, rows, fmt in sections:
         console.print(f"\n[bold]{title}[/] ({len(rows)})")
@@ -656,7 +659,7 @@ def cmd_compare(ns) -> int:
         console.print(table)
     if diff["only_in_old"] or diff["only_in_new"]:
         console.print(f"\nchecks only in {ns.old}: {len(diff['only_in_old'])}; only in {ns.new}: {len(diff['only_in_new'])}")
-    return 1 if diff["new_failures"] or diff["timing_regressions"] else 0
+    return 1 if diff["new_failures"] or diff["timing_regressions"] or diff["timings_lost"] else 0
 
 
 def cmd_merge(ns) -> int:

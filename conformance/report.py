@@ -371,15 +371,21 @@ def compare(old: dict, new: dict, threshold: float = DEFAULT_TIMING_THRESHOLD) -
         timing_changes.append(row)
         if row["regression"]:
             regressions.append(row)
+    # a timing the baseline made that this run lists as failed or not made (out of memory, say): lost
+    lost = [{"backend": g["backend"], "shape": g["shape"], "direction": g["direction"],
+             "before_s": old_timings[key]["median_s"], "outcome": g["outcome"], "message": g.get("message", "")}
+            for g in new.get("timing_gaps", []) if (key := (g["backend"], g["shape"], g["direction"])) in old_timings]
     gone = sorted(set(old_by_id) - set(new_by_id))
     return {"new_failures": new_failures, "fixed": fixed,
             "budget_changes": sorted(budget_changes, key=lambda c: -abs(c["after"] - c["before"])),
-            "timing_changes": timing_changes, "timing_regressions": regressions, "threshold": threshold,
+            "timing_changes": timing_changes, "timing_regressions": regressions, "timings_lost": lost,
+            "threshold": threshold,
             "only_in_old": gone, "only_in_new": sorted(set(new_by_id) - set(old_by_id))}
 
 
 def regressions_of(comparison: dict) -> list[dict]:
-    """What ``--baseline`` gates on: new failures and timing regressions, as readable rows."""
+    """What ``--baseline`` gates on: new failures, timing regressions and timings the baseline made that this run
+    lost (failed, or not made: out of memory), as readable rows."""
     rows = [{"kind": "new failure", "what": f"{f['backend']} {f['feature']}" + (f" [{f['dtype']}]" if f["dtype"] else ""),
              "detail": f"{f['before']} -> {f['after']}" + (f": {f['reason']}" if f.get("reason") else "")}
             for f in comparison["new_failures"]]
@@ -387,6 +393,9 @@ def regressions_of(comparison: dict) -> list[dict]:
               "detail": f"median {t['before_s'] * 1e3:.3f} ms -> {t['after_s'] * 1e3:.3f} ms "
                         f"(+{t['change']:.0%}, threshold {comparison['threshold']:.0%})"}
              for t in comparison["timing_regressions"]]
+    rows += [{"kind": "timing lost", "what": f"{t['backend']} {t['shape']} {t['direction']}",
+              "detail": f"median {t['before_s'] * 1e3:.3f} ms -> {t['outcome']}: {t['message']}"}
+             for t in comparison.get("timings_lost", [])]
     return rows
 
 

@@ -298,6 +298,20 @@ def test_compare_prints_new_failures_and_exits_1(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["fixed"][0]["after"] == "pass"
 
 
+def test_compare_gates_a_timing_the_new_run_lost(tmp_path, capsys):
+    old, new = _shard(tmp_path, "old", "x", "pass"), _shard(tmp_path, "new", "x", "pass")
+    made = {"backend": "x", "shape": "one_long", "direction": "forward", "median_s": 0.002, "tflops": 1.0}
+    rp.write_json(old, dict(rp.load(old), timings=[made]))
+    gap = {"backend": "x", "shape": "one_long", "direction": "forward", "outcome": "failed", "message": "boom"}
+    rp.write_json(new, dict(rp.load(new), timing_gaps=[gap]))
+    assert cli.main(["compare", str(old), str(new)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Timings lost (made by the baseline, failed or not made now) (1)" in out
+    assert "x one_long forward: 2.000 ms -> failed: boom" in out
+    assert cli.main(["compare", str(old), str(new), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["timings_lost"][0]["outcome"] == "failed"
+
+
 # -- delegated commands ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("command", ["selftest", "replay"])
 def test_selftest_and_replay_delegate_to_their_modules(command, monkeypatch):

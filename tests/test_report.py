@@ -132,6 +132,20 @@ def test_paths_under_home_are_written_from_home(monkeypatch):
     assert rp.home_relative("/home/someoneelse/x") == "/home/someoneelse/x"
 
 
+def test_a_timing_the_baseline_made_and_this_run_lost_is_gated():
+    old = make_report([], [timing("a", "dense", "forward", 1.0), timing("a", "one_long", "forward", 1.0)])
+    new = make_report([], [timing("a", "dense", "forward", 1.0)])
+    new["timing_gaps"] = [dict(backend="a", shape="one_long", direction="forward", outcome="not timed",
+                               message="out of memory on this device (x)"),
+                          dict(backend="a", shape="pareto", direction="forward", outcome="failed", message="boom")]
+    (lost,) = rp.compare(old, new)["timings_lost"]  # pareto: the baseline has no timing of it to lose
+    assert (lost["shape"], lost["outcome"]) == ("one_long", "not timed")
+    (row,) = rp.regressions_of(rp.compare(old, new))
+    assert row["kind"] == "timing lost" and row["what"] == "a one_long forward"
+    assert row["detail"] == "median 1000.000 ms -> not timed: out of memory on this device (x)"
+    assert rp.regressions_of(rp.compare(old, make_report([], old["timings"]))) == []
+
+
 def test_a_timing_taken_another_way_is_not_gated():
     # a report from before rounds held several calls (one call and a wait) against one with calls back to
     # back: the host's share differs, not the backend's speed
