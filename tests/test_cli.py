@@ -231,6 +231,10 @@ def test_a_timing_the_device_cannot_hold_is_named_with_its_reason_and_the_others
     summary = " ".join((tmp_path / "reports" / "oom" / "summary.md").read_text().split())
     assert "oom-on-long: not timed on uniform_causal forward, uniform_causal backward, one_long forward, one_long" \
            " backward: out of memory on this device" in summary
+    # the tables' cells say so too, not blank; the page gives the reason on the cell
+    assert summary.count("| *not timed* |") == 4  # one_long and uniform_causal, each direction: its one column
+    page = (tmp_path / "reports" / "oom" / "index.html").read_text()
+    assert page.count("<td class='gap' title='out of memory on this device (CUDA out of memory.") == 4
 
 
 def test_timing_gaps_are_failures_and_reasoned_skips_not_unsupported_shapes(tmp_path):

@@ -52,6 +52,7 @@ details{margin:4px 0} summary{cursor:pointer}
 .plot{margin:0}.plot svg{display:block;box-sizing:border-box;border:1px solid #eee}
 .note{color:#666;font-size:13px}
 .caveat{color:#8a4b00;background:#fff6e5;border-left:3px solid #e0a030;padding:4px 8px;font-size:13px}
+.gap{color:#8a4b00;background:#fff6e5}
 .cause{border:1px solid #d6d6d6;border-left:6px solid #dc2626;border-radius:4px;padding:8px 12px;margin:10px 0}
 .cause.crash{border-left-color:#7f1d1d} .cause.timeout{border-left-color:#f59e0b}
 .cause .what{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:13px;margin:4px 0;word-break:break-word}
@@ -335,6 +336,10 @@ def _perf(report) -> list[str]:
                      "</span></td>"]
             for name in columns:
                 cell = row.cells.get(name)
+                gap = row.gaps.get(name)
+                if cell is None and gap is not None:
+                    cells.append(f"<td class='gap' title='{esc(gap['message'])}'><i>{esc(gap['outcome'])}</i></td>")
+                    continue
                 if cell is None:
                     cells.append("<td></td>")
                     continue

@@ -153,10 +153,15 @@ def _perf(report) -> list[str]:
             cells = []
             for name in columns:
                 cell = row.cells.get(name)
+                gap = row.gaps.get(name)
+                if cell is None and gap is not None:
+                    cells.append(f"*{gap['outcome']}*")
+                    continue
                 cells.append("" if cell is None else
                              f"{perf.fmt_speedup(cell.speedup)} · {cell.median_ms:.3f} ms · {cell.row['tflops']:.3g} TF/s"
                              + (" · *host-bound*" if cell.row.get("host_bound") else ""))
-            lines.append(f"| {_md(row.shape)} ({perf.shape_text(row)}) | " + " | ".join(cells) + " |")
+            text = perf.shape_text(row)
+            lines.append(f"| {_md(row.shape)}{f' ({text})' if text else ''} | " + " | ".join(cells) + " |")
         lines.append("| geometric mean | " + " | ".join(
             f"{perf.fmt_speedup(geo[name, direction][0])}" if (name, direction) in geo else "" for name in columns) + " |")
         lines.append("")

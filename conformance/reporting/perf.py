@@ -8,7 +8,7 @@ entry (compile and check seconds of the run).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..report import HOST_BOUND_SHARE
 
@@ -136,6 +136,7 @@ class Row:
     length_skew: float | None
     padding_waste: float | None
     cells: dict[str, Cell]
+    gaps: dict[str, dict] = field(default_factory=dict)  # backend -> its timing_gaps entry: failed or not timed
 
 
 def rows(report: dict, baseline: str | None) -> list[Row]:
@@ -144,12 +145,19 @@ def rows(report: dict, baseline: str | None) -> list[Row]:
     by_key: dict[tuple[str, str], dict[str, dict]] = {}
     for t in report.get("timings") or []:
         by_key.setdefault((t["shape"], t["direction"]), {})[t["backend"]] = t
-    shape_order = list(dict.fromkeys(t["shape"] for t in report.get("timings") or []))
+    missing: dict[tuple[str, str], dict[str, dict]] = {}
+    for g in report.get("timing_gaps") or []:
+        missing.setdefault((g["shape"], g["direction"]), {})[g["backend"]] = g
+    shape_order = list(dict.fromkeys([t["shape"] for t in report.get("timings") or []]
+                                     + [g["shape"] for g in report.get("timing_gaps") or []]))
     out = []
     for direction in ("forward", "backward"):
         for shape in shape_order:
-            timings = by_key.get((shape, direction))
+            timings = by_key.get((shape, direction), {})
+            row_gaps = missing.get((shape, direction), {})
             if not timings:
+                if row_gaps:  # no backend made it: the row still says who tried and why not
+                    out.append(Row(shape, direction, {}, None, None, {}, row_gaps))
                 continue
             base = timings.get(baseline) if baseline else None
             cells = {}
@@ -159,7 +167,7 @@ def rows(report: dict, baseline: str | None) -> list[Row]:
                 cells[name] = Cell(t, speedup, t["tflops"] / peak if peak and t.get("tflops") is not None else None)
             any_row = next(iter(timings.values()))
             out.append(Row(shape, direction, any_row.get("problem") or {}, any_row.get("length_skew"),
-                           any_row.get("padding_waste"), cells))
+                           any_row.get("padding_waste"), cells, row_gaps))
     return out
 
 
@@ -176,7 +184,7 @@ def per_call_words(report: dict) -> str:
 def direction_columns(table: list[Row], backends: list[str], direction: str) -> tuple[list[str], list[str]]:
     """(the backends timed in ``direction``, in order; those of ``backends`` that were not, e.g. without a
     backward)."""
-    timed = {name for row in table if row.direction == direction for name in row.cells}
+    timed = {name for row in table if row.direction == direction for name in (*row.cells, *row.gaps)}
     return [b for b in backends if b in timed], [b for b in backends if b not in timed]
 
 
