@@ -148,6 +148,16 @@ CATALOG: tuple[BugClass, ...] = (
         BUG + "queries and keys have their own offsets",
         "mutant", (FWD, LSE, GRAD, EDGE, META, BCAST, GUARD)),
     BugClass(
+        "bottom-right-offset-unsigned-wrap", "Bottom-right diagonal offset held unsigned: Lq > Lk wraps it",
+        (pull(PT, 193632, "CUTLASS memory-efficient attention kept causal_diagonal_offset as uint32_t and added "
+              "num_keys - num_queries; with more queries than keys it wrapped, the per-block mask test came out "
+              "false for query tiles above row Lq - Lk, and their rows attended to keys they must not see"),),
+        "bottom-right causal with more queries than keys in some sequence (Lq > Lk: the first Lq - Lk rows see no "
+            "key)",
+        BUG + "SPEC.md's bottom-right rule j <= i + Lk - Lq holds for a negative Lk - Lq too; rows below 0 see "
+            "nothing",
+        "mutant", (FWD, LSE, GRAD, EDGE, META)),
+    BugClass(
         "query-start-from-batch-index", "Queries of sequence b read from token b",
         (issue(FI, 3800, "cudnn_batch_prefill_with_kv_cache gave the Q descriptor a batch stride of one token: "
             "without batch_offsets_q, sequence b read its queries from token b and every sequence after the first "

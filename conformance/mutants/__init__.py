@@ -30,6 +30,7 @@ def _registry(*classes: type[Unmutated]) -> dict[str, type[Unmutated]]:
 MUTANTS: dict[str, type[Unmutated]] = _registry(
     forward.ZeroLengthCompacted,
     forward.CausalTopLeft,
+    forward.CausalOffsetWrapsUnsigned,
     forward.NanForMaskedRows,
     forward.KeyPastEnd,
     forward.KeyOffsetsFromQuery,

@@ -153,6 +153,22 @@ class CausalTopLeft(Unmutated):
         return key_visible(q_pos, k_pos, len_q, len_k, causal)
 
 
+class CausalOffsetWrapsUnsigned(Unmutated):
+    name = "mutant-causal-offset-wraps-unsigned"
+    catalog_id = "bottom-right-offset-unsigned-wrap"
+    bug = (f"the bottom-right diagonal offset Lk - Lq is held unsigned: where Lq > Lk it wraps, so the per-tile "
+           f"test 'does this tile need the mask?' fails for every {TILE}-row query tile starting above row Lq - Lk, "
+           f"and those tiles' rows see every key below the tile's end + Lk - Lq (rows that should see none included)")
+
+    def visible(self, args, q_pos, k_pos, len_q, len_k):
+        correct = super().visible(args, q_pos, k_pos, len_q, len_k)
+        if args.causal != "bottom_right" or len_q <= len_k:
+            return correct
+        tile_start = q_pos // TILE * TILE
+        unmasked = k_pos < torch.clamp(tile_start + TILE + len_k - len_q, max=len_k)
+        return torch.where(tile_start < len_q - len_k, unmasked, correct)
+
+
 class QueryRowsFromBatchIndex(Unmutated):
     name = "mutant-query-rows-from-batch-index"
     catalog_id = "query-start-from-batch-index"
