@@ -431,6 +431,14 @@ CATALOG: tuple[BugClass, ...] = (
         BUG,
         "mutant", (GRAD, EDGE)),
     BugClass(
+        "backward-max-seqlen-from-head-dim", "The backward's max_seqlen read from the packed tensor's head-dim axis",
+        (pull(PT, 186142, "the cuDNN varlen backward took max_seqlen_q / k from query.size(2) / key.size(2), which "
+              "for packed (total, H, D) tensors is the head dim: dQ_accum was sized for D rows per sequence and the "
+              "kernel converting it walked past its end (an illegal address)"),),
+        "a backward with some sequence longer than the head dim (Lq > D)",
+        BUG + "max_seqlen is the longest sequence's length; D is the head dim",
+        "mutant", (GRAD, EDGE, META)),
+    BugClass(
         "backward-mask-differs-from-forward", "The backward masks differently from the forward",
         (issue("triton-lang/triton", 4541, "the tutorial's fused attention backward ignored the causal flag the "
             "forward honoured"),

@@ -63,6 +63,7 @@ MUTANTS: dict[str, type[Unmutated]] = _registry(
     forward.LseEmptyKvPaddedOffset,
     backward.NanGradRowsWithoutKeys,
     backward.UnwrittenGradRows,
+    backward.DqRowsPastHeadDim,
     backward.DkvTileWritePastEnd,
     backward.BackwardKeyExtentFromQuery,
     backward.GradientsAllZero,

@@ -103,6 +103,28 @@ class NanGradRowsWithoutKeys(Unmutated):
         return grad
 
 
+class DqRowsPastHeadDim(Unmutated):
+    name = "mutant-dq-rows-past-head-dim"
+    catalog_id = "backward-max-seqlen-from-head-dim"
+    bug = ("the backward reads max_seqlen_q from the packed query tensor's last axis (the head dim D): its dQ "
+           "accumulator holds D rows per sequence, so the rows of a sequence past its D-th get no dQ (0 here; "
+           "the reported kernel walked past the buffer's end)")
+
+    def edit_gradient(self, args, name, grad):
+        if name != "q":
+            return grad
+        d = args.q.shape[-1]
+        grad = grad.clone()
+        if args.broadcast_q:  # one dense block of Lq query rows
+            grad[d:] = 0
+            return grad
+        for b, lq in enumerate(args.seqlens_q):
+            if lq > d:
+                first = int(args.cu_seqlens_q[b])
+                grad[first + d : first + lq] = 0
+        return grad
+
+
 class UnwrittenGradRows(Unmutated):
     name = "mutant-unwritten-grad-rows"
     catalog_id = "gradients-of-empty-sequences-unwritten"
