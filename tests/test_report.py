@@ -414,3 +414,12 @@ def test_timings_draw_each_shape_once_and_hand_every_backend_its_own_copy():
     a.q.add_(1)  # a backend writing into its inputs reaches no other timing
     assert torch.equal(benchmarks.fresh_inputs(problem, "cpu")[0].q, want.q)
     assert (a.max_seqlen_q, a.causal, a.softmax_scale) == (want.max_seqlen_q, want.causal, want.softmax_scale)
+
+
+def test_a_run_whose_every_timing_is_a_gap_still_says_why():
+    report = make_report([record("a", "forward", "pass")])
+    report["run"].update(benchmarks="ok", timed_backends=["a"])
+    report["timing_gaps"] = [dict(backend="a", shape="one_long", direction="forward", outcome="not timed",
+                                  message="out of memory on this device (x)")]
+    text = render_markdown(report)
+    assert "## Performance" in text and "a: not timed on one_long forward: out of memory on this device (x)" in text

@@ -128,7 +128,8 @@ def _causes(groups) -> list[str]:
 
 def _perf(report) -> list[str]:
     if not report.get("timings"):
-        return []
+        notes = perf.timing_notes(report) if report.get("timing_gaps") else []
+        return ["", "## Performance", "", "No timings.", ""] + [f"> {_md(line)}" for line in notes] if notes else []
     base = perf.baseline_backend(report)
     backends = perf.timed_backends(report)
     table = perf.rows(report, base)
