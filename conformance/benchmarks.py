@@ -102,12 +102,16 @@ def out_of_memory(exc: BaseException) -> str:
     return f"not timed: out of memory on this device ({str(exc).split('. Including')[0].strip()})"
 
 
-def _skip_if_out_of_memory(reason, device: str) -> None:
+def _unless_out_of_memory(fn, device: str):
+    """``fn()``; if the device cannot hold it, the timing is skipped as not timed, with the reason."""
+    try:
+        return fn()
+    except torch.OutOfMemoryError as exc:
+        reason = out_of_memory(exc)
     # outside the except block, so that the failed call's tensors are freed before the cache is emptied
-    if reason:
-        if device.startswith("cuda"):
-            torch.cuda.empty_cache()
-        pytest.skip(reason)
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    pytest.skip(reason)
 
 
 def _synchronize(device: str) -> None:
@@ -143,12 +147,7 @@ def test_timing(benchmark, backend, device, shape, direction):
         call_args = args.replace(q=leaves[0], k=leaves[1], v=leaves[2])
         if call_args.broadcast_q and backend.capabilities.broadcast_q == "emulated":
             call_args = call_args.with_broadcast_q_expanded()
-        oom = None
-        try:
-            out = backend.forward(call_args).out
-        except torch.OutOfMemoryError as exc:
-            oom = out_of_memory(exc)
-        _skip_if_out_of_memory(oom, device)
+        out = _unless_out_of_memory(lambda: backend.forward(call_args).out, device)
 
         def call():
             torch.autograd.grad(out, leaves, grad_out, retain_graph=True, allow_unused=True)
@@ -160,12 +159,7 @@ def test_timing(benchmark, backend, device, shape, direction):
     # configuration (dtype, head dims, causal mode), so a shape after one with the same configuration
     # may find its kernels compiled already; the report shows it beside the backend's compile time.
     start = time.perf_counter()
-    oom = None
-    try:
-        one()
-    except torch.OutOfMemoryError as exc:
-        oom = out_of_memory(exc)
-    _skip_if_out_of_memory(oom, device)
+    _unless_out_of_memory(one, device)
     benchmark.extra_info["first_call_s"] = time.perf_counter() - start
     # Same as the spec's contract check: a wrong shape would make the timing meaningless.
     call_backend(backend, args)

@@ -606,7 +606,7 @@ def cmd_compare(ns) -> int:
     diff = rp.compare(old, new, ns.timing_threshold)
     if ns.json:
         print(json.dumps(diff, indent=1))
-        return 1 if diff["new_failures"] or diff["timing_regressions"] or diff["timings_lost"] else 0
+        return 1 if rp.regressions_of(diff) else 0  # what --baseline gates on
     console = _console()
     console.print(f"[bold]{old['run'].get('name')}[/] -> [bold]{new['run'].get('name')}[/]")
     cause = {r["id"]: g for g in triage.groups(new["records"], entries) for r in g.records}
@@ -659,7 +659,7 @@ def cmd_compare(ns) -> int:
         console.print(table)
     if diff["only_in_old"] or diff["only_in_new"]:
         console.print(f"\nchecks only in {ns.old}: {len(diff['only_in_old'])}; only in {ns.new}: {len(diff['only_in_new'])}")
-    return 1 if diff["new_failures"] or diff["timing_regressions"] or diff["timings_lost"] else 0
+    return 1 if rp.regressions_of(diff) else 0  # what --baseline gates on
 
 
 def cmd_merge(ns) -> int:

@@ -128,8 +128,10 @@ def _causes(groups) -> list[str]:
 
 def _perf(report) -> list[str]:
     if not report.get("timings"):
-        notes = perf.timing_notes(report) if report.get("timing_gaps") else []
-        return ["", "## Performance", "", "No timings.", ""] + [f"> {_md(line)}" for line in notes] if notes else []
+        if not report.get("timing_gaps"):
+            return []
+        # every timing failed or was not made: the section stays, to say why
+        return ["", "## Performance", "", "No timings.", ""] + [f"> {_md(line)}" for line in perf.timing_notes(report)]
     base = perf.baseline_backend(report)
     backends = perf.timed_backends(report)
     table = perf.rows(report, base)
