@@ -339,9 +339,9 @@ def print_summary(console, report: dict, regressions: list[dict], run_dir: Path 
         console.print(f"[yellow]compiling inside checks[/]: {total:.0f} s; most in "
                       + "; ".join(f"{escape(b['id'].rsplit('/', 1)[-1])} ({b['seconds']:.1f} s: "
                                   f"{escape(', '.join(b['what']))})" for b in built), highlight=False, soft_wrap=True)
-    phase = rp.check_phase_text(report["run"].get("checks"))
-    if phase:
-        console.print(phase, markup=False, highlight=False, soft_wrap=True)
+    for phase in (rp.check_phase_text(report["run"].get("checks")), rp.timing_phase_text(report["run"].get("timings"))):
+        if phase:
+            console.print(phase, markup=False, highlight=False, soft_wrap=True)
     unrun, _ = rp.unrun_checks(report)
     if unrun:
         console.print(f"[yellow]not run[/] (no verdict): {sum(map(len, unrun.values()))} checks of "
@@ -455,7 +455,7 @@ def cmd_run(ns) -> int:
 
     timed_names: list[str] = []  # the backends the benchmarks time, once they start
 
-    def assemble(records, *, complete, rc, bench_status, timings, stop_reason=None, gaps=()) -> dict:
+    def assemble(records, *, complete, rc, bench_status, timings, stop_reason=None, gaps=(), timing_phase=None) -> dict:
         times = backend_times([info.name for _, info in chosen], warm_summary, records)
         return {
             "schema": rp.SCHEMA, "schema_version": rp.SCHEMA_VERSION,
@@ -470,7 +470,7 @@ def cmd_run(ns) -> int:
                     "benchmarks": bench_status, "timed_backends": timed_names or None, "complete": complete,
                     "stopped": stop_reason,
                     "resumed_from": ns.resume, "cache_dir": rp.home_relative(str(cache_dir)), "cache_bytes_before": cache_bytes,
-                    "warmup": warm_info, "checks": check_phase, "environment": env_info},
+                    "warmup": warm_info, "checks": check_phase, "timings": timing_phase, "environment": env_info},
             "backends": {info.name: {"source": info.source, "available": info.available, "reason": info.reason,
                                      "capabilities": info.capabilities, "time": times[info.name]}
                          for _, info in chosen},
@@ -496,6 +496,7 @@ def cmd_run(ns) -> int:
     previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
     records, timings, rc, finished, bench_status, check_phase = [], [], None, False, "not run", None
     gaps: list[dict] = []  # timings that failed or could not be made (pytest_session.timing_gaps)
+    timing_phase = None  # where the timings' session spent its time (pytest_session.timing_phase)
     collected = None
     warm_summary, warm_info = {}, {"ran": False}
     try:
@@ -544,7 +545,8 @@ def cmd_run(ns) -> int:
             bench_status = ("not run: no kernel backend to time (the references, and backends an interpreter runs, "
                             "are timed when named with --backend)")
         elif bench:
-            timings, bench_status, gaps = run_benchmarks(run_dir, timed, device, env, console, ns.timeout, deadline)
+            timings, bench_status, gaps, timing_phase = run_benchmarks(run_dir, timed, device, env, console, ns.timeout,
+                                                                       deadline)
     except RunStopped as exc:  # SIGTERM while the benchmarks ran, or outside the checks' own stop handling
         stop_reason, bench_status = str(exc), f"stopped: {exc}"
         if collected is None:  # stopped before the checks' records were read: what they wrote, the rest not run
@@ -560,7 +562,7 @@ def cmd_run(ns) -> int:
         os.replace(partial_junit, run_dir / "junit.xml")
     complete = rp.verdicts_complete(collected, records, finished)
     report = assemble(records, complete=complete, rc=rc, bench_status=bench_status, timings=timings, gaps=gaps,
-                      stop_reason=stop_reason)
+                      stop_reason=stop_reason, timing_phase=timing_phase)
     regressions = []
     if baseline is not None:
         comparison = rp.compare(baseline, report, ns.timing_threshold)

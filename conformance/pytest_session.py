@@ -87,11 +87,11 @@ def stop_group(proc) -> None:
 
 
 def run_benchmarks(run_dir: Path, backend_specs, device, env, console, timeout_s: float,
-                   deadline: float | None = None) -> tuple[list[dict], str, list[dict]]:
+                   deadline: float | None = None) -> tuple[list[dict], str, list[dict], dict | None]:
     """pytest-benchmark timings of ``backend_specs``, stopped at ``deadline`` (the run's --time-limit):
     a stopped session still writes what it timed (pytest-benchmark saves at session finish).  Returns the
-    timings, the session's status and its gaps (``timing_gaps``: the timings that failed or could not be
-    made, each with its reason)."""
+    timings, the session's status, its gaps (``timing_gaps``: the timings that failed or could not be
+    made, each with its reason) and where its time went (``timing_phase``)."""
     from . import report as rp
     bench_file = Path(__file__).resolve().parent / "benchmarks.py"
     partial = run_dir / ".benchmark.json.partial"
@@ -102,39 +102,63 @@ def run_benchmarks(run_dir: Path, backend_specs, device, env, console, timeout_s
     for spec in backend_specs:
         command += ["--backend", spec]
     if deadline is not None and time.monotonic() > deadline:
-        return [], "benchmarks not started: stopped: the run reached its --time-limit", []
+        return [], "benchmarks not started: stopped: the run reached its --time-limit", [], None
+    started = time.monotonic()
     with console.status("timing forward and backward of each backend (pytest-benchmark) ..."):
         rc, stopped = run_pytest(command, env, run_dir / "pytest.log", run_dir / ".none", None, deadline)
-    gaps = timing_gaps(junit)
+    gaps, phase = timing_gaps(junit), timing_phase(junit, time.monotonic() - started)
     junit.unlink(missing_ok=True)
     if not partial.exists():
         why = f"stopped: {stopped}" if stopped else f"pytest exit code {rc}; see pytest.log"
-        return [], f"benchmarks did not complete ({why})", gaps
+        return [], f"benchmarks did not complete ({why})", gaps, phase
     bench = json.loads(partial.read_text())
     os.replace(partial, run_dir / "benchmark.json")
     if stopped:
         status = f"stopped: {stopped}; the timings finished before it are kept"
     else:
         status = "ok" if rc == 0 else f"some benchmarks failed (pytest exit code {rc}; see pytest.log)"
-    return rp.timings_from_benchmark(bench), status, gaps
+    return rp.timings_from_benchmark(bench), status, gaps, phase
 
 
-def timing_gaps(junit_path: Path) -> list[dict]:
-    """The timings the benchmark session's JUnit file names as failed or not timed (skipped with a reason
-    that starts "not timed", such as running out of device memory; declared-unsupported shapes are not
-    gaps): backend, shape, direction, outcome and the first line of the reason."""
+def _timing_cases(junit_path: Path):
+    """(backend, shape, direction, testcase element) of each timing in the benchmark session's JUnit file."""
     import xml.etree.ElementTree as ET
     try:
-        cases = ET.parse(junit_path).getroot().iter("testcase")
+        cases = list(ET.parse(junit_path).getroot().iter("testcase"))
     except (OSError, ET.ParseError):
         return []
-    gaps = []
+    out = []
     for case in cases:
         name = case.get("name", "")
         if not name.startswith("test_timing[") or not name.endswith("]"):
             continue
         rest, direction = name[len("test_timing["):-1].rsplit("-", 1)
         backend, shape = rest.rsplit("-", 1)  # backend names may hold "-", shape names do not
+        out.append((backend, shape, direction, case))
+    return out
+
+
+SLOWEST_TIMINGS = 5
+
+
+def timing_phase(junit_path: Path, wall_s: float) -> dict:
+    """Where the benchmark session's wall time went: its timings (set-up, first call and rounds, from the
+    JUnit file's per-test seconds), the rest (interpreter start, imports, collection, the backends'
+    set-up) and the slowest timings, so that a slow phase says what to look at."""
+    cases = [(b, s, d, float(c.get("time") or 0)) for b, s, d, c in _timing_cases(junit_path)]
+    in_timings = sum(seconds for *_, seconds in cases)
+    slowest = sorted(cases, key=lambda c: -c[3])[:SLOWEST_TIMINGS]
+    return {"wall_s": round(wall_s, 1), "timings": len(cases), "timings_s": round(in_timings, 1),
+            "outside_timings_s": round(max(0.0, wall_s - in_timings), 1),
+            "slowest": [{"backend": b, "shape": s, "direction": d, "seconds": round(t, 2)} for b, s, d, t in slowest]}
+
+
+def timing_gaps(junit_path: Path) -> list[dict]:
+    """The timings the benchmark session's JUnit file names as failed or not timed (skipped with a reason
+    that starts "not timed", such as running out of device memory; declared-unsupported shapes are not
+    gaps): backend, shape, direction, outcome and the first line of the reason."""
+    gaps = []
+    for backend, shape, direction, case in _timing_cases(junit_path):
         for tag, outcome in (("failure", "failed"), ("error", "failed"), ("skipped", "not timed")):
             node = case.find(tag)
             if node is None:

@@ -202,6 +202,16 @@ def check_phase_text(phase: dict | None) -> str | None:
             f"{phase['worker_processes']} worker processes")
 
 
+def timing_phase_text(phase: dict | None) -> str | None:
+    """One line on the timing phase (``pytest_session.timing_phase``), or None when there was none."""
+    if not phase or not phase.get("wall_s"):
+        return None
+    slowest = "; ".join(f"{t['backend']} {t['shape']} {t['direction']} {t['seconds']:.1f} s" for t in phase.get("slowest", []))
+    return (f"timings: {phase['wall_s']:.0f} s wall, {phase['timings_s']:.0f} s of it in {phase['timings']} timings "
+            f"(set-up, first call, rounds) and {phase['outside_timings_s']:.0f} s outside them (interpreter start, "
+            f"imports, collection, backends' set-up)" + (f"; slowest: {slowest}" if slowest else ""))
+
+
 def timing_key(row: dict) -> tuple:
     return row["backend"], row["shape"], row["direction"]
 

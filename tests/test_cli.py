@@ -208,9 +208,9 @@ def test_benchmarks_keep_to_the_time_limit_and_time_kernels_not_oracles(tmp_path
     named = cli.build_parser().parse_args(["run", "--bench", "--backend", "reference", "--backend", "sdpa"])
     assert pytest_session.timed_specs(named.backend, chosen) == ["reference", "sdpa"]
     # past the run's deadline the benchmark session is stopped, and the status says so
-    timings, status, gaps = pytest_session.run_benchmarks(tmp_path, ["reference"], "cpu", dict(os.environ),
-                                                          Console(quiet=True), 60, deadline=time.monotonic() - 1)
-    assert timings == [] and gaps == [] and "stopped: the run reached its --time-limit" in status
+    timings, status, gaps, phase = pytest_session.run_benchmarks(tmp_path, ["reference"], "cpu", dict(os.environ),
+                                                                 Console(quiet=True), 60, deadline=time.monotonic() - 1)
+    assert timings == [] and gaps == [] and phase is None and "stopped: the run reached its --time-limit" in status
 
 
 def test_a_timing_the_device_cannot_hold_is_named_with_its_reason_and_the_others_are_kept(tmp_path, misbehaving):
@@ -235,6 +235,10 @@ def test_a_timing_the_device_cannot_hold_is_named_with_its_reason_and_the_others
     assert summary.count("| *not timed* |") == 4  # one_long and uniform_causal, each direction: its one column
     page = (tmp_path / "reports" / "oom" / "index.html").read_text()
     assert page.count("<td class='gap' title='out of memory on this device (CUDA out of memory.") == 4
+    # the timing phase says where its time went, in the report, the summary and the page
+    phase = report["run"]["timings"]
+    assert phase["timings"] == 10 and 0 < phase["timings_s"] <= phase["wall_s"]
+    assert "Timings: " in summary and "outside them" in summary and "Timings: " in page
 
 
 def test_timing_gaps_are_failures_and_reasoned_skips_not_unsupported_shapes(tmp_path):
@@ -255,6 +259,13 @@ def test_timing_gaps_are_failures_and_reasoned_skips_not_unsupported_shapes(tmp_
         {"backend": "sdpa", "shape": "one_long", "direction": "forward", "outcome": "not timed",
          "message": "out of memory on this device (x)"}]
     assert pytest_session.timing_gaps(tmp_path / "missing.xml") == []
+    # where the session's time went: its timings' seconds, the rest outside them, the slowest named
+    phase = pytest_session.timing_phase(junit, 10.0)
+    assert phase["timings"] == 4 and phase["timings_s"] == 4.0 and phase["outside_timings_s"] == 6.0
+    assert len(phase["slowest"]) == 4 and {t["backend"] for t in phase["slowest"]} == {"sdpa-cudnn", "sdpa", "fa4"}
+    text = rp.timing_phase_text(phase)
+    assert text.startswith("timings: 10 s wall, 4 s of it in 4 timings") and "6 s outside them" in text
+    assert rp.timing_phase_text(None) is None
 
 
 def test_gpus_pins_one_worker_per_device_and_records_the_index(tmp_path):

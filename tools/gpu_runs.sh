@@ -30,12 +30,16 @@
 #                                            triton-jfa (baseline fa4): OUT_DIR/reports/flashinfer-bench/
 #   bash tools/gpu_runs.sh OUT_DIR host      tools/host_costs.py: a plain call's host time piece by piece:
 #                                            OUT_DIR/host_costs.json
+#   bash tools/gpu_runs.sh OUT_DIR tox       `tox -e gpu` as a runner without network would run it: tox from the wheels in
+#                                            TOX_WHEELS (tox, its dependencies and setuptools), the machine's packages
+#                                            serving the env (FA4_PATH added to them by a .pth file for the stage):
+#                                            OUT_DIR/reports/tox-gpu/, OUT_DIR/tox-gpu.log
 #   bash tools/gpu_runs.sh OUT_DIR ncu       tools/gpu_check.sh's ncu stage (Nsight Compute on the backward of FA4
 #                                            and triton-jfa), so that it can follow other stages: OUT_DIR/ncu/
 # FA4_PATH and FLASHINFER_PATH, if set, are put on PYTHONPATH (with the CuTe DSL packages under FA4_PATH).
 # LIMIT sets each run's --time-limit (default 300 s; the dev stage's is LIMIT_DEV). At the end the reports are packed into OUT_DIR/reports.tgz.
 set -u
-USAGE="usage: gpu_runs.sh OUT_DIR ci|ci-core|default|bench|dev|start|wait|kernels|layouts|fa4-old|flashinfer|flashinfer-bench|host|ncu"
+USAGE="usage: gpu_runs.sh OUT_DIR ci|ci-core|default|bench|dev|start|wait|kernels|layouts|fa4-old|flashinfer|flashinfer-bench|host|tox|ncu"
 OUT_DIR=${1:?$USAGE}
 STAGE=${2:?$USAGE}
 RUN_DIR=${RUN_DIR:-/tmp/jfa-run}
@@ -60,7 +64,7 @@ case $STAGE in
     # the reports of the stages finished so far (packed after each), and the benchmark's results so far
     cp "$RUN_DIR/out/reports.tgz" "$OUT_DIR/" 2>/dev/null
     [ -d "$RUN_DIR/out/bench" ] && tar czf "$OUT_DIR/bench.tgz" -C "$RUN_DIR/out" bench
-    cp "$RUN_DIR/out/ncu.tgz" "$OUT_DIR/" 2>/dev/null
+    [ -d "$RUN_DIR/out/ncu" ] && tar czf "$OUT_DIR/ncu.tgz" -C "$RUN_DIR/out" ncu  # the profiles so far
     if [ -f "$RUN_DIR/done" ]; then
       echo "all stages done"
     else
@@ -117,6 +121,15 @@ case $STAGE in
     done ;;
   dev)  # LIMIT_DEV (default 1200 s: the dev profile's target) is its --time-limit
     LIMIT=${LIMIT_DEV:-1200} run dev --no-bench --profile dev ;;
+  tox)
+    python3 -m pip install -q --no-index --find-links "${TOX_WHEELS:?TOX_WHEELS: a folder of wheels}" --target /tmp/tox-pkgs tox
+    pth=$(python3 -c 'import site; print(site.getsitepackages()[0])')/jfa-runner-fa4.pth
+    [ -n "${FA4_PATH:-}" ] && printf '%s\n%s\n' "$FA4_PATH" "$FA4_PATH/nvidia_cutlass_dsl/dsl_packages" > "$pth"
+    t0=$(date +%s)
+    PYTHONPATH=/tmp/tox-pkgs PIP_NO_INDEX=1 PIP_FIND_LINKS=$TOX_WHEELS timeout $((LIMIT + 300)) python3 -m tox -e gpu -- --name tox-gpu \
+      --report-dir "$OUT_DIR/reports" > "$OUT_DIR/tox-gpu.log" 2>&1
+    echo "tox -e gpu: rc=$?, $(( $(date +%s) - t0 )) s" | tee -a "$LOG"
+    rm -f "$pth"; tail -25 "$OUT_DIR/tox-gpu.log" | tee -a "$LOG" ;;
   ncu)
     bash tools/gpu_check.sh "$OUT_DIR/ncu" ncu 2>&1 | tee -a "$LOG"
     [ -d "$OUT_DIR/ncu" ] && tar czf "$OUT_DIR/ncu.tgz" -C "$OUT_DIR" ncu ;;
@@ -134,6 +147,6 @@ case $STAGE in
     run flashinfer --no-bench --timeout 1200 --backend flashinfer --backend flashinfer-fa2 --backend flashinfer-fa3 \
       --backend flashinfer-cudnn ;;
   *)
-    echo "unknown stage $STAGE (ci, ci-core, default, bench, dev, start, wait, kernels, layouts, fa4-old, flashinfer, flashinfer-bench, host or ncu)" >&2; exit 2 ;;
+    echo "unknown stage $STAGE (ci, ci-core, default, bench, dev, start, wait, kernels, layouts, fa4-old, flashinfer, flashinfer-bench, host, tox or ncu)" >&2; exit 2 ;;
 esac
 tar czf "$OUT_DIR/reports.tgz" -C "$OUT_DIR" reports
