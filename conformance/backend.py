@@ -37,6 +37,8 @@ class Capabilities:
     lse: bool = True
     deterministic: bool = False
     min_compute_capability: tuple[int, int] | None = None
+    # The most sequences one call may hold (a per-sequence loop's cost, a kernel's documented limit); None: any.
+    max_batch: int | None = None
     # A cost hint, not a limit: hypothesis draws problems of at most this many query + key rows and at
     # most 4 query heads (for slow paths such as Triton's interpreter). Named edge cases still run in full.
     max_drawn_rows: int | None = None
@@ -138,6 +140,8 @@ class Backend:
             reasons.append("query and key lengths must be equal per sequence (no cross-attention)")
         if not caps.zero_length and 0 in problem.seqlens_q + problem.seqlens_k:
             reasons.append("zero-length sequences are not supported")
+        if caps.max_batch is not None and problem.batch > caps.max_batch:
+            reasons.append(f"batch {problem.batch} is more sequences than supported (max_batch {caps.max_batch})")
         return reasons
 
     def forward(self, args: AttentionArgs) -> Output:

@@ -651,6 +651,25 @@ CATALOG: tuple[BugClass, ...] = (
         "a length law of many short sequences totalling more than 2^14 tokens (cheap for the oracle too); "
         "the fault itself only happens on the GPU, where the harness reports it as a crash"),
     BugClass(
+        "batch-past-grid-limit", "More sequences than a launch grid's y or z axis holds",
+        (issue(FA, 1786, "flash_attn_varlen_qkvpacked_func raised a RuntimeError on 80,000 sequences of 16 tokens "
+            "where 40,000 ran"),
+         issue(PT, 142228, "SDPA's memory-efficient kernel launches a (query blocks, heads, batch) grid: a batch or "
+             "head count past 65,535 raised 'invalid configuration argument'"),
+         issue(FI, 3125, "trtllm-gen attention put the batch on grid z; past 65,535 the launch returned an error "
+             "that raised nothing, and the results were wrong"),
+         pull("SandAI-org/MagiAttention", 40, "the flex-flash backward put the batch on grid z; past 65,535 the "
+             "launch failed without an exception and the kernel was skipped; the batch moved to grid x"),
+         issue("fla-org/flash-linear-attention", 172, "grids of (.., .., B x H) fail to launch once B x H passes "
+             "65,535")),
+        "65,536 or more sequences in one call (or batch x heads past 65,535): packed decode and many-document "
+        "batches",
+        BUG + "a batch of any size is a valid call; a kernel must launch it or say it cannot (max_batch)",
+        "gpu-only", (EDGE,),
+        "the edge case batch_past_grid_limit (65,537 one-token sequences, two query heads on one KV head, "
+        "bfloat16) runs in every GPU run; a launch error is a crash, unwritten rows a forward failure. "
+        "tests/test_bugs_catalog.py shows the check failing a backend that leaves those rows unwritten"),
+    BugClass(
         "zero-length-kv-hang", "A zero-length key sequence hangs the forward",
         (pull(FA, 2568, "the hdim-256 forward's softmax needed a dummy iteration so a zero-length K does not hang"),),
         "Lk = 0 in some sequence",

@@ -41,6 +41,40 @@ OUTLIER_GAIN = 16.0  # a power of two: the scaled channels stay exact in every d
 LAYOUT_PAD = 16
 
 
+# Past this many sequences, reports hold a problem's lengths as runs ({"runs": [[length, count], ...]}) and its
+# repr as "[1] * 65537": a 65,537-sequence edge case would otherwise put half a megabyte in every record.
+LENGTHS_IN_FULL = 256
+
+
+def _runs(lengths) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for n in lengths:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([int(n), 1])
+    return runs
+
+
+def compact_lengths(lengths) -> list[int] | dict:
+    """``lengths`` as a report stores them: the list, or its runs past :data:`LENGTHS_IN_FULL` entries."""
+    return list(lengths) if len(lengths) <= LENGTHS_IN_FULL else {"runs": _runs(lengths)}
+
+
+def expand_lengths(value) -> tuple[int, ...]:
+    """The lengths a report stored (:func:`compact_lengths`), as a tuple."""
+    if isinstance(value, dict):
+        return tuple(int(n) for n, count in value.get("runs", ()) for _ in range(int(count)))
+    return tuple(int(n) for n in value or ())
+
+
+def lengths_repr(lengths) -> str:
+    """``[3, 5]``, or ``[1] * 65537 + [2] * 3`` past :data:`LENGTHS_IN_FULL` entries."""
+    if len(lengths) <= LENGTHS_IN_FULL:
+        return repr(list(lengths))
+    return " + ".join(f"[{n}] * {count}" for n, count in _runs(lengths))
+
+
 def diagonal_shift(len_q, len_k, causal: str):
     """The masking convention as data: per sequence, the ``shift`` for which query ``i`` may see key ``j``
     exactly when ``j <= i + shift`` (ints, or tensors of per-sequence lengths). Bottom-right causal aligns the
@@ -160,6 +194,7 @@ class Problem:
     def summary(self) -> dict:
         """Flat description for reports: the fields plus length statistics."""
         d = dataclasses.asdict(self)
+        d["seqlens_q"], d["seqlens_k"] = compact_lengths(self.seqlens_q), compact_lengths(self.seqlens_k)
         for side, lens in (("q", self.seqlens_q), ("k", self.seqlens_k)):
             d[f"L{side}_min"] = min(lens, default=0)
             d[f"L{side}_max"] = max(lens, default=0)
@@ -169,7 +204,7 @@ class Problem:
         return d
 
     def __repr__(self) -> str:  # short enough to read in a shrunk counterexample
-        fields = [f"seqlens_q={list(self.seqlens_q)}", f"seqlens_k={list(self.seqlens_k)}"]
+        fields = [f"seqlens_q={lengths_repr(self.seqlens_q)}", f"seqlens_k={lengths_repr(self.seqlens_k)}"]
         defaults = Problem((), ())
         for f in dataclasses.fields(self)[2:]:
             value = getattr(self, f.name)

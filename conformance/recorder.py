@@ -56,13 +56,23 @@ def pytest_addoption(parser):
 
 
 # -- helpers shared with the CLI -------------------------------------------------------------------------
+def _lengths_value(node: ast.expr) -> list[int]:
+    """A lengths literal as ``Problem.__repr__`` prints it: ``[3, 5]`` or ``[1] * 65537 + [2] * 3``."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _lengths_value(node.left) + _lengths_value(node.right)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        return list(ast.literal_eval(node.left)) * int(ast.literal_eval(node.right))
+    return list(ast.literal_eval(node))
+
+
 def problem_from_repr(text: str) -> Problem | None:
     """Parse ``Problem(...)`` as printed by ``Problem.__repr__`` (hypothesis prints drawn problems so)."""
     try:
         call = ast.parse(text.strip(), mode="eval").body
         if not isinstance(call, ast.Call) or getattr(call.func, "id", None) != "Problem":
             return None
-        kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+        kwargs = {kw.arg: _lengths_value(kw.value) if kw.arg in ("seqlens_q", "seqlens_k") else ast.literal_eval(kw.value)
+                  for kw in call.keywords}
         for key in ("seqlens_q", "seqlens_k"):
             kwargs[key] = tuple(kwargs.get(key, ()))
         return Problem(**kwargs)

@@ -57,6 +57,7 @@ class ReferenceOnline(Backend):
         causal_modes=CAUSAL_MODES,
         broadcast_q="native",
         deterministic=True,
+        max_batch=4096,  # a Python loop over sequences: 65,537 of them take minutes a call
         notes="float64 blockwise online softmax on CPU; slow, for small problems",
     )
 

@@ -41,7 +41,7 @@ from .harness import (
     Unsupported,
     ensure_supported,
 )
-from .problem import Problem
+from .problem import Problem, expand_lengths
 from .relations import RELATIONS
 from .tolerance import Verdict
 
@@ -155,7 +155,7 @@ def problem_from_dict(data: dict) -> Problem:
     known = {f.name for f in dataclasses.fields(Problem)}
     values = {k: v for k, v in data.items() if k in known}
     for key in ("seqlens_q", "seqlens_k"):
-        values[key] = tuple(int(n) for n in values.get(key, ()))
+        values[key] = expand_lengths(values.get(key, ()))
     return Problem(**values)
 
 

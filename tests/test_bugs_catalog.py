@@ -3,6 +3,7 @@ classified, every mutant names a class of the catalog, BUGS.md is up to date, an
 really fails on a problem that triggers its class (so only the drawing stands between it and CI)."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -11,7 +12,12 @@ import torch
 
 from conformance import bugs, checks, mutants
 from conformance.harness import Run, judge_forward
-from conformance.problem import Problem, make_inputs
+from conformance.problem import Output, Problem, make_inputs
+from conformance.recorder import problem_from_repr
+from conformance.reference import Reference
+from conformance.reference_online import ReferenceOnline
+from conformance.replay import problem_from_dict
+from conformance.spec import edge_cases
 
 SPEC_DIR = Path(bugs.__file__).resolve().parent / "spec"
 
@@ -123,3 +129,44 @@ def test_finite_running_max_sentinel_zeroes_rows_scored_below_it():
     assert all(v.ok for v in checks.everything(mutants.Unmutated(), problem, "cpu"))
     calm = problem.replace(seed=2)  # every sequence has a score above the sentinel: no difference
     assert all(v.ok for v in checks.everything(mutants.FiniteRunningMaxSentinel(), calm, "cpu"))
+
+
+class SequencesPastTheGridLimitUnwritten(Reference):
+    """A kernel whose launch put the batch on a grid axis of at most 65,535 and whose launch error went
+    unchecked: the rows of every sequence past that are never written (zeros, as the output was allocated)."""
+
+    name = "grid-limit-unwritten"
+
+    def forward(self, args):
+        run = super().forward(args)
+        first = int(args.cu_seqlens_q[GRID_AXIS_LIMIT])
+        out = torch.cat([run.out[:first], torch.zeros_like(run.out[first:])])
+        lse = None if run.lse is None else torch.cat([run.lse[..., :first], torch.zeros_like(run.lse[..., first:])], -1)
+        return Output(out, lse)
+
+
+GRID_AXIS_LIMIT = 65_535
+
+
+def test_batch_past_the_grid_limit_catches_sequences_left_unwritten():
+    """The GPU edge case batch_past_grid_limit, judged here on the CPU against a backend that leaves the
+    sequences past 65,535 unwritten: forward and LSE fail, the oracle's own backend passes."""
+    problem = edge_cases.in_dtype("batch_past_grid_limit", "bfloat16")
+    assert problem.batch > GRID_AXIS_LIMIT and problem.heads_q * problem.batch > GRID_AXIS_LIMIT
+    assert edge_cases.in_dtype("batch_past_grid_limit", "float32") is None  # one dtype: the grid does not depend on it
+    assert edge_cases.device_reason("batch_past_grid_limit", "cpu") and not edge_cases.device_reason(
+        "batch_past_grid_limit", "cuda:0")
+    assert edge_cases.device_reason("tile_edges", "cpu") is None
+    # reports hold its lengths as runs and its repr stays short; both read back to the same problem
+    assert len(json.dumps(problem.summary())) < 2000 and len(repr(problem)) < 200
+    assert problem_from_repr(repr(problem)) == problem and problem_from_dict(problem.summary()) == problem
+    problem = problem.replace(dtype="float32")  # the CPU's matmuls; the case runs in bfloat16 on GPUs
+    failing = {v.quantity for v in checks.everything(SequencesPastTheGridLimitUnwritten(), problem, "cpu") if not v.ok}
+    assert {"out", "lse"} <= failing
+    assert all(v.ok for v in checks.everything(Reference(), problem, "cpu"))
+    # a backend whose per-sequence loop cannot take that many declares so, and is not run on it
+    assert any("max_batch 4096" in r for r in ReferenceOnline().not_supported_reasons(problem))
+    assert not ReferenceOnline().not_supported_reasons(problem.replace(seqlens_q=(1,) * 4096, seqlens_k=(1,) * 4096))
+    # the catalog's class names the check that catches it
+    (entry,) = [c for c in bugs.CATALOG if c.id == "batch-past-grid-limit"]
+    assert entry.status == "gpu-only" and "test_edge_case" in entry.caught_by

@@ -30,6 +30,8 @@
 #                                            triton-jfa (baseline fa4): OUT_DIR/reports/flashinfer-bench/
 #   bash tools/gpu_runs.sh OUT_DIR host      tools/host_costs.py: a plain call's host time piece by piece:
 #                                            OUT_DIR/host_costs.json
+#   bash tools/gpu_runs.sh OUT_DIR subset    the checks a -k expression selects (K), on every backend, no timings, the
+#                                            caches as they are: OUT_DIR/reports/subset/
 #   bash tools/gpu_runs.sh OUT_DIR tox       `tox -e gpu` as a runner without network would run it: tox from the wheels in
 #                                            TOX_WHEELS (tox, its dependencies and setuptools), the machine's packages
 #                                            serving the env (FA4_PATH added to them by a .pth file for the stage):
@@ -39,7 +41,7 @@
 # FA4_PATH and FLASHINFER_PATH, if set, are put on PYTHONPATH (with the CuTe DSL packages under FA4_PATH).
 # LIMIT sets each run's --time-limit (default 300 s; the dev stage's is LIMIT_DEV). At the end the reports are packed into OUT_DIR/reports.tgz.
 set -u
-USAGE="usage: gpu_runs.sh OUT_DIR ci|ci-core|default|bench|dev|start|wait|kernels|layouts|fa4-old|flashinfer|flashinfer-bench|host|tox|ncu"
+USAGE="usage: gpu_runs.sh OUT_DIR ci|ci-core|default|bench|dev|start|wait|kernels|layouts|fa4-old|flashinfer|flashinfer-bench|host|subset|tox|ncu"
 OUT_DIR=${1:?$USAGE}
 STAGE=${2:?$USAGE}
 RUN_DIR=${RUN_DIR:-/tmp/jfa-run}
@@ -121,6 +123,8 @@ case $STAGE in
     done ;;
   dev)  # LIMIT_DEV (default 1200 s: the dev profile's target) is its --time-limit
     LIMIT=${LIMIT_DEV:-1200} run dev --no-bench --profile dev ;;
+  subset)
+    run subset --no-bench -k "${K:?K: a -k expression}" ;;
   tox)
     python3 -m pip install -q --no-index --find-links "${TOX_WHEELS:?TOX_WHEELS: a folder of wheels}" --target /tmp/tox-pkgs tox
     pth=$(python3 -c 'import site; print(site.getsitepackages()[0])')/jfa-runner-fa4.pth
@@ -147,6 +151,6 @@ case $STAGE in
     run flashinfer --no-bench --timeout 1200 --backend flashinfer --backend flashinfer-fa2 --backend flashinfer-fa3 \
       --backend flashinfer-cudnn ;;
   *)
-    echo "unknown stage $STAGE (ci, ci-core, default, bench, dev, start, wait, kernels, layouts, fa4-old, flashinfer, flashinfer-bench, host, tox or ncu)" >&2; exit 2 ;;
+    echo "unknown stage $STAGE (ci, ci-core, default, bench, dev, start, wait, kernels, layouts, fa4-old, flashinfer, flashinfer-bench, host, subset, tox or ncu)" >&2; exit 2 ;;
 esac
 tar czf "$OUT_DIR/reports.tgz" -C "$OUT_DIR" reports

@@ -32,6 +32,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..problem import expand_lengths
+
 FAILING = ("crash", "fail", "timeout")
 SEVERITY = {"crash": 0, "fail": 1, "timeout": 2}
 SUMMARY_LIMIT = 240
@@ -195,7 +197,7 @@ def _value_dim(p: dict) -> int | None:
 
 
 def _lengths(p: dict, side: str) -> list[int]:
-    return list(p.get(f"seqlens_{side}") or [])
+    return list(expand_lengths(p.get(f"seqlens_{side}")))
 
 
 PREDICATES: list[tuple[str, object]] = [

@@ -3,6 +3,7 @@ kernels are known to break."""
 from conformance.problem import DTYPES, Problem
 
 TILE_EDGES = (15, 16, 17, 63, 64, 65, 127, 128, 129)
+GRID_LIMIT_BATCH = 65_537  # past 65,535, the largest y or z dimension of a CUDA launch grid
 
 EDGE_CASES = {
     "empty_batch": Problem((), ()),
@@ -36,16 +37,33 @@ EDGE_CASES = {
     "scores_far_below_zero": Problem((1, 9, 40), (1, 9, 40), heads_q=2, heads_kv=1, causal="bottom_right",
                                      values="scores_low"),
     "scores_far_above_zero": Problem((5, 20), (5, 20), causal="bottom_right", values="scores_high"),
+    # more sequences than a CUDA grid's y or z axis holds (65,535): a kernel that puts the batch (or batch x
+    # heads) there fails to launch, and where the launch error goes unchecked the output is never written.
+    # One-token sequences keep it cheap; mega_plus_tiny's configuration (two query heads on one KV head).
+    "batch_past_grid_limit": Problem((1,) * GRID_LIMIT_BATCH, (1,) * GRID_LIMIT_BATCH, heads_q=2, heads_kv=1,
+                                     causal="bottom_right"),
 }
+# Cases only a GPU run meets, each in one dtype (what breaks does not depend on it): on the CPU there is no
+# launch grid to overflow, and a CPU backend's per-sequence loop would take minutes over them.
+GPU_CASES = {"batch_past_grid_limit": "bfloat16"}
 
 
 def in_dtype(case: str, dtype: str) -> Problem | None:
     """Edge case ``case`` in ``dtype``, or None where the dtype cannot hold its values (shifted scores
-    outside float32)."""
+    outside float32) or the case is a GPU case of another dtype."""
+    if case in GPU_CASES and dtype != GPU_CASES[case]:
+        return None
     try:
         return EDGE_CASES[case].replace(dtype=dtype)
     except ValueError:
         return None
+
+
+def device_reason(case: str, device: str) -> str | None:
+    """Why ``case`` is not run on ``device`` (a GPU case on a device that is not CUDA), or None."""
+    if case in GPU_CASES and not device.startswith("cuda"):
+        return f"{case} is judged on CUDA devices only (a launch grid's limit; no grid on {device})"
+    return None
 
 
 def edge_case_params() -> list[tuple[str, str]]:
