@@ -29,7 +29,7 @@ from .configs import coverage_of
 from .environment import environment
 from .live import LiveView, WarmupView
 from .reporting.perf import BENCH_NOT_ASKED
-from .pytest_session import RunStopped, run_benchmarks, run_pytest, stop_on_sigterm, timed_specs
+from .pytest_session import BenchmarkSession, RunStopped, run_pytest, stop_on_sigterm, timed_specs
 from .warmup import backend_times
 
 USAGE_ERROR = 2
@@ -497,6 +497,7 @@ def cmd_run(ns) -> int:
     records, timings, rc, finished, bench_status, check_phase = [], [], None, False, "not run", None
     gaps: list[dict] = []  # timings that failed or could not be made (pytest_session.timing_gaps)
     timing_phase = None  # where the timings' session spent its time (pytest_session.timing_phase)
+    timing_session = None  # the benchmark session, started with the checks (pytest_session.BenchmarkSession)
     collected = None
     warm_summary, warm_info = {}, {"ran": False}
     try:
@@ -511,6 +512,9 @@ def cmd_run(ns) -> int:
                                    timed=timed if bench else ())
             if warming.gates:  # the checks of the backends still compiling wait at their gates
                 command += ["--jfa-warming", str(warming.gate_dir)]
+        if bench and timed:  # its start-up and first calls beside the checks; its timings after them
+            timing_session = BenchmarkSession(run_dir, timed, device, env, ns.timeout,
+                                              after=warming.wait if warming is not None else None)
         checks_started = time.time()
         try:
             with LiveView(console, enabled=not ns.quiet, flight_dir=run_dir / ".flight",
@@ -545,8 +549,7 @@ def cmd_run(ns) -> int:
             bench_status = ("not run: no kernel backend to time (the references, and backends an interpreter runs, "
                             "are timed when named with --backend)")
         elif bench:
-            timings, bench_status, gaps, timing_phase = run_benchmarks(run_dir, timed, device, env, console, ns.timeout,
-                                                                       deadline)
+            timings, bench_status, gaps, timing_phase = timing_session.finish(console, deadline)
     except RunStopped as exc:  # SIGTERM while the benchmarks ran, or outside the checks' own stop handling
         stop_reason, bench_status = str(exc), f"stopped: {exc}"
         if collected is None:  # stopped before the checks' records were read: what they wrote, the rest not run
@@ -554,6 +557,8 @@ def cmd_run(ns) -> int:
             records = rp.complete_records(collected, records, f"never ran: {stop_reason}", stopped=True)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if timing_session is not None:  # a run that ends without its timings: the session leaves
+            timing_session.cancel()
     for r in records:
         if r["outcome"] in rp.FAILING and r["outcome"] != "not-run":
             r["replay"] = _replay(run_dir, r, spec_of)

@@ -43,6 +43,9 @@ def pytest_addoption(parser):
     group.addoption("--jfa-warming", default=None, metavar="DIR",
                     help="the run's warm-up gates (gates.py): a check of a backend whose gate file is in DIR waits "
                     "for it, outside its timeout; such checks go last in each worker's share")
+    group.addoption("--jfa-timings-gate", default=None, metavar="PATH",
+                    help="the benchmark session started beside the checks (pytest_session.BenchmarkSession): after "
+                    "collection, each timed backend's first call, then wait until PATH reads 'go' (or leave on 'stop')")
     group.addoption("--jfa-check-seconds", default=None, metavar="PATH",
                     help="JSON table of the seconds earlier runs measured per check (check_order.py): the longest "
                     "expected run first, in equal shares per xdist worker; without it, drawn checks first")
@@ -80,6 +83,34 @@ def pytest_generate_tests(metafunc):
         for b, why in metafunc.config._jfa_backends
     ]
     metafunc.parametrize("backend", params)
+
+
+def pytest_collection_finish(session):
+    """With --jfa-timings-gate: the timed backends' first calls (``benchmarks.prelude``), then the wait for the
+    checks to end; what was done and when goes to the gate's ``.timings-setup.json`` beside it."""
+    path = session.config.getoption("jfa_timings_gate")
+    if not path:
+        return
+    import json
+    import os
+    import time
+
+    from . import benchmarks
+    from .pytest_session import TIMINGS_SETUP
+    gate, parent = Path(path), os.getppid()
+    device = session.config.getoption("device") or default_device()
+    backends = [b for b, why in getattr(session.config, "_jfa_backends", ()) if why is None]
+    prelude = benchmarks.prelude(backends, device) if session.items else {}
+    ready_at = time.time()
+    while (verdict := gate.read_text().strip() if gate.exists() else "stop") not in ("go", "stop"):
+        if os.getppid() != parent:  # the run that started this session is gone: nobody will open the gate
+            verdict = "stop"
+            break
+        time.sleep(0.1)
+    (gate.parent / TIMINGS_SETUP).write_text(json.dumps({"ready_at": ready_at, "go_at": time.time(),
+                                                                 "prelude_s": prelude}))
+    if verdict == "stop":
+        session.items.clear()  # the run ended without its timings: none is run, none is reported
 
 
 def read_xfails(path: str | Path) -> list[tuple[str, str]]:

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,26 +35,33 @@ def run_pytest(command, env, log_path: Path, records_path: Path, view: "LiveView
     """Run pytest, feeding the live view and writing a report snapshot now and then; returns
     ``(return code, why it was stopped or None)``. pytest runs in its own process group so that a stop
     reaches its xdist workers too."""
-    last_snapshot = time.monotonic()
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            while proc.poll() is None:
-                if view:
-                    view.feed(records_path)
-                if deadline is not None and time.monotonic() > deadline:
-                    raise RunStopped("the run reached its --time-limit")
-                if snapshot is not None and time.monotonic() - last_snapshot > SNAPSHOT_EVERY_S:
-                    snapshot()
-                    last_snapshot = time.monotonic()
-                time.sleep(0.25)
-        except (KeyboardInterrupt, RunStopped) as exc:
-            reason = str(exc) if isinstance(exc, RunStopped) else "the run was interrupted (Ctrl-C)"
-            with _sigterm_ignored():  # a second SIGTERM (a runner's retry) must not abandon the stop halfway
-                stop_group(proc)
-            return proc.returncode, reason
-        if view:
-            view.feed(records_path)
+    return supervise(proc, records_path, view, deadline, snapshot)
+
+
+def supervise(proc, records_path: Path, view: "LiveView | None" = None, deadline: float | None = None,
+              snapshot=None) -> tuple[int, str | None]:
+    """Wait for a started session (see :func:`run_pytest`), stopping its process group at the deadline, on
+    SIGTERM or on Ctrl-C; ``(return code, why it was stopped or None)``."""
+    last_snapshot = time.monotonic()
+    try:
+        while proc.poll() is None:
+            if view:
+                view.feed(records_path)
+            if deadline is not None and time.monotonic() > deadline:
+                raise RunStopped("the run reached its --time-limit")
+            if snapshot is not None and time.monotonic() - last_snapshot > SNAPSHOT_EVERY_S:
+                snapshot()
+                last_snapshot = time.monotonic()
+            time.sleep(0.25)
+    except (KeyboardInterrupt, RunStopped) as exc:
+        reason = str(exc) if isinstance(exc, RunStopped) else "the run was interrupted (Ctrl-C)"
+        with _sigterm_ignored():  # a second SIGTERM (a runner's retry) must not abandon the stop halfway
+            stop_group(proc)
+        return proc.returncode, reason
+    if view:
+        view.feed(records_path)
     return proc.returncode, None
 
 
@@ -72,9 +80,11 @@ def _sigterm_ignored():
 
 
 def stop_group(proc) -> None:
-    """SIGINT, then SIGTERM, then SIGKILL to the session's process group, each given time to act."""
+    """SIGINT, then SIGTERM, then SIGKILL to the session's process group, each given time to act. SIGINT
+    goes twice: one that lands while xdist brings up its workers is swallowed there, and the session would
+    run on."""
     import signal
-    for sig, wait in ((signal.SIGINT, 10), (signal.SIGTERM, 10), (signal.SIGKILL, 30)):
+    for sig, wait in ((signal.SIGINT, 2), (signal.SIGINT, 8), (signal.SIGTERM, 10), (signal.SIGKILL, 30)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -86,38 +96,116 @@ def stop_group(proc) -> None:
             continue
 
 
+TIMINGS_GATE = ".timings-gate"  # empty while the checks run; then "go" (time now) or "stop" (the run ended)
+TIMINGS_SETUP = ".timings-setup.json"  # what the session did before the gate opened (plugin.py writes it)
+BENCHMARK_LOG = "benchmarks.log"
+NOT_STARTED = "benchmarks not started: stopped: the run reached its --time-limit"
+
+
+class BenchmarkSession:
+    """The benchmark session (``benchmarks.py``: pytest-benchmark, no xdist, which switches it off), started
+    beside the checks: its interpreter start, imports, collection and each timed backend's first call on the
+    first shape (``benchmarks.prelude``: a DSL's per-process set-up, a graph compile) overlap them, and its
+    timings wait at a gate until :meth:`finish`, so that they run on a device the checks have left.  ``after``
+    (the warm-up's end) delays the start, so that the prelude compiles nothing beside the warm-up that the
+    warm-up compiles anyway.  :meth:`cancel` ends a session whose timings will not run."""
+
+    def __init__(self, run_dir: Path, backend_specs, device: str, env: dict, timeout_s: float, after=None):
+        self.run_dir = Path(run_dir)
+        self.gate = self.run_dir / TIMINGS_GATE
+        self.gate.write_text("")
+        self.partial = self.run_dir / ".benchmark.json.partial"
+        self.junit = self.run_dir / ".benchmark-junit.xml"
+        self.setup_file = self.run_dir / TIMINGS_SETUP
+        bench_file = Path(__file__).resolve().parent / "benchmarks.py"
+        self.command = [sys.executable, "-m", "pytest", str(bench_file), "-p", "conformance.plugin", "-p",
+                        "no:cacheprovider", "-q", "--device", device, "--benchmark-only", "--benchmark-json",
+                        str(self.partial), "--junitxml", str(self.junit), "--timeout", f"{timeout_s:g}",
+                        "--timeout-method", "thread", "--jfa-timings-gate", str(self.gate)]
+        for spec in backend_specs:
+            self.command += ["--backend", spec]
+        self.env, self.proc, self.started_at, self.finished = dict(env), None, None, False
+        self._starter = threading.Thread(target=self._start, args=(after,), name="jfa-timings", daemon=True)
+        self._starter.start()
+
+    def _start(self, after) -> None:
+        if after is not None:
+            after()
+        if self.gate.read_text() == "stop":
+            return
+        self.started_at = time.time()
+        with open(self.run_dir / BENCHMARK_LOG, "ab") as log:  # its own: the checks' session writes pytest.log
+            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                         start_new_session=True)
+
+    def cancel(self) -> None:
+        """The run ends without timings: the session leaves at its gate (or is stopped).  After
+        :meth:`finish`, nothing to do."""
+        if self.finished:
+            return
+        self.finished = True
+        self.gate.write_text("stop")
+        self._starter.join()
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                stop_group(self.proc)
+        for leftover in (self.setup_file, self.gate, self.partial, self.junit):
+            leftover.unlink(missing_ok=True)
+
+    def finish(self, console, deadline: float | None = None) -> tuple[list[dict], str, list[dict], dict | None]:
+        """Open the gate and wait for the timings, stopped at ``deadline`` (the run's --time-limit): a stopped
+        session still writes what it timed (pytest-benchmark saves at session finish).  Returns the timings,
+        the session's status, its gaps (``timing_gaps``: the timings that failed or could not be made, each
+        with its reason) and where its time went (``timing_phase``)."""
+        from . import report as rp
+        if deadline is not None and time.monotonic() > deadline:
+            self.cancel()
+            return [], NOT_STARTED, [], None
+        self.finished = True
+        self.gate.write_text("go")
+        opened = time.monotonic()
+        with console.status("timing forward and backward of each backend (pytest-benchmark) ..."):
+            self._starter.join()
+            if self.proc is None:
+                return [], "benchmarks did not start", [], None
+            rc, stopped = supervise(self.proc, self.run_dir / ".none", None, deadline)
+        gaps = timing_gaps(self.junit)
+        phase = timing_phase(self.junit, time.monotonic() - opened, self._setup())
+        for leftover in (self.junit, self.setup_file, self.gate):
+            leftover.unlink(missing_ok=True)
+        if not self.partial.exists():
+            why = f"stopped: {stopped}" if stopped else f"pytest exit code {rc}; see {BENCHMARK_LOG}"
+            return [], f"benchmarks did not complete ({why})", gaps, phase
+        bench = json.loads(self.partial.read_text())
+        os.replace(self.partial, self.run_dir / "benchmark.json")
+        if stopped:
+            status = f"stopped: {stopped}; the timings finished before it are kept"
+        else:
+            status = "ok" if rc == 0 else f"some benchmarks failed (pytest exit code {rc}; see {BENCHMARK_LOG})"
+        return rp.timings_from_benchmark(bench), status, gaps, phase
+
+    def _setup(self) -> dict | None:
+        """What the session did before the gate opened: ``ready_s`` (its start-up and prelude, from its
+        start), ``waited_s`` (at the gate: the part the checks hid entirely) and each backend's prelude."""
+        try:
+            noted = json.loads(self.setup_file.read_text())
+        except (OSError, ValueError):
+            return None
+        if self.started_at is None:
+            return None
+        return {"ready_s": round(noted["ready_at"] - self.started_at, 1),
+                "waited_s": round(max(0.0, noted["go_at"] - noted["ready_at"]), 1),
+                "prelude_s": noted.get("prelude_s", {})}
+
+
 def run_benchmarks(run_dir: Path, backend_specs, device, env, console, timeout_s: float,
                    deadline: float | None = None) -> tuple[list[dict], str, list[dict], dict | None]:
-    """pytest-benchmark timings of ``backend_specs``, stopped at ``deadline`` (the run's --time-limit):
-    a stopped session still writes what it timed (pytest-benchmark saves at session finish).  Returns the
-    timings, the session's status, its gaps (``timing_gaps``: the timings that failed or could not be
-    made, each with its reason) and where its time went (``timing_phase``)."""
-    from . import report as rp
-    bench_file = Path(__file__).resolve().parent / "benchmarks.py"
-    partial = run_dir / ".benchmark.json.partial"
-    junit = run_dir / ".benchmark-junit.xml"
-    command = [sys.executable, "-m", "pytest", str(bench_file), "-p", "conformance.plugin", "-p", "no:cacheprovider",
-               "-q", "--device", device, "--benchmark-only", "--benchmark-json", str(partial),
-               "--junitxml", str(junit), "--timeout", f"{timeout_s:g}", "--timeout-method", "thread"]
-    for spec in backend_specs:
-        command += ["--backend", spec]
+    """A :class:`BenchmarkSession` started now and finished at once (no checks to overlap)."""
     if deadline is not None and time.monotonic() > deadline:
-        return [], "benchmarks not started: stopped: the run reached its --time-limit", [], None
-    started = time.monotonic()
-    with console.status("timing forward and backward of each backend (pytest-benchmark) ..."):
-        rc, stopped = run_pytest(command, env, run_dir / "pytest.log", run_dir / ".none", None, deadline)
-    gaps, phase = timing_gaps(junit), timing_phase(junit, time.monotonic() - started)
-    junit.unlink(missing_ok=True)
-    if not partial.exists():
-        why = f"stopped: {stopped}" if stopped else f"pytest exit code {rc}; see pytest.log"
-        return [], f"benchmarks did not complete ({why})", gaps, phase
-    bench = json.loads(partial.read_text())
-    os.replace(partial, run_dir / "benchmark.json")
-    if stopped:
-        status = f"stopped: {stopped}; the timings finished before it are kept"
-    else:
-        status = "ok" if rc == 0 else f"some benchmarks failed (pytest exit code {rc}; see pytest.log)"
-    return rp.timings_from_benchmark(bench), status, gaps, phase
+        return [], NOT_STARTED, [], None
+    return BenchmarkSession(run_dir, backend_specs, device, env, timeout_s).finish(console, deadline)
 
 
 def _timing_cases(junit_path: Path):
@@ -141,16 +229,20 @@ def _timing_cases(junit_path: Path):
 SLOWEST_TIMINGS = 5
 
 
-def timing_phase(junit_path: Path, wall_s: float) -> dict:
-    """Where the benchmark session's wall time went: its timings (set-up, first call and rounds, from the
-    JUnit file's per-test seconds), the rest (interpreter start, imports, collection, the backends'
-    set-up) and the slowest timings, so that a slow phase says what to look at."""
+def timing_phase(junit_path: Path, wall_s: float, setup: dict | None = None) -> dict:
+    """Where the timing phase's wall time (from the gate's opening) went: its timings (set-up, first call and
+    rounds, from the JUnit file's per-test seconds), the rest (what of the interpreter start, imports and
+    collection was not done beside the checks) and the slowest timings, so that a slow phase says what to look
+    at; with ``setup`` (``TIMINGS_SETUP``), what the session did beside the checks before the gate opened."""
     cases = [(b, s, d, float(c.get("time") or 0)) for b, s, d, c in _timing_cases(junit_path)]
     in_timings = sum(seconds for *_, seconds in cases)
     slowest = sorted(cases, key=lambda c: -c[3])[:SLOWEST_TIMINGS]
-    return {"wall_s": round(wall_s, 1), "timings": len(cases), "timings_s": round(in_timings, 1),
-            "outside_timings_s": round(max(0.0, wall_s - in_timings), 1),
-            "slowest": [{"backend": b, "shape": s, "direction": d, "seconds": round(t, 2)} for b, s, d, t in slowest]}
+    phase = {"wall_s": round(wall_s, 1), "timings": len(cases), "timings_s": round(in_timings, 1),
+             "outside_timings_s": round(max(0.0, wall_s - in_timings), 1),
+             "slowest": [{"backend": b, "shape": s, "direction": d, "seconds": round(t, 2)} for b, s, d, t in slowest]}
+    if setup:
+        phase["beside_checks"] = setup
+    return phase
 
 
 def timing_gaps(junit_path: Path) -> list[dict]:

@@ -207,9 +207,16 @@ def timing_phase_text(phase: dict | None) -> str | None:
     if not phase or not phase.get("wall_s"):
         return None
     slowest = "; ".join(f"{t['backend']} {t['shape']} {t['direction']} {t['seconds']:.1f} s" for t in phase.get("slowest", []))
-    return (f"timings: {phase['wall_s']:.0f} s wall, {phase['timings_s']:.0f} s of it in {phase['timings']} timings "
-            f"(set-up, first call, rounds) and {phase['outside_timings_s']:.0f} s outside them (interpreter start, "
-            f"imports, collection, backends' set-up)" + (f"; slowest: {slowest}" if slowest else ""))
+    text = (f"timings: {phase['wall_s']:.0f} s wall, {phase['timings_s']:.0f} s of it in {phase['timings']} timings "
+            f"(set-up, first call, rounds) and {phase['outside_timings_s']:.0f} s outside them (pytest's own work, and "
+            f"the start-up not done beside the checks)" + (f"; slowest: {slowest}" if slowest else ""))
+    beside = phase.get("beside_checks")
+    if beside:
+        firsts = ", ".join(f"{name} {s:.1f} s" for name, s in sorted(beside.get("prelude_s", {}).items(),
+                                                                      key=lambda kv: -kv[1]) if s >= 0.1)
+        text += (f"; started beside the checks, its start-up and first calls took {beside['ready_s']:.0f} s"
+                 + (f" ({firsts})" if firsts else "") + f", then it waited {beside['waited_s']:.0f} s for them to end")
+    return text
 
 
 def timing_key(row: dict) -> tuple:

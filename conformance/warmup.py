@@ -635,6 +635,10 @@ class Beside:
         self._thread = threading.Thread(target=target, name="jfa-warmup", daemon=True)
         self._thread.start()
 
+    def wait(self) -> None:
+        """Until the warm-up has ended (its result stays for :meth:`join`)."""
+        self._thread.join()
+
     def join(self) -> tuple[dict, dict]:
         self._thread.join()
         if self._error is not None:

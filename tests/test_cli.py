@@ -235,10 +235,15 @@ def test_a_timing_the_device_cannot_hold_is_named_with_its_reason_and_the_others
     assert summary.count("| *not timed* |") == 4  # one_long and uniform_causal, each direction: its one column
     page = (tmp_path / "reports" / "oom" / "index.html").read_text()
     assert page.count("<td class='gap' title='out of memory on this device (CUDA out of memory.") == 4
-    # the timing phase says where its time went, in the report, the summary and the page
+    # the timing phase says where its time went, in the report, the summary and the page; its session started
+    # beside the checks and made each backend's first call there
     phase = report["run"]["timings"]
     assert phase["timings"] == 10 and 0 < phase["timings_s"] <= phase["wall_s"]
     assert "Timings: " in summary and "outside them" in summary and "Timings: " in page
+    beside = phase["beside_checks"]
+    assert set(beside["prelude_s"]) == {"oom-on-long"} and beside["ready_s"] > 0 and beside["waited_s"] >= 0
+    assert "started beside the checks" in summary
+    assert not list((tmp_path / "reports" / "oom").glob(".timings-*"))
 
 
 def test_timing_gaps_are_failures_and_reasoned_skips_not_unsupported_shapes(tmp_path):
@@ -364,6 +369,17 @@ def test_a_run_stopped_by_its_time_limit_still_writes_a_complete_report(tmp_path
     # every unrun check says the time limit stopped it, not a generic "interrupted or crashed"
     assert all("--time-limit" in r["reason"] for r in report["records"] if r["outcome"] == "not-run")
     assert (tmp_path / "reports" / "stopped" / "index.html").exists()
+
+
+def test_the_timing_session_starts_beside_the_checks_and_leaves_when_the_run_ends_without_timings(tmp_path):
+    # a run cut by its time limit: the benchmark session it started beside the checks leaves at its gate;
+    # no process of it stays behind, no gate file, no timings
+    code, report = run(tmp_path, "--backend", "reference", "--bench", "--time-limit", "0.5", "--name", "cut")
+    assert report["run"]["stopped"] and report["timings"] == [] and report["run"]["benchmarks"].startswith("not run: ")
+    run_dir = tmp_path / "reports" / "cut"
+    assert not list(run_dir.glob(".timings-*")) and not (run_dir / ".benchmark.json.partial").exists()
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(run_dir / ".timings-gate") not in ps
 
 
 def test_resume_runs_only_the_unrun_checks_and_merge_completes_the_report(tmp_path, capsys):
