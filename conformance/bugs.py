@@ -651,6 +651,21 @@ CATALOG: tuple[BugClass, ...] = (
         "a length law of many short sequences totalling more than 2^14 tokens (cheap for the oracle too); "
         "the fault itself only happens on the GPU, where the harness reports it as a crash"),
     BugClass(
+        "kernel-cache-key-incomplete", "A compiled-kernel cache whose key misses what the kernel bakes in",
+        (pull(FI, 4014, "the cuDNN SDPA graph compiled the attention scale in as a constant, but the prefill and "
+            "decode graph caches keyed on shapes only: a second call with the same shapes and another scale "
+            "replayed the first call's graph (finite, wrong outputs)"),
+         pull(FI, 4633, "review: a plan cache's fast path compared tensor identity and version only, so rebinding "
+             "a tensor's data kept the stale plan (its address and shape changed)")),
+        "two calls with the same shapes that differ in something a cached kernel or plan bakes in (the softmax "
+        "scale, a tensor's address)",
+        BUG,
+        "pending", (),
+        "a metamorphic relation: the same shapes called again with the softmax scale halved and the queries "
+        "doubled, which leaves every score exact (powers of two), so out and the LSE must not move; a backend "
+        "that compiles per scale value (flex bakes it into its graph) would compile a new kernel for every "
+        "example of it, so it waits for the warm-up to plan those configurations"),
+    BugClass(
         "batch-past-grid-limit", "More sequences than a launch grid's y or z axis holds",
         (issue(FA, 1786, "flash_attn_varlen_qkvpacked_func raised a RuntimeError on 80,000 sequences of 16 tokens "
             "where 40,000 ran"),
