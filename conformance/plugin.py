@@ -107,8 +107,8 @@ def pytest_collection_finish(session):
             verdict = "stop"
             break
         time.sleep(0.1)
-    (gate.parent / TIMINGS_SETUP).write_text(json.dumps({"ready_at": ready_at, "go_at": time.time(),
-                                                                 "prelude_s": prelude}))
+    noted = {"ready_at": ready_at, "go_at": time.time(), "prelude_s": prelude}
+    (gate.parent / TIMINGS_SETUP).write_text(json.dumps(noted))
     if verdict == "stop":
         session.items.clear()  # the run ended without its timings: none is run, none is reported
 
