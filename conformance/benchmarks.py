@@ -102,29 +102,38 @@ def out_of_memory(exc: BaseException) -> str:
     return f"not timed: out of memory on this device ({str(exc).split('. Including')[0].strip()})"
 
 
+def prelude_shapes(device: str) -> list[Problem]:
+    """The first timing shape of each causal mode: between them, every kernel configuration the timings use
+    (they differ in lengths and causal mode only)."""
+    firsts: dict[str, Problem] = {}
+    for problem in shapes(device).values():
+        firsts.setdefault(problem.causal, problem)
+    return list(firsts.values())
+
+
 def prelude(backends, device: str) -> dict[str, float]:
-    """Each backend's first call on the first shape, forward and backward, while the checks still run (the
-    benchmark session waits at its gate after it): the work a process does once per backend and kernel
+    """Each backend's first calls, forward and backward, on :func:`prelude_shapes`, while the checks still run
+    (the benchmark session waits at its gate after it): the work a process does once per backend and kernel
     configuration (a DSL's set-up, a graph compile) leaves the timing phase.  Seconds per backend; what
     fails here is left for the timing itself to report."""
-    problem = next(iter(shapes(device).values()))
-    seconds = {}
-    for backend in backends:
-        if backend.not_supported_reasons(problem):
-            continue
-        start = time.perf_counter()
-        try:
-            args, grad_out = fresh_inputs(problem, device)
-            with torch.no_grad():
-                backend.forward(args)
-            if backend.capabilities.backward and not args.broadcast_q:
-                leaves = [t.detach().clone().requires_grad_(True) for t in (args.q, args.k, args.v)]
-                out = backend.forward(args.replace(q=leaves[0], k=leaves[1], v=leaves[2])).out
-                torch.autograd.grad(out, leaves, grad_out, allow_unused=True)
-            _synchronize(device)
-        except Exception:  # noqa: BLE001 - the timing of this shape makes the same call and reports it
-            pass
-        seconds[backend.name] = round(time.perf_counter() - start, 2)
+    seconds: dict[str, float] = {}
+    for problem in prelude_shapes(device):
+        for backend in backends:
+            if backend.not_supported_reasons(problem):
+                continue
+            start = time.perf_counter()
+            try:
+                args, grad_out = fresh_inputs(problem, device)
+                with torch.no_grad():
+                    backend.forward(args)
+                if backend.capabilities.backward and not args.broadcast_q:
+                    leaves = [t.detach().clone().requires_grad_(True) for t in (args.q, args.k, args.v)]
+                    out = backend.forward(args.replace(q=leaves[0], k=leaves[1], v=leaves[2])).out
+                    torch.autograd.grad(out, leaves, grad_out, allow_unused=True)
+                _synchronize(device)
+            except Exception:  # noqa: BLE001 - the timing of this shape makes the same call and reports it
+                pass
+            seconds[backend.name] = round(seconds.get(backend.name, 0.0) + time.perf_counter() - start, 2)
     if device.startswith("cuda"):
         torch.cuda.empty_cache()  # hand the memory back to the checks while the session waits
     return seconds

@@ -104,11 +104,11 @@ NOT_STARTED = "benchmarks not started: stopped: the run reached its --time-limit
 
 class BenchmarkSession:
     """The benchmark session (``benchmarks.py``: pytest-benchmark, no xdist, which switches it off), started
-    beside the checks: its interpreter start, imports, collection and each timed backend's first call on the
-    first shape (``benchmarks.prelude``: a DSL's per-process set-up, a graph compile) overlap them, and its
-    timings wait at a gate until :meth:`finish`, so that they run on a device the checks have left.  ``after``
-    (the warm-up's end) delays the start, so that the prelude compiles nothing beside the warm-up that the
-    warm-up compiles anyway.  :meth:`cancel` ends a session whose timings will not run."""
+    beside the checks: its interpreter start, imports, collection and each timed backend's first calls (one
+    shape per causal mode, ``benchmarks.prelude``: a DSL's per-process set-up, a graph compile) overlap
+    them, and its timings wait at a gate until :meth:`finish`, so that they run on a device the checks have
+    left.  ``after`` (the warm-up's end) delays the start, so that the prelude compiles nothing beside the
+    warm-up that the warm-up compiles anyway.  :meth:`cancel` ends a session whose timings will not run."""
 
     def __init__(self, run_dir: Path, backend_specs, device: str, env: dict, timeout_s: float, after=None):
         self.run_dir = Path(run_dir)

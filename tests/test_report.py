@@ -400,6 +400,14 @@ def test_timings_run_shape_by_shape_so_a_stopped_session_keeps_whole_rows():
     assert [i.split("-", 1)[0] for i in ids[:2]] == ["sdpa", "reference"]  # the order the backends were named
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_timings_prelude_meets_every_kernel_configuration_the_timings_use(device):
+    from conformance.configs import KernelConfig
+    timed = {KernelConfig.of(p) for p in benchmarks.shapes(device).values()}
+    assert {KernelConfig.of(p) for p in benchmarks.prelude_shapes(device)} == timed
+    assert len(benchmarks.prelude_shapes(device)) == len(timed) < len(benchmarks.shapes(device))
+
+
 def test_timings_draw_each_shape_once_and_hand_every_backend_its_own_copy():
     from conformance.problem import make_grad_out, make_inputs
     problem = benchmarks.shapes("cpu")["uniform"]
