@@ -124,7 +124,11 @@ class BenchmarkSession:
                         "--timeout-method", "thread", "--jfa-timings-gate", str(self.gate)]
         for spec in backend_specs:
             self.command += ["--backend", spec]
-        self.env, self.proc, self.started_at, self.finished = dict(env), None, None, False
+        from .containment import MEMORY_SHARE_ENV
+        # no memory share: the timings run alone on the device, so handing the cache back after each (a garbage
+        # collection and an empty cache per timing) would buy nothing and cost time
+        self.env = {key: value for key, value in env.items() if key != MEMORY_SHARE_ENV}
+        self.proc, self.started_at, self.finished = None, None, False
         self._starter = threading.Thread(target=self._start, args=(after,), name="jfa-timings", daemon=True)
         self._starter.start()
 

@@ -246,6 +246,20 @@ def test_a_timing_the_device_cannot_hold_is_named_with_its_reason_and_the_others
     assert not list((tmp_path / "reports" / "oom").glob(".timings-*"))
 
 
+def test_the_timing_session_waits_for_the_warm_up_and_runs_without_the_checks_memory_share(tmp_path):
+    import threading
+    from conformance.containment import MEMORY_SHARE_ENV
+    warm_up_over = threading.Event()
+    session = pytest_session.BenchmarkSession(tmp_path, ["reference"], "cpu", {MEMORY_SHARE_ENV: "0.2", "KEEP": "1"},
+                                              10, after=warm_up_over.wait)
+    assert MEMORY_SHARE_ENV not in session.env and session.env["KEEP"] == "1"
+    time.sleep(0.3)
+    assert session.proc is None  # nothing starts before the warm-up has ended
+    threading.Timer(0.2, warm_up_over.set).start()
+    session.cancel()  # the run ended meanwhile: the session never starts, and leaves nothing behind
+    assert session.proc is None and not list(tmp_path.glob(".timings-*"))
+
+
 def test_timing_gaps_are_failures_and_reasoned_skips_not_unsupported_shapes(tmp_path):
     junit = tmp_path / "j.xml"
     junit.write_text(
