@@ -16,6 +16,7 @@ pay on it, and the seconds of the first call (compilation included).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import time
@@ -111,28 +112,33 @@ def prelude_shapes(device: str) -> list[Problem]:
     return list(firsts.values())
 
 
-def prelude(backends, device: str) -> dict[str, float]:
+def prelude(backends, device: str, limit_s: float | None = None) -> dict[str, float]:
     """Each backend's first calls, forward and backward, on :func:`prelude_shapes`, while the checks still run
     (the benchmark session waits at its gate after it): the work a process does once per backend and kernel
     configuration (a DSL's set-up, a graph compile) leaves the timing phase.  Seconds per backend; what
-    fails here is left for the timing itself to report."""
+    fails here is left for the timing itself to report.  A backend that hangs past ``limit_s`` (the
+    session's --timeout) ends the session, as pytest-timeout ends it for a timing that hangs; the log names
+    the call."""
+    from .containment import Watchdog
     seconds: dict[str, float] = {}
     for problem in prelude_shapes(device):
         for backend in backends:
             if backend.not_supported_reasons(problem):
                 continue
+            print(f"prelude: {backend.name} on {problem.length_law} lengths, causal {problem.causal}", flush=True)
             start = time.perf_counter()
-            try:
-                args, grad_out = fresh_inputs(problem, device)
-                with torch.no_grad():
-                    backend.forward(args)
-                if backend.capabilities.backward and not args.broadcast_q:
-                    leaves = [t.detach().clone().requires_grad_(True) for t in (args.q, args.k, args.v)]
-                    out = backend.forward(args.replace(q=leaves[0], k=leaves[1], v=leaves[2])).out
-                    torch.autograd.grad(out, leaves, grad_out, allow_unused=True)
-                _synchronize(device)
-            except Exception:  # noqa: BLE001 - the timing of this shape makes the same call and reports it
-                pass
+            with Watchdog(limit_s) if limit_s else contextlib.nullcontext():
+                try:
+                    args, grad_out = fresh_inputs(problem, device)
+                    with torch.no_grad():
+                        backend.forward(args)
+                    if backend.capabilities.backward and not args.broadcast_q:
+                        leaves = [t.detach().clone().requires_grad_(True) for t in (args.q, args.k, args.v)]
+                        out = backend.forward(args.replace(q=leaves[0], k=leaves[1], v=leaves[2])).out
+                        torch.autograd.grad(out, leaves, grad_out, allow_unused=True)
+                    _synchronize(device)
+                except Exception:  # noqa: BLE001 - the timing of this shape makes the same call and reports it
+                    pass
             seconds[backend.name] = round(seconds.get(backend.name, 0.0) + time.perf_counter() - start, 2)
     if device.startswith("cuda"):
         torch.cuda.empty_cache()  # hand the memory back to the checks while the session waits

@@ -100,7 +100,8 @@ def pytest_collection_finish(session):
     gate, parent = Path(path), os.getppid()
     device = session.config.getoption("device") or default_device()
     backends = [b for b, why in getattr(session.config, "_jfa_backends", ()) if why is None]
-    prelude = benchmarks.prelude(backends, device) if session.items else {}
+    limit = session.config.getoption("timeout", default=None)  # pytest-timeout's, which each timing keeps to
+    prelude = benchmarks.prelude(backends, device, float(limit) if limit else None) if session.items else {}
     ready_at = time.time()
     while (verdict := gate.read_text().strip() if gate.exists() else "stop") not in ("go", "stop"):
         if os.getppid() != parent:  # the run that started this session is gone: nobody will open the gate

@@ -246,6 +246,17 @@ def test_a_timing_the_device_cannot_hold_is_named_with_its_reason_and_the_others
     assert not list((tmp_path / "reports" / "oom").glob(".timings-*"))
 
 
+def test_a_backend_that_hangs_in_the_timings_prelude_costs_one_timeout(tmp_path, misbehaving):
+    # the prelude's first call hangs: the session ends after --timeout, as a timing that hangs ends it, and the
+    # run reports that the timings did not complete; the log names the call
+    started = time.monotonic()
+    code, report = run(tmp_path, "--backend", f"{misbehaving}:Hangs", "--bench", "--timeout", "5",
+                       "-k", "single_token and float32", "--name", "hung")
+    assert time.monotonic() - started < 90
+    assert report["timings"] == [] and report["run"]["benchmarks"].startswith("benchmarks did not complete")
+    assert "prelude: hangs on dense lengths" in (tmp_path / "reports" / "hung" / "benchmarks.log").read_text()
+
+
 def test_the_timing_session_waits_for_the_warm_up_and_runs_without_the_checks_memory_share(tmp_path):
     import threading
     from conformance.containment import MEMORY_SHARE_ENV
