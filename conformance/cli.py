@@ -339,7 +339,8 @@ def print_summary(console, report: dict, regressions: list[dict], run_dir: Path 
         console.print(f"[yellow]compiling inside checks[/]: {total:.0f} s; most in "
                       + "; ".join(f"{escape(b['id'].rsplit('/', 1)[-1])} ({b['seconds']:.1f} s: "
                                   f"{escape(', '.join(b['what']))})" for b in built), highlight=False, soft_wrap=True)
-    for phase in (rp.check_phase_text(report["run"].get("checks")), rp.timing_phase_text(report["run"].get("timings"))):
+    run = report["run"]
+    for phase in (rp.check_phase_text(run.get("checks")), rp.timing_phase_text(run.get("timing_phase"))):
         if phase:
             console.print(phase, markup=False, highlight=False, soft_wrap=True)
     unrun, _ = rp.unrun_checks(report)
@@ -470,7 +471,7 @@ def cmd_run(ns) -> int:
                     "benchmarks": bench_status, "timed_backends": timed_names or None, "complete": complete,
                     "stopped": stop_reason,
                     "resumed_from": ns.resume, "cache_dir": rp.home_relative(str(cache_dir)), "cache_bytes_before": cache_bytes,
-                    "warmup": warm_info, "checks": check_phase, "timings": timing_phase, "environment": env_info},
+                    "warmup": warm_info, "checks": check_phase, "timing_phase": timing_phase, "environment": env_info},
             "backends": {info.name: {"source": info.source, "available": info.available, "reason": info.reason,
                                      "capabilities": info.capabilities, "time": times[info.name]}
                          for _, info in chosen},

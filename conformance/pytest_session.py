@@ -204,14 +204,6 @@ class BenchmarkSession:
                 "prelude_s": noted.get("prelude_s", {})}
 
 
-def run_benchmarks(run_dir: Path, backend_specs, device, env, console, timeout_s: float,
-                   deadline: float | None = None) -> tuple[list[dict], str, list[dict], dict | None]:
-    """A :class:`BenchmarkSession` started now and finished at once (no checks to overlap)."""
-    if deadline is not None and time.monotonic() > deadline:
-        return [], NOT_STARTED, [], None
-    return BenchmarkSession(run_dir, backend_specs, device, env, timeout_s).finish(console, deadline)
-
-
 def _timing_cases(junit_path: Path):
     """(backend, shape, direction, testcase element) of each timing in the benchmark session's JUnit file."""
     import xml.etree.ElementTree as ET

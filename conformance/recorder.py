@@ -71,7 +71,8 @@ def problem_from_repr(text: str) -> Problem | None:
         call = ast.parse(text.strip(), mode="eval").body
         if not isinstance(call, ast.Call) or getattr(call.func, "id", None) != "Problem":
             return None
-        kwargs = {kw.arg: _lengths_value(kw.value) if kw.arg in ("seqlens_q", "seqlens_k") else ast.literal_eval(kw.value)
+        lengths = ("seqlens_q", "seqlens_k")
+        kwargs = {kw.arg: _lengths_value(kw.value) if kw.arg in lengths else ast.literal_eval(kw.value)
                   for kw in call.keywords}
         for key in ("seqlens_q", "seqlens_k"):
             kwargs[key] = tuple(kwargs.get(key, ()))

@@ -206,7 +206,8 @@ def timing_phase_text(phase: dict | None) -> str | None:
     """One line on the timing phase (``pytest_session.timing_phase``), or None when there was none."""
     if not phase or not phase.get("wall_s"):
         return None
-    slowest = "; ".join(f"{t['backend']} {t['shape']} {t['direction']} {t['seconds']:.1f} s" for t in phase.get("slowest", []))
+    slowest = "; ".join(f"{t['backend']} {t['shape']} {t['direction']} {t['seconds']:.1f} s"
+                        for t in phase.get("slowest", []))
     text = (f"timings: {phase['wall_s']:.0f} s wall, {phase['timings_s']:.0f} s of it in {phase['timings']} timings "
             f"(set-up, first call, rounds) and {phase['outside_timings_s']:.0f} s outside them (pytest's own work, and "
             f"the start-up not done beside the checks)" + (f"; slowest: {slowest}" if slowest else ""))

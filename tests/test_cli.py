@@ -208,8 +208,13 @@ def test_benchmarks_keep_to_the_time_limit_and_time_kernels_not_oracles(tmp_path
     named = cli.build_parser().parse_args(["run", "--bench", "--backend", "reference", "--backend", "sdpa"])
     assert pytest_session.timed_specs(named.backend, chosen) == ["reference", "sdpa"]
     # past the run's deadline the benchmark session is stopped, and the status says so
-    timings, status, gaps, phase = pytest_session.run_benchmarks(tmp_path, ["reference"], "cpu", dict(os.environ),
-                                                                 Console(quiet=True), 60, deadline=time.monotonic() - 1)
+    import threading
+    warm_up_over = threading.Event()
+    session = pytest_session.BenchmarkSession(tmp_path, ["reference"], "cpu", dict(os.environ), 60,
+                                              after=warm_up_over.wait)
+    threading.Timer(0.2, warm_up_over.set).start()
+    timings, status, gaps, phase = session.finish(Console(quiet=True), deadline=time.monotonic() - 1)
+    assert session.proc is None  # cancelled before it started
     assert timings == [] and gaps == [] and phase is None and "stopped: the run reached its --time-limit" in status
 
 
@@ -237,7 +242,7 @@ def test_a_timing_the_device_cannot_hold_is_named_with_its_reason_and_the_others
     assert page.count("<td class='gap' title='out of memory on this device (CUDA out of memory.") == 4
     # the timing phase says where its time went, in the report, the summary and the page; its session started
     # beside the checks and made each backend's first call there
-    phase = report["run"]["timings"]
+    phase = report["run"]["timing_phase"]
     assert phase["timings"] == 10 and 0 < phase["timings_s"] <= phase["wall_s"]
     assert "Timings: " in summary and "outside them" in summary and "Timings: " in page
     beside = phase["beside_checks"]

@@ -282,7 +282,7 @@ def _backend_table(report, summary) -> list[str]:
             if timeline:
                 out.append("<details><summary>checks over time, per worker</summary>"
                            + _img(timeline, "checks over time per worker", "") + "</details>")
-        timing_phase = rp.timing_phase_text(run.get("timings"))
+        timing_phase = rp.timing_phase_text(run.get("timing_phase"))
         if timing_phase:
             out.append(f"<p class='note'>{esc(timing_phase[0].upper() + timing_phase[1:])}.</p>")
         built = perf.jit_in_checks(report)

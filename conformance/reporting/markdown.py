@@ -241,7 +241,7 @@ def render_markdown(report: dict, regressions: list[dict] | None = None) -> str:
             t = times.get(name) or {}
             row += "".join(f" {'' if t.get(k) is None else format(t[k], '.1f')} |" for k in time_keys)
         lines.append(row)
-    for phase in (rp.check_phase_text(run.get("checks")), rp.timing_phase_text(run.get("timings"))):
+    for phase in (rp.check_phase_text(run.get("checks")), rp.timing_phase_text(run.get("timing_phase"))):
         if phase:
             lines += ["", _md(phase[0].upper() + phase[1:]) + "."]
     built = perf.jit_in_checks(report)
