@@ -127,8 +127,13 @@ case $STAGE in
     run subset --no-bench -k "${K:?K: a -k expression}" ;;
   tox)
     python3 -m pip install -q --no-index --find-links "${TOX_WHEELS:?TOX_WHEELS: a folder of wheels}" --target /tmp/tox-pkgs tox
-    pth=$(python3 -c 'import site; print(site.getsitepackages()[0])')/jfa-runner-fa4.pth
-    [ -n "${FA4_PATH:-}" ] && printf '%s\n%s\n' "$FA4_PATH" "$FA4_PATH/nvidia_cutlass_dsl/dsl_packages" > "$pth"
+    # tox's env sees the base interpreter's packages; where the runner's torch lives in a virtualenv (this
+    # image: python3 is a virtualenv's), a .pth file in the base interpreter's site-packages names that
+    # virtualenv's packages and FA4_PATH, as a runner with a system-wide torch and FA4 would have them
+    pth=$(python3 -c 'import sys, sysconfig; print(sysconfig.get_path("purelib", vars={"base": sys.base_prefix, "platbase": sys.base_prefix}))')/jfa-runner.pth
+    python3 -c 'import sys, site; print("\n".join(p for p in site.getsitepackages() if sys.prefix != sys.base_prefix))' > "$pth"
+    [ -n "${FA4_PATH:-}" ] && printf '%s\n%s\n' "$FA4_PATH" "$FA4_PATH/nvidia_cutlass_dsl/dsl_packages" >> "$pth"
+    echo "runner packages for tox ($pth): $(tr '\n' ' ' < "$pth")" | tee -a "$LOG"
     t0=$(date +%s)
     PYTHONPATH=/tmp/tox-pkgs PIP_NO_INDEX=1 PIP_FIND_LINKS=$TOX_WHEELS timeout $((LIMIT + 300)) python3 -m tox -e gpu -- --name tox-gpu \
       --report-dir "$OUT_DIR/reports" > "$OUT_DIR/tox-gpu.log" 2>&1
