@@ -117,3 +117,18 @@ def test_a_seeded_selftest_draws_from_the_seed(tmp_path):
     profile = seeded[seeded.index("--hypothesis-profile") + 1]
     assert settings.get_profile(profile).derandomize is False
     assert settings.get_profile(plain[plain.index("--hypothesis-profile") + 1]).derandomize is True
+
+
+def test_a_mutants_pytest_process_reports_its_status_its_output_and_its_timeout(tmp_path):
+    """run_pytest forks each mutant's pytest session from the fork server: its exit status comes back, its
+    output lands in the log, and a session past its timeout is killed and reported as None."""
+    (tmp_path / "test_x.py").write_text(
+        "import time\n"
+        "def test_fails():\n    print('said by the test')\n    assert False\n"
+        "def test_sleeps():\n    time.sleep(60)\n")
+    log = tmp_path / "log.txt"
+    base = ["python", "-m", "pytest", "-p", "no:cacheprovider", "-s", str(tmp_path / "test_x.py")]
+    assert selftest.run_pytest(base + ["-k", "fails"], log, timeout=120, threads=1) == 1
+    assert "said by the test" in log.read_text() and "1 failed" in log.read_text()
+    assert selftest.run_pytest(base + ["-k", "nothing_matches"], log, timeout=120) == 5  # no tests collected
+    assert selftest.run_pytest(base + ["-k", "sleeps"], log, timeout=3) is None
