@@ -130,7 +130,9 @@ case $STAGE in
     # tox's env sees the base interpreter's packages; where the runner's torch lives in a virtualenv (this
     # image: python3 is a virtualenv's), a .pth file in the base interpreter's site-packages names that
     # virtualenv's packages and FA4_PATH, as a runner with a system-wide torch and FA4 would have them
-    pth=$(python3 -c 'import sys, sysconfig; print(sysconfig.get_path("purelib", vars={"base": sys.base_prefix, "platbase": sys.base_prefix}))')/jfa-runner.pth
+    # (the directory is the one the base interpreter itself reads: Debian's and Ubuntu's read dist-packages)
+    site_dir=$("$(python3 -c 'import sys; print(sys._base_executable)')" -c 'import site; print(site.getsitepackages()[0])')
+    mkdir -p "$site_dir" && pth=$site_dir/jfa-runner.pth
     python3 -c 'import sys, site; print("\n".join(p for p in site.getsitepackages() if sys.prefix != sys.base_prefix))' > "$pth"
     [ -n "${FA4_PATH:-}" ] && printf '%s\n%s\n' "$FA4_PATH" "$FA4_PATH/nvidia_cutlass_dsl/dsl_packages" >> "$pth"
     echo "runner packages for tox ($pth): $(tr '\n' ' ' < "$pth")" | tee -a "$LOG"
