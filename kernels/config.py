@@ -47,10 +47,6 @@ class Config:
     # instead of two; schedule.py); 0: always two.  Whether one program writing every item costs more GPU
     # time than the second launch costs host time is still to be measured in one process (PERF.md).
     builder_items_seqs: int = 512
-    # (experiment) the Gluon forward takes each item's key blocks last to first, the masked ones first
-    fwd_masked_first: bool = False
-    # (experiment) the Gluon forward carries P in float32 across key blocks (PV's operand made per block)
-    fwd_p_fp32: bool = False
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

@@ -8,6 +8,10 @@
 * Per key block the consumer runs FA3's intra-warpgroup overlap: QK^T(j) and PV(j-1) are issued, then a
   wait for QK^T alone, block j's softmax while PV(j-1) runs, a wait for PV and the rescale.  The two groups
   are separate warp groups, so one's softmax runs while the other's ``wgmma`` keeps the tensor cores busy.
+* Key block order: under causal masking first to last (the masked diagonal blocks last); without it last
+  to first, so an item's ragged last block, which the loader must wait for and zero before publishing it,
+  is loaded first, while the consumers still finish the item before (S5 forward 8% faster, S1 4%,
+  ``perf/LOG.md`` v34).
 * Softmax in base 2 with the scale folded into one FMA per score (``s * scale - m``, valid because the
   validator accepts positive scales only).
 * Reading past a sequence end reads the next sequence's rows: query rows past ``lq`` are computed and never
@@ -51,11 +55,9 @@ class PartitionFlags:
     HEAD_DV: gl.constexpr
     STAGES: gl.constexpr
     TMA_STORE: gl.constexpr
-    MASKED_FIRST: gl.constexpr
-    P_FP32: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE, MASKED_FIRST, P_FP32):
+    def __init__(self, WG, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE):
         self.WG = gl.constexpr(WG)
         self.BROADCAST = gl.constexpr(BROADCAST)
         self.CAUSAL = gl.constexpr(CAUSAL)
@@ -64,8 +66,6 @@ class PartitionFlags:
         self.HEAD_DV = gl.constexpr(HEAD_DV)
         self.STAGES = gl.constexpr(STAGES)
         self.TMA_STORE = gl.constexpr(TMA_STORE)
-        self.MASKED_FIRST = gl.constexpr(MASKED_FIRST)
-        self.P_FP32 = gl.constexpr(P_FP32)
 
 
 @gluon.jit
@@ -95,10 +95,10 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pos_smem, q_ready, q
             r = r0 + j
             s = r % STAGES
             ph = (r // STAGES) & 1
-            if flags.MASKED_FIRST:
-                start = (n_blocks - 1 - j) * BLOCK_N
-            else:
+            if flags.CAUSAL:
                 start = j * BLOCK_N
+            else:
+                start = (n_blocks - 1 - j) * BLOCK_N  # last to first
             mbarrier.wait(k_empty.index(s), ph ^ 1)
             mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
             tma_load(k_desc, [k_start + start, hk * HEAD_D], k_ready.index(s), k_smem.index(s))
@@ -162,16 +162,13 @@ def _issue_qk(r, q, k_smem, k_ready, BLOCK_N: gl.constexpr, STAGES: gl.constexpr
 def _pipelined_block(j, r, acc, p_prev, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                      offs_m, offs_n, lk, diag, qk_scale,
                      MASKED: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                     s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-                     P_FP32: gl.constexpr = False):
-    # key block j (ring position r): its softmax runs while block j-1's PV is in flight (FA3's
-    # intra-warpgroup overlap): issue QK^T(j), issue PV(j-1), wait for QK^T only, softmax(j), then wait for
-    # PV and rescale.
+                     s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
+    # key block j (ring position r): its softmax runs while the previous block's PV (ring position r - 1) is in
+    # flight (FA3's intra-warpgroup overlap): issue QK^T(j), issue that PV, wait for QK^T only, softmax(j),
+    # then wait for PV and rescale.
     s = r % STAGES
     sp = (r - 1) % STAGES
     qk = _issue_qk(r, q, k_smem, k_ready, BLOCK_N, STAGES, s_layout)
-    if P_FP32:
-        p_prev = gl.convert_layout(p_prev.to(v_smem.dtype), p_layout)
     mbarrier.wait(v_ready.index(sp), ((r - 1) // STAGES) & 1)
     pv = warpgroup_mma(p_prev, v_smem.index(sp), acc, is_async=True)
     scores = warpgroup_mma_wait(1, deps=(qk, ))  # groups retire in order: QK^T(j) is done
@@ -181,10 +178,7 @@ def _pipelined_block(j, r, acc, p_prev, l_i, m_i, q, k_smem, v_smem, k_ready, v_
     acc, p_prev = warpgroup_mma_wait(0, deps=(pv, p_prev))
     mbarrier.arrive(v_empty.index(sp))
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-    if P_FP32:
-        p_next = p
-    else:
-        p_next = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+    p_next = gl.convert_layout(p.to(v_smem.dtype), p_layout)
     return acc, p_next, l_i, m_new
 
 
@@ -223,50 +217,40 @@ def _consumer(q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_rea
                 qk = _issue_qk(r0, q, k_smem, k_ready, BLOCK_N, STAGES, s_layout)
                 scores = warpgroup_mma_wait(0, deps=(qk, ))
                 mbarrier.arrive(k_empty.index(r0 % STAGES))
-                if flags.MASKED_FIRST:
-                    j0 = n_blocks - 1
-                    masked0 = n_full < n_blocks
-                else:
+                # the first block: block 0 under causal masking, else the last (masked where it is ragged)
+                if CAUSAL:
                     j0 = 0
                     masked0 = n_full == 0
+                else:
+                    j0 = n_blocks - 1
+                    masked0 = n_full < n_blocks
                 if masked0:
                     p, alpha, l_i, m_i = _softmax_step(scores, m_i, l_i, j0, offs_m, offs_n, lk, diag,
                                                        qk_scale, True, CAUSAL, BLOCK_N)
                 else:
                     p, alpha, l_i, m_i = _softmax_step(scores, m_i, l_i, j0, offs_m, offs_n, lk, diag,
                                                        qk_scale, False, CAUSAL, BLOCK_N)
-                if flags.P_FP32:
-                    p_op = p
-                else:
-                    p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
-                if flags.MASKED_FIRST:
-                    # the key blocks last to first: the masked ones (the diagonal's, the ragged last) first
-                    n_masked = n_blocks - n_full
-                    for t in range(1, n_masked):
-                        acc, p_op, l_i, m_i = _pipelined_block(
-                            n_blocks - 1 - t, r0 + t, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
-                            k_empty, v_empty, offs_m, offs_n, lk, diag, qk_scale, True, CAUSAL, BLOCK_N, STAGES,
-                            s_layout, o_layout, p_layout, flags.P_FP32)
-                    for t in range(gl.maximum(n_masked, 1), n_blocks):
-                        acc, p_op, l_i, m_i = _pipelined_block(
-                            n_blocks - 1 - t, r0 + t, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
-                            k_empty, v_empty, offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL, BLOCK_N, STAGES,
-                            s_layout, o_layout, p_layout, flags.P_FP32)
-                else:
+                p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+                if CAUSAL:
                     for j in range(1, n_full):
                         acc, p_op, l_i, m_i = _pipelined_block(
                             j, r0 + j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                             offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL, BLOCK_N, STAGES, s_layout, o_layout,
-                            p_layout, flags.P_FP32)
+                            p_layout)
                     for j in range(gl.maximum(n_full, 1), n_blocks):
                         acc, p_op, l_i, m_i = _pipelined_block(
                             j, r0 + j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                             offs_m, offs_n, lk, diag, qk_scale, True, CAUSAL, BLOCK_N, STAGES, s_layout, o_layout,
-                            p_layout, flags.P_FP32)
+                            p_layout)
+                else:
+                    # the rest, last to first: without causal masking only the ragged last block is masked
+                    for t in range(1, n_blocks):
+                        acc, p_op, l_i, m_i = _pipelined_block(
+                            n_blocks - 1 - t, r0 + t, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
+                            k_empty, v_empty, offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL, BLOCK_N, STAGES,
+                            s_layout, o_layout, p_layout)
                 last = r0 + n_blocks - 1
                 mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-                if flags.P_FP32:
-                    p_op = gl.convert_layout(p_op.to(v_smem.dtype), p_layout)
                 acc = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=(acc, ))
                 mbarrier.arrive(v_empty.index(last % STAGES))
@@ -307,8 +291,7 @@ def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, I
                stride_ot, stride_oh, stride_lh, qk_scale, H, GROUP, N_ITEMS, o_desc, dynamic,
                BROADCAST: gl.constexpr, CAUSAL: gl.constexpr,
                BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
-               STAGES: gl.constexpr, TMA_STORE: gl.constexpr = False, MASKED_FIRST: gl.constexpr = False,
-               P_FP32: gl.constexpr = False):
+               STAGES: gl.constexpr, TMA_STORE: gl.constexpr = False):
     # work items: (128-row query tile, query head) in ITEMS' order; program p runs the launch positions p,
     # p + P, ... (dynamic != 0: p, then those it claims from COUNTER, a zeroed int32)
     n_items = gl.load(N_ITEMS)  # the item count, written on the device by the schedule's builder
@@ -339,16 +322,16 @@ def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, I
               O, LSE, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, stride_ot, stride_oh,
               stride_lh, qk_scale, o_desc)
     gl.warp_specialize([
-        (_consumer, shared + (PartitionFlags(0, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE, MASKED_FIRST, P_FP32), )),
-        (_consumer, shared + (PartitionFlags(1, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE, MASKED_FIRST, P_FP32), )),
+        (_consumer, shared + (PartitionFlags(0, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE), )),
+        (_consumer, shared + (PartitionFlags(1, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE), )),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready,
                    k_empty, v_empty, tail_bar, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-                   dynamic, PartitionFlags(2, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE, MASKED_FIRST, P_FP32))),
+                   dynamic, PartitionFlags(2, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE))),
     ], [4, 1], [232, 40])
 
 
 def compile_sm90(block_n=BLOCK_N, head_d=128, head_dv=128, stages=STAGES, causal=False, broadcast=False,
-                 dtype="bf16", tma_store=False, masked_first=False, p_fp32=False):
+                 dtype="bf16", tma_store=False):
     """``fwd_kernel`` compiled for sm_90 on any machine (pipeline.compile_sm90)."""
     types = {"q_desc": desc_type(dtype, HALF_M, head_d), "k_desc": desc_type(dtype, block_n, head_d),
              "v_desc": desc_type(dtype, block_n, head_dv), "O": "*" + dtype, "LSE": "*fp32", "CU_Q": "*i32",
@@ -356,5 +339,4 @@ def compile_sm90(block_n=BLOCK_N, head_d=128, head_dv=128, stages=STAGES, causal
              "stride_ot": "i32", "stride_oh": "i32", "stride_lh": "i32", "qk_scale": "fp32", "H": "i32",
              "GROUP": "i32", "N_ITEMS": "*i32", "o_desc": desc_type(dtype, HALF_M, head_dv), "dynamic": "i32"}
     return _compile(fwd_kernel, types, dict(BROADCAST=broadcast, CAUSAL=causal, BLOCK_N=block_n, HEAD_D=head_d,
-                                            HEAD_DV=head_dv, STAGES=stages, TMA_STORE=tma_store,
-                                            MASKED_FIRST=masked_first, P_FP32=p_fp32))
+                                            HEAD_DV=head_dv, STAGES=stages, TMA_STORE=tma_store))
