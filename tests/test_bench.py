@@ -258,3 +258,38 @@ def test_the_profile_stage_names_known_shapes_and_impls():
             profile_kernels.parse(["--shape", shape, "--impl", impl])  # exits on an unknown name
     with pytest.raises(SystemExit):
         profile_kernels.parse(["--shape", "S9"])
+
+
+def test_a_config_variant_is_timed_through_a_plan_in_the_same_rounds(monkeypatch, tmp_path, capsys):
+    # --variant NAME=CONFIG: the A/B of a kernel change made as a Config field, beside the kernels as they are
+    from kernels import Config
+    monkeypatch.setattr(bench, "IMPLS", dict(bench.IMPLS))
+    monkeypatch.setattr(bench, "VARIANTS", {})
+    calls, made = [], []
+    real_plan = bench.impl_triton_plan
+
+    def plan(shape, q, k, v, cu_q, cu_k, config=None):
+        made.append(config)
+        return real_plan(shape, q, k, v, cu_q, cu_k, config=config)
+    monkeypatch.setattr(bench, "impl_triton_plan", plan)
+
+    def fake_time(make, shape, tensors, warmup=25, rep=100, backward=True):
+        calls.append(next(n for n, f in bench.IMPLS.items() if f is make))
+        if calls[-1].startswith("triton-plan:"):
+            make(shape, *tensors)
+        return 1.0, 2.0, tensors[0][:4].float()
+    _tiny(monkeypatch)
+    monkeypatch.setattr(bench, "time_impl", fake_time)
+    monkeypatch.setattr(bench, "triton_paths", lambda name, shape, tensors: "paths")
+    rows = bench.main(["--out", str(tmp_path), "--impls", "sdpa", "--shapes", "T", "--rounds", "2",
+                       "--variant", "split0=gluon_split_keys=0,gluon_programs=3"])
+    assert calls == ["sdpa", "triton-plan:split0"] * 2
+    assert made == [Config(gluon_split_keys=0, gluon_programs=3)] * 2
+    assert {r["impl"] for r in rows} == {"sdpa", "triton-plan:split0"}
+    # a field the Config does not have is refused before any timing, by its name
+    with pytest.raises(SystemExit):
+        bench.main(["--out", str(tmp_path), "--variant", "x=no_such_field=1"])
+    assert "no_such_field" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--out", str(tmp_path), "--variant", "gluon_split_keys"])  # no NAME=CONFIG
+    assert "--variant takes NAME=FIELD=VALUE" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
     python tools/bench.py [--out DIR] [--impls fa4,triton-plan,triton,triton-fresh,triton-fresh-2,triton-tl-plan,sdpa]
                           [--shapes S4b,S1,S1c,S2,S4a,S3] [--s3-seeds 1,2] [--rounds N] [--host]
+                          [--variant NAME=FIELD=VALUE,...]
 
 (from a checkout with the package installed, or with the repository root on PYTHONPATH)
 
@@ -11,7 +12,9 @@ kernels/reuse.py), ``triton-fresh`` (a plain call that keeps nothing: the tile l
 the first layer of a step), ``triton-fresh-2`` (the same with the items written by a second builder
 launch at every batch size), ``triton-plan`` (calls of a ``JaggedPlan`` made once), ``triton-tl-plan`` (the same with
 ``Config(gluon=False)``: the tl kernels alone), ``fa4``, ``sdpa`` (padded).  Every triton row records the
-kernels that ran (``JaggedPlan.paths``).
+kernels that ran (``JaggedPlan.paths``).  ``--variant NAME=CONFIG`` (repeatable) adds ``triton-plan:NAME``, calls
+of a plan made with ``kernels.Config.from_string(CONFIG)`` (``gluon_split_keys=256``, say): the A/B of a kernel
+change made as a Config field, in the same process and rounds as the kernels as they are and FA4.
 
 TFLOP/s count useful FLOPs only: 4 * D * H * (visible (query, key) pairs)
 forward, 2.5x that backward.  Times are triton.testing.do_bench medians
@@ -29,6 +32,7 @@ functions that take most of the host's time (``fwd_host_top``, ``bwd_host_top``)
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import time
@@ -156,11 +160,29 @@ def impl_triton_tl_plan(shape, q, k, v, cu_q, cu_k):
     return impl_triton_plan(shape, q, k, v, cu_q, cu_k, config=Config(gluon=False))
 
 
+# --variant's Configs by impl name ("triton-plan:NAME")
+VARIANTS = {}
+
+
+def add_variant(text):
+    """``NAME=CONFIG`` -> the impl ``triton-plan:NAME`` (a plan under ``Config.from_string(CONFIG)``); its name.
+    A Config the kernels refuse is a ValueError naming the field."""
+    from kernels import Config
+    name, sep, config_text = text.partition("=")
+    if not sep or not name:
+        raise ValueError(f"--variant takes NAME=FIELD=VALUE[,FIELD=VALUE...], got {text!r}")
+    impl = f"triton-plan:{name}"
+    VARIANTS[impl] = Config.from_string(config_text)
+    IMPLS[impl] = functools.partial(impl_triton_plan, config=VARIANTS[impl])
+    return impl
+
+
 def triton_paths(name, shape, tensors):
     """The kernels a triton row runs (the plan of its call)."""
     from kernels import Config, JaggedPlan
     args, kw = _triton_args(shape, *tensors)
-    return str(JaggedPlan(*args, config=Config(gluon=False) if name == "triton-tl-plan" else None, **kw).paths)
+    config = VARIANTS.get(name, Config(gluon=False) if name == "triton-tl-plan" else None)
+    return str(JaggedPlan(*args, config=config, **kw).paths)
 
 
 def impl_fa4(shape, q, k, v, cu_q, cu_k):
@@ -355,7 +377,16 @@ def main(argv=None):
     ap.add_argument("--host", action="store_true",
                     help="also measure each impl's host microseconds and GPU launches per call, and where the host "
                          "time goes (the costliest functions under cProfile; first round)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=CONFIG",
+                    help="also time calls of a plan under kernels.Config.from_string(CONFIG) as impl "
+                         "triton-plan:NAME (e.g. --variant split256=gluon_split_keys=256); repeatable")
     args = ap.parse_args(argv)
+    variants = []
+    for text in args.variant:
+        try:
+            variants.append(add_variant(text))
+        except ValueError as exc:
+            ap.error(str(exc))
     os.makedirs(args.out, exist_ok=True)
     try:
         seeds = [int(x) for x in args.s3_seeds.split(",") if x]
@@ -363,7 +394,7 @@ def main(argv=None):
         ap.error(f"--s3-seeds takes integers joined by commas, got {args.s3_seeds!r}")
     shapes = make_shapes(seeds)
     tag = ("_" + args.tag) if args.tag else ""
-    impls = args.impls.split(",")
+    impls = args.impls.split(",") + [v for v in variants if v not in args.impls.split(",")]
     # a misspelt name would otherwise cost a GPU call an error row
     unknown = [n for n in impls + [x for x in (args.fwd_only + "," + args.once).split(",") if x] if n not in IMPLS]
     names = run_shapes(args.shapes.split(","), seeds)
