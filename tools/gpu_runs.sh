@@ -24,7 +24,8 @@
 #                                            log so far and copies the logs, memory samples, kernel benchmark JSON
 #                                            and OUT_DIR/reports.tgz (the stages finished so far); call again while it runs
 #   bash tools/gpu_runs.sh OUT_DIR kernels   tools/bench.py against FA4 (every bench shape, S3 on three seeds,
-#                                            host costs): OUT_DIR/bench/
+#                                            host costs): OUT_DIR/bench/; VARIANTS="NAME=CONFIG ..." adds a
+#                                            kernels.Config variant per word (bench.py --variant)
 #   bash tools/gpu_runs.sh OUT_DIR flashinfer  the four flashinfer backends: OUT_DIR/reports/flashinfer/
 #   bash tools/gpu_runs.sh OUT_DIR flashinfer-bench  the flashinfer backends with --bench beside fa4 and
 #                                            triton-jfa (baseline fa4): OUT_DIR/reports/flashinfer-bench/
@@ -147,8 +148,10 @@ case $STAGE in
   host)
     timeout 300 python3 tools/host_costs.py --out "$OUT_DIR/host_costs.json" 2>&1 | tee -a "$LOG" ;;
   kernels)
+    variants=()
+    for v in ${VARIANTS:-}; do variants+=(--variant "$v"); done
     timeout 900 python3 tools/bench.py --out "$OUT_DIR/bench" --rounds "${ROUNDS:-3}" \
-      --impls "${IMPLS:-fa4,triton-plan,triton,triton-fresh,triton-fresh-2}" \
+      --impls "${IMPLS:-fa4,triton-plan,triton,triton-fresh,triton-fresh-2}" "${variants[@]}" \
       --shapes "${SHAPES:-S4b,S1,S1c,S2,S4a,S3,S5}" --s3-seeds "${S3_SEEDS:-1,2}" --host > "$OUT_DIR/kernels.log" 2>&1
     echo "kernels rc=$?" | tee -a "$LOG"; tail -40 "$OUT_DIR/kernels.log" | tee -a "$LOG" ;;
   flashinfer-bench)
