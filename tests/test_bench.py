@@ -293,3 +293,22 @@ def test_a_config_variant_is_timed_through_a_plan_in_the_same_rounds(monkeypatch
     with pytest.raises(SystemExit):
         bench.main(["--out", str(tmp_path), "--variant", "gluon_split_keys"])  # no NAME=CONFIG
     assert "--variant takes NAME=FIELD=VALUE" in capsys.readouterr().err
+
+
+def test_the_tox_stage_names_the_runner_packages_where_the_base_interpreter_reads():
+    # gpu_runs.sh's tox stage writes a .pth naming the runner's packages for tox's env; written where the
+    # base interpreter does not look (Ubuntu's Python reads dist-packages, not site-packages), it named nothing
+    import subprocess
+    script = (Path(bench.__file__).parent / "gpu_runs.sh").read_text()
+    line = next(s.strip() for s in script.splitlines() if s.strip().startswith("site_dir=$("))
+    base = subprocess.run(
+        ["bash", "-c", line.replace("python3", sys.executable, 1) + '; echo "$site_dir"'],
+        capture_output=True, text=True, check=True).stdout.strip()
+    base_exe = getattr(sys, "_base_executable", sys.executable)
+    read = subprocess.run([base_exe, "-c", "import site, sys; print('\\n'.join(site.getsitepackages() + sys.path))"],
+                          capture_output=True, text=True, check=True).stdout.split("\n")
+    # a site directory of the base interpreter (site.py reads its .pth files; the stage creates it if missing)
+    assert base and base in read, (base, read)
+    if os.path.isdir(base):
+        assert base in subprocess.run([base_exe, "-c", "import sys; print('\\n'.join(sys.path))"],
+                                      capture_output=True, text=True, check=True).stdout.split("\n")
