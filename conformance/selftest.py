@@ -17,6 +17,7 @@ five times longer).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import os
@@ -135,7 +136,9 @@ def spec_command(class_name: str, profile: str, junit: Path, *, first_failure: b
 PRELOAD = ["torch", "hypothesis", "pytest", "conformance.plugin", "conformance.selftest"]
 
 
+@functools.cache
 def _context():
+    """The forkserver context, its preload set once per process (the server starts at the first mutant)."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     return context
