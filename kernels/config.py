@@ -47,8 +47,6 @@ class Config:
     # instead of two; schedule.py); 0: always two.  Whether one program writing every item costs more GPU
     # time than the second launch costs host time is still to be measured in one process (PERF.md).
     builder_items_seqs: int = 512
-    # (experiment) the Gluon forward issues an item's first QK^T before the item before writes its O
-    fwd_next_qk: int = int(os.environ.get("JFA_EXP_NEXT_QK", "1"))
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

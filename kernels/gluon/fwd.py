@@ -58,10 +58,9 @@ class PartitionFlags:
     HEAD_DV: gl.constexpr
     STAGES: gl.constexpr
     TMA_STORE: gl.constexpr
-    NEXT_QK: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE, NEXT_QK):
+    def __init__(self, WG, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE):
         self.WG = gl.constexpr(WG)
         self.BROADCAST = gl.constexpr(BROADCAST)
         self.CAUSAL = gl.constexpr(CAUSAL)
@@ -70,7 +69,6 @@ class PartitionFlags:
         self.HEAD_DV = gl.constexpr(HEAD_DV)
         self.STAGES = gl.constexpr(STAGES)
         self.TMA_STORE = gl.constexpr(TMA_STORE)
-        self.NEXT_QK = gl.constexpr(NEXT_QK)
 
 
 @gluon.jit
@@ -96,9 +94,6 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pos_smem, q_ready, q
         tma_load(q_desc, [q_start + m0, h * HEAD_D], q_ready.index(qb), q_smem.index(2 * qb))
         tma_load(q_desc, [q_start + m0 + 64, h * HEAD_D], q_ready.index(qb),
                                         q_smem.index(2 * qb + 1))
-        if flags.NEXT_QK != 0:
-            # claimed now, so the next item's Q is loaded as soon as this item's last K/V load is issued
-            pos_next = next_pos(pos, COUNTER, dynamic)
         for j in range(n_blocks):
             r = r0 + j
             s = r % STAGES
@@ -126,10 +121,7 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pos_smem, q_ready, q
                 n_tails += 1
         r0 += n_blocks
         tq += 1
-        if flags.NEXT_QK != 0:
-            pos = pos_next
-        else:
-            pos = next_pos(pos, COUNTER, dynamic)
+        pos = next_pos(pos, COUNTER, dynamic)
     # no more items: a Q buffer holding a position past the end stops the consumers
     qb = tq % 2
     mbarrier.wait(q_empty.index(qb), ((tq // 2) & 1) ^ 1)
@@ -295,188 +287,6 @@ def _consumer(q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_rea
         pos = read_pos(pos_smem, tq % 2)
 
 
-@gluon.jit
-def _first_block(scores, offs_m, offs_n, lk, diag, qk_scale, n_full, n_blocks, CAUSAL: gl.constexpr,
-                 BLOCK_N: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, dtype: gl.constexpr):
-    # an item's first key block (block 0 under causal masking, else the last): its P operand and statistics
-    m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, s_layout))
-    if CAUSAL:
-        j0 = 0
-        masked0 = n_full == 0
-    else:
-        j0 = n_blocks - 1
-        masked0 = n_full < n_blocks
-    if masked0:
-        p, alpha, l_i, m_i = _softmax_step(scores, m_i, l_i, j0, offs_m, offs_n, lk, diag, qk_scale, True, CAUSAL,
-                                           BLOCK_N)
-    else:
-        p, alpha, l_i, m_i = _softmax_step(scores, m_i, l_i, j0, offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL,
-                                           BLOCK_N)
-    return gl.convert_layout(p.to(dtype), p_layout), l_i, m_i
-
-
-@gluon.jit
-def _normalize(acc, l_i, m_i, dtype: gl.constexpr, o_layout: gl.constexpr):
-    # an item's O (acc / l, in the output dtype) and natural-log LSE
-    has = l_i > 0.0
-    l_safe = gl.where(has, l_i, 1.0)
-    out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
-    lse = gl.where(has, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-    return out.to(dtype), lse
-
-
-@gluon.jit
-def _store(out, lse, q, q_empty_bar, o_desc, O, LSE, h, o_start, first, lq, offs_m, stride_ot, stride_oh, stride_lh,
-           flags, o_layout: gl.constexpr):
-    # an item's O and LSE out; then its Q buffer back to the loader
-    if not flags.TMA_STORE:
-        mbarrier.arrive(q_empty_bar)  # every QK^T of this item is done: Q may be reloaded
-    # TMA_STORE: a whole 64-row O tile leaves through this group's Q half (HEAD_DV == HEAD_D)
-    store_rows(out, q, o_desc, O + h * stride_oh, o_start + first, lq - first, h * flags.HEAD_DV, stride_ot,
-               flags.TMA_STORE, o_layout)
-    gl.store(LSE + h * stride_lh + o_start + offs_m, lse, mask=offs_m < lq)
-    if flags.TMA_STORE:
-        release_after_stores(q_empty_bar)  # Q may be reloaded
-
-
-@gluon.jit
-def _finish(acc, l_i, m_i, q, q_empty_bar, o_desc, O, LSE, h, o_start, first, lq, offs_m, stride_ot, stride_oh,
-            stride_lh, flags, o_layout: gl.constexpr):
-    out, lse = _normalize(acc, l_i, m_i, O.dtype.element_ty, o_layout)
-    _store(out, lse, q, q_empty_bar, o_desc, O, LSE, h, o_start, first, lq, offs_m, stride_ot, stride_oh, stride_lh,
-           flags, o_layout)
-
-
-@gluon.jit
-def _consumer_ahead(q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                    O, LSE, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-                    stride_ot, stride_oh, stride_lh, qk_scale, o_desc, flags):
-    WG: gl.constexpr = flags.WG
-    CAUSAL: gl.constexpr = flags.CAUSAL
-    BLOCK_N: gl.constexpr = flags.BLOCK_N
-    HEAD_DV: gl.constexpr = flags.HEAD_DV
-    STAGES: gl.constexpr = flags.STAGES
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DV, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    r0 = 0  # ring position of the item's first key block
-    tq = 0  # items so far: Q buffer tq % 2
-    # ahead: the item's first key block was taken while the item before finished (its P and statistics)
-    ahead = False
-    p_op = gl.zeros([64, BLOCK_N], v_smem.dtype, p_layout)
-    m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, s_layout))
-    s_ahead = gl.zeros([64, BLOCK_N], gl.float32, s_layout)
-    mbarrier.wait(q_ready.index(0), 0)
-    pos = read_pos(pos_smem, 0)
-    while pos < n_items:
-        q_start, o_start, lq, k_start, lk, h, hk, m0, diag, n_full, n_blocks = query_tile(
-            pos, ITEMS, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K, flags.BROADCAST, CAUSAL, BLOCK_N)
-        first = m0 + WG * 64
-        offs_m = first + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
-        acc = gl.zeros([64, HEAD_DV], gl.float32, o_layout)
-        qb = tq % 2
-        q = q_smem.index(2 * qb + WG)
-        if not ahead:
-            m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-            l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, s_layout))
-        nxt = False
-        if first < lq:
-            if n_blocks > 0:
-                if flags.NEXT_QK == 3:
-                    if ahead:
-                        scores = s_ahead
-                    else:
-                        qk = _issue_qk(r0, q, k_smem, k_ready, BLOCK_N, STAGES, s_layout)
-                        scores = warpgroup_mma_wait(0, deps=(qk, ))
-                        mbarrier.arrive(k_empty.index(r0 % STAGES))
-                    p_op, l_i, m_i = _first_block(scores, offs_m, offs_n, lk, diag, qk_scale, n_full, n_blocks,
-                                                  CAUSAL, BLOCK_N, s_layout, p_layout, v_smem.dtype)
-                elif not ahead:
-                    qk = _issue_qk(r0, q, k_smem, k_ready, BLOCK_N, STAGES, s_layout)
-                    scores = warpgroup_mma_wait(0, deps=(qk, ))
-                    mbarrier.arrive(k_empty.index(r0 % STAGES))
-                    p_op, l_i, m_i = _first_block(scores, offs_m, offs_n, lk, diag, qk_scale, n_full, n_blocks,
-                                                  CAUSAL, BLOCK_N, s_layout, p_layout, v_smem.dtype)
-                if CAUSAL:
-                    for j in range(1, n_full):
-                        acc, p_op, l_i, m_i = _pipelined_block(
-                            j, r0 + j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                            offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL, BLOCK_N, STAGES, s_layout, o_layout,
-                            p_layout)
-                    for j in range(gl.maximum(n_full, 1), n_blocks):
-                        acc, p_op, l_i, m_i = _pipelined_block(
-                            j, r0 + j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                            offs_m, offs_n, lk, diag, qk_scale, True, CAUSAL, BLOCK_N, STAGES, s_layout, o_layout,
-                            p_layout)
-                else:
-                    for t in range(1, n_blocks):
-                        acc, p_op, l_i, m_i = _pipelined_block(
-                            n_blocks - 1 - t, r0 + t, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
-                            k_empty, v_empty, offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL, BLOCK_N, STAGES,
-                            s_layout, o_layout, p_layout)
-                last = r0 + n_blocks - 1
-                mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-                pv = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
-                # the next item (its Q is loaded by now, or soon): where this group takes a key block of it,
-                # its first QK^T runs while this item's O and LSE go out
-                nb = (tq + 1) % 2
-                mbarrier.wait(q_ready.index(nb), ((tq + 1) // 2) & 1)
-                pos_n = read_pos(pos_smem, nb)
-                _, _, lq_n, _, lk_n, _, _, m0_n, diag_n, n_full_n, n_blocks_n = query_tile(
-                    gl.minimum(pos_n, n_items - 1), ITEMS, H, GROUP, TILE_SEQ, TILE_BLK, CU_Q, CU_K,
-                    flags.BROADCAST, CAUSAL, BLOCK_N)
-                first_n = m0_n + WG * 64
-                r_n = r0 + n_blocks
-                if (pos_n < n_items) & (first_n < lq_n) & (n_blocks_n > 0):
-                    acc, p_op = warpgroup_mma_wait(0, deps=(pv, p_op))
-                    mbarrier.arrive(v_empty.index(last % STAGES))
-                    out, lse = _normalize(acc, l_i, m_i, O.dtype.element_ty, o_layout)
-                    # acc is dead: the next QK^T's accumulator takes its registers while O and LSE go out
-                    qk = _issue_qk(r_n, q_smem.index(2 * nb + WG), k_smem, k_ready, BLOCK_N, STAGES, s_layout)
-                    _store(out, lse, q, q_empty.index(qb), o_desc, O, LSE, h, o_start, first, lq, offs_m, stride_ot,
-                           stride_oh, stride_lh, flags, o_layout)
-                    scores = warpgroup_mma_wait(0, deps=(qk, ))
-                    mbarrier.arrive(k_empty.index(r_n % STAGES))
-                    if flags.NEXT_QK == 3:
-                        s_ahead = scores
-                    else:
-                        offs_m_n = first_n + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
-                        p_op, l_i, m_i = _first_block(scores, offs_m_n, offs_n, lk_n, diag_n, qk_scale, n_full_n,
-                                                      n_blocks_n, CAUSAL, BLOCK_N, s_layout, p_layout, v_smem.dtype)
-                    nxt = True
-                else:
-                    acc, p_op = warpgroup_mma_wait(0, deps=(pv, p_op))
-                    mbarrier.arrive(v_empty.index(last % STAGES))
-                    _finish(acc, l_i, m_i, q, q_empty.index(qb), o_desc, O, LSE, h, o_start, first, lq, offs_m,
-                            stride_ot, stride_oh, stride_lh, flags, o_layout)
-            else:
-                _finish(acc, l_i, m_i, q, q_empty.index(qb), o_desc, O, LSE, h, o_start, first, lq, offs_m,
-                        stride_ot, stride_oh, stride_lh, flags, o_layout)
-        else:
-            # no query row of this half is real: release every buffer in the order the active group takes
-            # them (step t: K(t) and V(t-1)), so neither group waits on something the other holds
-            if n_blocks > 0:  # with no key block the active group takes no step either
-                for t in range(0, n_blocks + 1):
-                    if t < n_blocks:
-                        mbarrier.wait(k_ready.index((r0 + t) % STAGES), ((r0 + t) // STAGES) & 1)
-                        mbarrier.arrive(k_empty.index((r0 + t) % STAGES))
-                    if t > 0:
-                        mbarrier.wait(v_ready.index((r0 + t - 1) % STAGES), ((r0 + t - 1) // STAGES) & 1)
-                        mbarrier.arrive(v_empty.index((r0 + t - 1) % STAGES))
-            mbarrier.arrive(q_empty.index(qb))
-        ahead = nxt
-        r0 += n_blocks
-        tq += 1
-        # (a wait on a phase already seen returns at once)
-        mbarrier.wait(q_ready.index(tq % 2), (tq // 2) & 1)
-        pos = read_pos(pos_smem, tq % 2)
-
-
 # arguments that follow the batch (token totals, sequence counts) or the head counts are not specialized on: one
 # variant per config
 @gluon.jit(do_not_specialize=['stride_lh', 'H', 'GROUP', 'dynamic'])
@@ -484,7 +294,7 @@ def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, I
                stride_ot, stride_oh, stride_lh, qk_scale, H, GROUP, N_ITEMS, o_desc, dynamic,
                BROADCAST: gl.constexpr, CAUSAL: gl.constexpr,
                BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
-               STAGES: gl.constexpr, TMA_STORE: gl.constexpr = False, NEXT_QK: gl.constexpr = 0):
+               STAGES: gl.constexpr, TMA_STORE: gl.constexpr = False):
     # work items: (128-row query tile, query head) in ITEMS' order; program p runs the launch positions p,
     # p + P, ... (dynamic != 0: p, then those it claims from COUNTER, a zeroed int32)
     n_items = gl.load(N_ITEMS)  # the item count, written on the device by the schedule's builder
@@ -514,26 +324,17 @@ def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, I
     shared = (q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
               O, LSE, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, stride_ot, stride_oh,
               stride_lh, qk_scale, o_desc)
-    if NEXT_QK != 0:
-        gl.warp_specialize([
-            (_consumer_ahead, shared + (PartitionFlags(0, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE, NEXT_QK), )),
-            (_consumer_ahead, shared + (PartitionFlags(1, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE, NEXT_QK), )),
-            (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready,
-                       k_empty, v_empty, tail_bar, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-                       dynamic, PartitionFlags(2, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE, NEXT_QK))),
-        ], [4, 1], [232, 40])
-    else:
-        gl.warp_specialize([
-            (_consumer, shared + (PartitionFlags(0, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE, NEXT_QK), )),
-            (_consumer, shared + (PartitionFlags(1, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE, NEXT_QK), )),
-            (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready,
-                       k_empty, v_empty, tail_bar, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-                       dynamic, PartitionFlags(2, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE, NEXT_QK))),
-        ], [4, 1], [232, 40])
+    gl.warp_specialize([
+        (_consumer, shared + (PartitionFlags(0, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE), )),
+        (_consumer, shared + (PartitionFlags(1, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE), )),
+        (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready,
+                   k_empty, v_empty, tail_bar, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
+                   dynamic, PartitionFlags(2, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE))),
+    ], [4, 1], [232, 40])
 
 
 def compile_sm90(block_n=BLOCK_N, head_d=128, head_dv=128, stages=STAGES, causal=False, broadcast=False,
-                 dtype="bf16", tma_store=False, next_qk=0):
+                 dtype="bf16", tma_store=False):
     """``fwd_kernel`` compiled for sm_90 on any machine (pipeline.compile_sm90)."""
     types = {"q_desc": desc_type(dtype, HALF_M, head_d), "k_desc": desc_type(dtype, block_n, head_d),
              "v_desc": desc_type(dtype, block_n, head_dv), "O": "*" + dtype, "LSE": "*fp32", "CU_Q": "*i32",
@@ -541,4 +342,4 @@ def compile_sm90(block_n=BLOCK_N, head_d=128, head_dv=128, stages=STAGES, causal
              "stride_ot": "i32", "stride_oh": "i32", "stride_lh": "i32", "qk_scale": "fp32", "H": "i32",
              "GROUP": "i32", "N_ITEMS": "*i32", "o_desc": desc_type(dtype, HALF_M, head_dv), "dynamic": "i32"}
     return _compile(fwd_kernel, types, dict(BROADCAST=broadcast, CAUSAL=causal, BLOCK_N=block_n, HEAD_D=head_d,
-                                            HEAD_DV=head_dv, STAGES=stages, TMA_STORE=tma_store, NEXT_QK=next_qk))
+                                            HEAD_DV=head_dv, STAGES=stages, TMA_STORE=tma_store))
