@@ -4,7 +4,7 @@
                           [--shapes S4b,S1,S1c,S2,S4a,S3] [--s3-seeds 1,2] [--rounds N] [--host]
                           [--variant NAME=FIELD=VALUE,...]
 
-(from a checkout with the package installed, or with the repository root on PYTHONPATH)
+(from a checkout: the repository root goes on the import path, so a PYTHONPATH set for FA4 alone does)
 
 Implementations: ``triton`` (a plain ``jagged_flash_attention`` call with the same offsets tensors every call, as
 a model's layers make: validation, and the tile lists the first call built on the device, kept by
@@ -35,10 +35,14 @@ import argparse
 import functools
 import json
 import os
+import sys
 import time
 
 import numpy as np
 import torch
+
+# the checkout's kernels, also where PYTHONPATH names only FA4's folders (the GPU machines' set-up)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SEED = 1234
 
