@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance import cache, cli, configs
+from conformance import cache, cli, configs, run
 from conformance.backend import Capabilities
 from conformance.configs import KernelConfig, axis_values, covered, kernel_configs, problem_axes
 from conformance.problem import CAUSAL_MODES, Problem
@@ -120,16 +120,16 @@ def test_workers_use_the_machine(monkeypatch):
     monkeypatch.setattr(workers, "host_memory", lambda: 12 * workers.GIB)
     assert workers.default_workers("cuda") == 4
     ns = cli.build_parser().parse_args(["run", "--gpus", "0,1", "-n", "5"])
-    assert cli._worker_sets(ns, "cuda") == [("0", 3), ("1", 2)]
+    assert run._worker_sets(ns, "cuda") == [("0", 3), ("1", 2)]
     assert workers.worker_sets("cuda", ["0", "1", "2"], 1) == [("0", 1), ("1", 1), ("2", 1)]  # one per GPU at least
     # the workers' own thread pools (torch's intra-op threads, inductor's compile processes) share the cores
     for name in ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS"):
         monkeypatch.delenv(name, raising=False)
-    env = cli._child_env("cpu", 4, Path("cache"))
+    env = run._child_env("cpu", 4, Path("cache"))
     assert env["OMP_NUM_THREADS"] == env["TORCHINDUCTOR_COMPILE_THREADS"] == "4"
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "2")  # a setting of the user's own is kept
-    assert cli._child_env("cuda", 15, Path("cache"))["TORCHINDUCTOR_COMPILE_THREADS"] == "2"
-    assert cli._child_env("cuda", 15, Path("cache"))["OMP_NUM_THREADS"] == "1"
+    assert run._child_env("cuda", 15, Path("cache"))["TORCHINDUCTOR_COMPILE_THREADS"] == "2"
+    assert run._child_env("cuda", 15, Path("cache"))["OMP_NUM_THREADS"] == "1"
 
 
 # -- containment in the checks --------------------------------------------------------------------------
