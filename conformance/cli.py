@@ -79,7 +79,7 @@ def cmd_list(ns) -> int:
     return 0
 
 
-# -- argument types -----------------------------------------------------------------------------
+# -- argument types -------------------------------------------------------------------------------------
 def _threshold(text: str) -> float:
     try:
         value = float(text.rstrip("%")) / (100.0 if text.endswith("%") else 1.0)
