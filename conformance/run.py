@@ -148,22 +148,11 @@ def _unfinished_checks(ns) -> list[str]:
     return [check_key(r["id"]) for r in unfinished]
 
 
-def cmd_run(ns) -> int:
+def _checked_options(ns):
+    """The options a run reads before anything starts, checked (a UsageError naming the option); returns the
+    ``--baseline`` report, loaded, or None."""
     from . import report as rp
-    from .plugin import default_device
     from .problem import DTYPES
-
-    console = make_console()
-    unfinished = _unfinished_checks(ns) if ns.resume else None
-    if unfinished is not None and not unfinished:
-        console.print(f"{ns.resume}: every check has a verdict; nothing to resume")
-        return 0
-    ns.profile = ns.profile or "ci"
-    if ns.seed is None and ns.profile != "ci":
-        # a random run still gets a recorded seed, so `--seed` reproduces every draw of it
-        import random
-        ns.seed = random.SystemRandom().randrange(2**31)
-    device = ns.device or default_device()
     baseline = None
     if ns.baseline:
         try:
@@ -185,6 +174,25 @@ def cmd_run(ns) -> int:
         raise UsageError(f"--profile: unknown profile {ns.profile!r} (known: {', '.join(profiles.PROFILES)})") from None
     if ns.gpus:
         _gpu_list(ns.gpus)
+    return baseline
+
+
+def cmd_run(ns) -> int:
+    from . import report as rp
+    from .plugin import default_device
+
+    console = make_console()
+    unfinished = _unfinished_checks(ns) if ns.resume else None
+    if unfinished is not None and not unfinished:
+        console.print(f"{ns.resume}: every check has a verdict; nothing to resume")
+        return 0
+    ns.profile = ns.profile or "ci"
+    if ns.seed is None and ns.profile != "ci":
+        # a random run still gets a recorded seed, so `--seed` reproduces every draw of it
+        import random
+        ns.seed = random.SystemRandom().randrange(2**31)
+    device = ns.device or default_device()
+    baseline = _checked_options(ns)
     chosen = _resolve_backends(ns.backend, device)
     if not chosen:
         console.print(f"[bold red]no backend is available on {device}[/]; see `jfa-conformance list`")
