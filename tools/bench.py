@@ -41,7 +41,7 @@ import time
 import numpy as np
 import torch
 
-# the checkout's kernels, also where PYTHONPATH names only FA4's folders (the GPU machines' set-up)
+# the checkout's kernels, also where PYTHONPATH names only other folders (FA4 installed outside site-packages)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SEED = 1234
