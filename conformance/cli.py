@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from .cli_common import USAGE_ERROR, UsageError, make_console as _console, print_summary, write_run_dir
+from .cli_common import USAGE_ERROR, UsageError, load_report, make_console as _console, print_summary, write_run_dir
 from .run import (DEFAULT_COMPILE_TIMEOUT_S, DEFAULT_MAX_WORKER_RESTART, DEFAULT_TIME_LIMIT_S, DEFAULT_TIMEOUT_S,
                   cmd_run)
 
@@ -122,10 +122,7 @@ def cmd_compare(ns) -> int:
 
     from . import report as rp
     from .reporting import perf, triage
-    try:
-        old, new = rp.load(ns.old), rp.load(ns.new)
-    except rp.ReportError as exc:
-        raise UsageError(str(exc)) from None
+    old, new = load_report(ns.old), load_report(ns.new)
     entries = None
     if ns.triage_file:
         try:
@@ -194,10 +191,7 @@ def cmd_compare(ns) -> int:
 
 def cmd_merge(ns) -> int:
     from . import report as rp
-    try:
-        reports = [rp.load(path) for path in ns.reports]
-    except rp.ReportError as exc:
-        raise UsageError(str(exc)) from None
+    reports = [load_report(path) for path in ns.reports]
     name = ns.name or f"merged-{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}"
     out = Path(ns.output) if ns.output else Path(ns.report_dir) / name
     merged = rp.merge(reports, name=name)

@@ -14,6 +14,16 @@ class UsageError(Exception):
     """Bad command-line input; the message names the option."""
 
 
+def load_report(path, option: str | None = None) -> dict:
+    """A report (report.json or its run directory) named on the command line; a UsageError naming ``option``
+    (or the report's own message) where it cannot be read."""
+    from . import report as rp
+    try:
+        return rp.load(path)
+    except rp.ReportError as exc:
+        raise UsageError(f"{option}: {exc}" if option else str(exc)) from None
+
+
 def make_console():
     from rich.console import Console
     console = Console(highlight=False)

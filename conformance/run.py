@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from . import workers
-from .cli_common import USAGE_ERROR, UsageError, make_console, print_summary, write_run_dir
+from .cli_common import USAGE_ERROR, UsageError, load_report, make_console, print_summary, write_run_dir
 from .configs import coverage_of
 from .environment import environment
 from .live import LiveView, WarmupView
@@ -131,12 +131,8 @@ def _replay(run_dir: Path, record: dict, spec_of: dict) -> dict | None:
 def _unfinished_checks(ns) -> list[str]:
     """Ids (``check_key``) of the checks ``--resume``'s report has no verdict for; fills in its backends and
     profile where the command line gives none."""
-    from . import report as rp
     from .plugin import check_key
-    try:
-        earlier = rp.load(ns.resume)
-    except rp.ReportError as exc:
-        raise UsageError(f"--resume: {exc}") from None
+    earlier = load_report(ns.resume, "--resume")
     unfinished = [r for r in earlier["records"] if r["outcome"] == "not-run"]
     if not ns.backend:
         from . import registry
@@ -151,14 +147,8 @@ def _unfinished_checks(ns) -> list[str]:
 def _checked_options(ns):
     """The options a run reads before anything starts, checked (a UsageError naming the option); returns the
     ``--baseline`` report, loaded, or None."""
-    from . import report as rp
     from .problem import DTYPES
-    baseline = None
-    if ns.baseline:
-        try:
-            baseline = rp.load(ns.baseline)
-        except rp.ReportError as exc:
-            raise UsageError(f"--baseline: {exc}") from None
+    baseline = load_report(ns.baseline, "--baseline") if ns.baseline else None
     if ns.xfails_file and not Path(ns.xfails_file).is_file():
         raise UsageError(f"--xfails-file: {ns.xfails_file} does not exist")
     bad_dtypes = [d for d in ns.dtype if d not in DTYPES]
