@@ -36,9 +36,10 @@ CONFIGS = [
     dict(kernel="bwd", causal=True),
     dict(kernel="bwd", broadcast=True, dtype="fp16"),
     dict(kernel="bwd", head_d=64, head_dv=64, causal=True),  # the host runs it at 64 and 128
-    # ... with dQ fused (Config.fused_dq, head dim 128)
+    # ... with dQ fused (Config.fused_dq, head dims 64 and 128)
     dict(kernel="bwd", fuse_dq=True),
     dict(kernel="bwd", fuse_dq=True, causal=True, dtype="fp16"),
+    dict(kernel="bwd", fuse_dq=True, head_d=64, head_dv=64, causal=True),
     # the dQ kernel (it also computes delta and writes the dK/dV kernel's statistics)
     dict(kernel="dq"),
     dict(kernel="dq", causal=True),
@@ -69,13 +70,14 @@ def test_gluon_kernel_compiles_for_sm90(probed, i):
     # resources") when an MMA is left in flight across a loop's back edge
     assert not result["wgmma_serialized"]
     # the dynamic deal claims its items with one atomic (in the loader, behind the runtime flag that picks
-    # the deal); nothing else adds atomically but the fused dQ's two TMA reduce-adds (one per head-dim half)
+    # the deal); nothing else adds atomically but the fused dQ's TMA reduce-adds (one per 64 head-dim rows)
     fused = config.get("fuse_dq", False)
-    assert result["atomics"] == 1 and result["tma_reduces"] == (2 if fused else 0)
+    halves = config.get("head_d", 128) // 64 if fused else 0
+    assert result["atomics"] == 1 and result["tma_reduces"] == halves
     # whole 64-row output tiles by TMA stores: each consumer group stores dK and dV (dK/dV kernel), dQ (dQ
-    # kernel) or, where D == Dv, O (forward); the fused dQ's writer stores key block 0's two halves
+    # kernel) or, where D == Dv, O (forward); the fused dQ's writer stores key block 0's parts
     kernel = config.get("kernel", "fwd")
-    stores = {"bwd": 6 if fused else 4, "dq": 2, "fwd": 2 if config.get("tma_store") else 0}[kernel]
+    stores = {"bwd": 4 + halves, "dq": 2, "fwd": 2 if config.get("tma_store") else 0}[kernel]
     assert result["tma_stores"] == stores, result["tma_stores"]
     if kernel in ("bwd", "dq"):
         # two fp32 accumulators per consumer group and K (dK/dV) or Q (dQ) in registers leave little room: a

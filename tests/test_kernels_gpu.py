@@ -124,8 +124,8 @@ def test_gpu_gluon_answers_do_not_depend_on_the_grid(case, causal):
         assert all(torch.equal(a[2][n], runs[0][2][n]) for n in ("dq", "dk", "dv"))
 
 
-# the GLUON_CASES the fused dQ takes (head dim 128, D == Dv, not broadcast-Q)
-FUSED_CASES = [i for i, c in enumerate(GLUON_CASES) if c[4] == c[5] == 128 and not c[6]]
+# the GLUON_CASES the fused dQ takes (head dim 64 or 128, D == Dv, not broadcast-Q)
+FUSED_CASES = [i for i, c in enumerate(GLUON_CASES) if c[4] == c[5] and c[4] in dkdv.FUSED_HEAD_DIMS and not c[6]]
 
 
 def run_fused_case(case, causal, programs, seed=0):
@@ -149,13 +149,14 @@ def test_gpu_fused_dq(case, causal, programs):
 
 
 @needs_gluon
+@pytest.mark.parametrize("d", [128, 64])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_fused_dq_many_key_blocks_per_row_block(causal):
+def test_gpu_fused_dq_many_key_blocks_per_row_block(causal, d):
     """Long sequences: up to 24 key blocks add into one row block, from as many programs at once, so the
     ordering waits; the gradients match the separate dQ kernel's to rounding and repeat bit for bit."""
     lens = [3000, 129, 1500, 2048]
-    q, k, v, cu_q, cu_k = make_inputs(lens, lens, 4, 2, 128, 128, torch.bfloat16, seed=7)
-    do = torch.randn(q.shape[0], 4, 128, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16).to(DEVICE)
+    q, k, v, cu_q, cu_k = make_inputs(lens, lens, 4, 2, d, d, torch.bfloat16, seed=7)
+    do = torch.randn(q.shape[0], 4, d, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16).to(DEVICE)
     grads = []
     for config in (Config(fused_dq=True), Config(fused_dq=True), Config()):
         qd, kd, vd = (t.to(DEVICE).requires_grad_() for t in (q, k, v))
@@ -170,10 +171,11 @@ def test_gpu_fused_dq_many_key_blocks_per_row_block(causal):
 
 
 @needs_gluon
+@pytest.mark.parametrize("d", [128, 64])
 @pytest.mark.parametrize("poisoned_first", [True, False])
 @pytest.mark.parametrize("poison", ["inf", "nan"])
-def test_gpu_fused_dq_rows_past_the_end_never_leak(poison, poisoned_first):
-    paths = check_grads_beside_a_poisoned_sequence(poison, poisoned_first=poisoned_first, d=128,
+def test_gpu_fused_dq_rows_past_the_end_never_leak(poison, poisoned_first, d):
+    paths = check_grads_beside_a_poisoned_sequence(poison, poisoned_first=poisoned_first, d=d,
                                                    tol=2 * TOL[torch.bfloat16],
                                                    config=Config(gluon_split_keys=0, fused_dq=True))
     assert paths[:4] == ("gluon", "gluon", "fused", "preprocess"), paths

@@ -44,8 +44,8 @@ BLOCK_N = gl.constexpr(128)  # keys per item
 BLOCK_M = gl.constexpr(32)  # query rows per streamed block
 STAGES = 3  # Q/dO blocks in flight
 HEAD_DIMS = (64, 128)  # where the host runs it (D == Dv)
-FUSED_HEAD_DIMS = (128,)  # where it can also compute dQ (FUSE_DQ): each group takes one half of the head dim
-DQ_ROWS = gl.constexpr(64)  # FUSE_DQ: head-dim rows of one group's dQ^T part (one wgmma M extent, one TMA add)
+FUSED_HEAD_DIMS = (64, 128)  # where it can also compute dQ (FUSE_DQ)
+DQ_ROWS = gl.constexpr(64)  # FUSE_DQ: head-dim rows of one dQ^T part (one wgmma M extent, one TMA add)
 # the [1, BLOCK_M] fp32 boxes of the backward statistics: unswizzled, since a stage's box is 128 bytes and a
 # swizzled TMA destination must start on a 1,024-byte boundary
 STATS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
@@ -57,8 +57,8 @@ def smem_bytes(head_d, head_dv, stages=STAGES, fuse_dq=False):
     # the Q/dO ring, the two K/V buffers, the position buffer
     size = 2 * (stages * BLOCK_M.value * (head_d + head_dv) + 4 * 64 * (head_d + head_dv)) + 2 * 32 * 4
     size += stages * 2 * BLOCK_M.value * 4  # each stage's LSE and delta
-    if fuse_dq:  # two dS^T buffers (bf16, every key of the item), four fp32 dQ^T parts (two per group)
-        size += 2 * BLOCK_N.value * BLOCK_M.value * 2 + 4 * DQ_ROWS.value * BLOCK_M.value * 4
+    if fuse_dq:  # two dS^T buffers (bf16, every key of the item), two fp32 dQ^T parts per 64 head-dim rows
+        size += 2 * BLOCK_N.value * BLOCK_M.value * 2 + 2 * head_d * BLOCK_M.value * 4
     return size
 
 
@@ -242,11 +242,12 @@ def _block(dk, dv, k_a, v_half, q_s, do_s, stats_smem, s, keys, rows, lq, diag, 
     ds_op = gl.convert_layout(dst.to(q_s.dtype), ds_layout)
     dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
     if FUSE_DQ:
-        # dQ^T (head dim x rows) = K^T dS^T over the item's 128 keys, the head dim split between the groups:
-        # both groups write their dS^T rows into one shared [128 keys, rows] buffer (two, alternating by
-        # block), meet at an mbarrier, and each computes its 64 head-dim rows.  Group A can only write buffer
-        # r % 2 again at block r + 2 once group B has arrived at block r + 1's barrier, which B does after
-        # its MMAs of block r have read the buffer.
+        # dQ^T (head dim x rows) = K^T dS^T over the item's 128 keys: both groups write their dS^T rows into one
+        # shared [128 keys, rows] buffer (two, alternating by block) and meet at an mbarrier; at head dim 128
+        # each group computes 64 head-dim rows, at 64 the group of the block's parity all of them.  Group A
+        # can only write buffer r % 2 again at block r + 2 once group B has arrived at block r + 1's barrier,
+        # which B does after its MMAs of block r have read the buffer.
+        SPLIT: gl.constexpr = q_s.shape[1] // DQ_ROWS
         buf = r % 2
         ds_all = ds_smem.index(buf)
         ds_all.slice(WG * HALF_N, HALF_N).store(dst.to(q_s.dtype))
@@ -256,23 +257,31 @@ def _block(dk, dv, k_a, v_half, q_s, do_s, stats_smem, s, keys, rows, lq, diag, 
         partition_barrier()
         mbarrier.arrive(ds_ready.index(buf))
         mbarrier.wait(ds_ready.index(buf), (r // 2) & 1)
-        dqt = warpgroup_mma(k_lo.permute((1, 0)).slice(WG * DQ_ROWS, DQ_ROWS), ds_all.slice(0, HALF_N),
-                            gl.zeros([DQ_ROWS, BLOCK_M], gl.float32, s_layout), use_acc=False, is_async=True)
-        dqt = warpgroup_mma(k_hi.permute((1, 0)).slice(WG * DQ_ROWS, DQ_ROWS), ds_all.slice(HALF_N, HALF_N),
-                            dqt, is_async=True)
-        dqt = warpgroup_mma_wait(0, deps=(dqt,))
-        # the columns past lq are this sequence's padding (plan.Columns): zeros, whatever the rows read held
-        dqt = gl.where(gl.expand_dims(rows < lq, 0), dqt, 0.0)
-        # to the writer warp through this group's staging buffer of the block's parity, once the writer has
-        # added what it held two blocks ago
-        mbarrier.wait(dq_empty.index(buf), ((r // 2) & 1) ^ 1)
-        dq_smem.index(2 * WG + buf).store(dqt)
-        fence_async_shared()
-        partition_barrier()
-        mbarrier.arrive(dq_full.index(buf))
+        if SPLIT == 2:
+            _dq_part(k_lo, k_hi, ds_all, WG * DQ_ROWS, rows, lq, dq_smem.index(2 * WG + buf), dq_empty, dq_full,
+                     buf, r, s_layout)
+        elif r % 2 == WG:
+            _dq_part(k_lo, k_hi, ds_all, 0, rows, lq, dq_smem.index(buf), dq_empty, dq_full, buf, r, s_layout)
     else:
         dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
     return dk, dv
+
+
+@gluon.jit
+def _dq_part(k_lo, k_hi, ds_all, d0, rows, lq, dq_s, dq_empty, dq_full, buf, r, s_layout: gl.constexpr):
+    # head-dim rows d0 .. d0 + 63 of the block's dQ^T over both K halves, handed to the writer warp through
+    # staging buffer dq_s once the writer has added what it held two blocks ago
+    dqt = warpgroup_mma(k_lo.permute((1, 0)).slice(d0, DQ_ROWS), ds_all.slice(0, HALF_N),
+                        gl.zeros([DQ_ROWS, BLOCK_M], gl.float32, s_layout), use_acc=False, is_async=True)
+    dqt = warpgroup_mma(k_hi.permute((1, 0)).slice(d0, DQ_ROWS), ds_all.slice(HALF_N, HALF_N), dqt, is_async=True)
+    dqt = warpgroup_mma_wait(0, deps=(dqt,))
+    # the columns past lq are this sequence's padding (plan.Columns): zeros, whatever the rows read held
+    dqt = gl.where(gl.expand_dims(rows < lq, 0), dqt, 0.0)
+    mbarrier.wait(dq_empty.index(buf), ((r // 2) & 1) ^ 1)
+    dq_s.store(dqt)
+    fence_async_shared()
+    partition_barrier()
+    mbarrier.arrive(dq_full.index(buf))
 
 
 @gluon.jit
@@ -286,6 +295,7 @@ def _dq_writer(dq_smem, pos_smem, kv_ready, kv_empty, dq_full, dq_empty, dq_desc
     # below n sees a row block that key block n sees (causal or not), and items are claimed in key-block
     # order within a (sequence, kv head), so the item waited for is always already running: no deadlock.
     HEAD_D: gl.constexpr = flags.HEAD_D
+    SPLIT: gl.constexpr = HEAD_D // DQ_ROWS  # parts per block, one per head-dim half at 128
     r = 0
     tk = 0
     mbarrier.wait(kv_ready.index(0), 0)
@@ -304,17 +314,17 @@ def _dq_writer(dq_smem, pos_smem, kv_ready, kv_empty, dq_full, dq_empty, dq_desc
                 buf = r % 2
                 mbarrier.wait(dq_full.index(buf), (r // 2) & 1)
                 sem = SEM + h * sem_stride + (col0 + m) // BLOCK_M
-                lo = dq_smem.index(buf)
-                hi = dq_smem.index(2 + buf)
                 if nblk == 0:
-                    tma_store(dq_desc, [h * HEAD_D, col0 + m], lo)
-                    tma_store(dq_desc, [h * HEAD_D + DQ_ROWS, col0 + m], hi)
+                    tma_store(dq_desc, [h * HEAD_D, col0 + m], dq_smem.index(buf))
+                    if SPLIT == 2:
+                        tma_store(dq_desc, [h * HEAD_D + DQ_ROWS, col0 + m], dq_smem.index(2 + buf))
                 else:
                     seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
                     while seen != nblk:
                         seen = gl.atomic_add(sem, 0, sem="acquire", scope="gpu")
-                    tma_reduce_add(dq_desc, [h * HEAD_D, col0 + m], lo)
-                    tma_reduce_add(dq_desc, [h * HEAD_D + DQ_ROWS, col0 + m], hi)
+                    tma_reduce_add(dq_desc, [h * HEAD_D, col0 + m], dq_smem.index(buf))
+                    if SPLIT == 2:
+                        tma_reduce_add(dq_desc, [h * HEAD_D + DQ_ROWS, col0 + m], dq_smem.index(2 + buf))
                 bulk_wait_all(nblk)
                 partition_barrier()
                 gl.atomic_add(sem, 1, sem="release", scope="gpu")
@@ -418,11 +428,11 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
     # FUSE_DQ: dS^T (the dQ^T MMAs' B operand: both groups' rows, two buffers alternating by block) and the fp32
     # dQ^T parts (group WG's of block parity p in buffer 2 * WG + p), with their barriers
     if FUSE_DQ:
-        gl.static_assert(HEAD_D == 2 * DQ_ROWS and HEAD_DV == HEAD_D and not BROADCAST,
-                         "the fused dQ splits a head dim of 128 between the groups, D == Dv, not broadcast-Q")
+        gl.static_assert((HEAD_D == 64 or HEAD_D == 128) and HEAD_DV == HEAD_D and not BROADCAST,
+                         "the fused dQ takes head dim 64 or 128, D == Dv, not broadcast-Q")
         ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_N, BLOCK_M],
                                             gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], q_desc.dtype))
-        dq_smem = gl.allocate_shared_memory(gl.float32, [4, DQ_ROWS, BLOCK_M], dq_desc.layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2 * (HEAD_D // DQ_ROWS), DQ_ROWS, BLOCK_M], dq_desc.layout)
     else:  # never touched; one element each
         ds_smem = gl.allocate_shared_memory(gl.float32, [2, 1, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         dq_smem = gl.allocate_shared_memory(gl.float32, [4, 1, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
@@ -436,7 +446,7 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
         # both consumer groups release a K/V buffer (FUSE_DQ: and the writer, once it has read the position)
         mbarrier.init(kv_empty.index(i), count=3 if FUSE_DQ else 2)
         mbarrier.init(ds_ready.index(i), count=2)  # both groups' dS^T rows are in
-        mbarrier.init(dq_full.index(i), count=2)  # both groups' dQ^T parts are in
+        mbarrier.init(dq_full.index(i), count=HEAD_D // DQ_ROWS)  # the block's dQ^T parts are in
         mbarrier.init(dq_empty.index(i), count=1)  # the writer has added them
         mbarrier.init(k_read.index(i), count=2)  # both groups' MMAs of the item are done
     for i in gl.static_range(STAGES):
