@@ -50,7 +50,7 @@ class Config:
     # The backward's dQ computed inside the Gluon dK/dV kernel (five matmuls per block instead of seven),
     # added into an fp32 buffer in key-block order (deterministic) by a writer warp, at head dim 128 where the
     # Gluon dK/dV kernel runs and not under broadcast-Q; off: the Gluon dQ kernel.
-    fused_dq: bool = False
+    fused_dq: int = 0  # EXPERIMENT: 1 ordered, 2 unordered reduce-adds (timing only: wrong sums)
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

@@ -174,6 +174,7 @@ def _dkdv_gluon(q, k, v, do, stats, columns, dk, dv, cu_q, cu_k, t, plan, lse=No
     hq, d = q.shape[1], q.shape[2]
     hkv, dvd = k.shape[1], v.shape[2]
     fused = lse is not None
+    mode = plan.config.fused_dq if fused else 0
     dq = torch.empty(q.shape, device=q.device, dtype=q.dtype) if fused else None
     if t.n_items == 0 or k.shape[0] == 0:
         if fused:
@@ -187,7 +188,7 @@ def _dkdv_gluon(q, k, v, do, stats, columns, dk, dv, cu_q, cu_k, t, plan, lse=No
     if fused:
         # dQ^T by key blocks in order (dkdv._dq_writer): key block 0 stores, so nothing needs zeroing but the
         # per-(head, 32-column block) counts
-        acc = torch.empty((hq * d, columns.n_cols), device=q.device, dtype=torch.float32)
+        acc = (torch.zeros if mode == 2 else torch.empty)((hq * d, columns.n_cols), device=q.device, dtype=torch.float32)
         dq_desc = descriptor(acc, [dkdv.DQ_ROWS.value, m])
         sem_stride = columns.n_cols // m
         sem = torch.zeros(hq * sem_stride, device=q.device, dtype=torch.int32)
@@ -197,7 +198,7 @@ def _dkdv_gluon(q, k, v, do, stats, columns, dk, dv, cu_q, cu_k, t, plan, lse=No
         qd, kd, vd, dod, statsd, dk, dv, cu_q, cu_k, t.seq, t.blk, t.items, counter,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), plan.scale, plan.scale * tl.LOG2E,
         hkv, hq // hkv, t.counts, columns.cu, dk_desc, dv_desc, int(dynamic), dq_desc, sem, sem_stride,
-        BROADCAST=plan.broadcast, CAUSAL=plan.causal, HEAD_D=d, HEAD_DV=dvd, STAGES=dkdv.STAGES, FUSE_DQ=fused,
+        BROADCAST=plan.broadcast, CAUSAL=plan.causal, HEAD_D=d, HEAD_DV=dvd, STAGES=dkdv.STAGES, FUSE_DQ=mode,
         num_warps=4)
     if fused and q.shape[0] > 0:
         tl._dq_from_columns[(_cdiv(q.shape[0], 64), hq)](

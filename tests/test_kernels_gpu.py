@@ -130,7 +130,7 @@ FUSED_CASES = [i for i, c in enumerate(GLUON_CASES) if c[4] == c[5] and c[4] in 
 
 def run_fused_case(case, causal, programs, seed=0):
     lens_q, lens_k, hq, hkv, d, dv, broadcast = GLUON_CASES[case]
-    config = Config(gluon_split_keys=0, gluon_programs=programs, fused_dq=True)
+    config = Config(gluon_split_keys=0, gluon_programs=programs, fused_dq=1)
     return run_case(lens_q, lens_k, hq=hq, hkv=hkv, d=d, dv=dv, causal=causal, seed=seed,
                     dtype=torch.float16 if case in (2, 4) else torch.bfloat16, config=config)
 
@@ -158,7 +158,7 @@ def test_gpu_fused_dq_many_key_blocks_per_row_block(causal, d):
     q, k, v, cu_q, cu_k = make_inputs(lens, lens, 4, 2, d, d, torch.bfloat16, seed=7)
     do = torch.randn(q.shape[0], 4, d, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16).to(DEVICE)
     grads = []
-    for config in (Config(fused_dq=True), Config(fused_dq=True), Config()):
+    for config in (Config(fused_dq=1), Config(fused_dq=1), Config()):
         qd, kd, vd = (t.to(DEVICE).requires_grad_() for t in (q, k, v))
         out, _ = jagged_flash_attention(qd, kd, vd, cu_q.to(DEVICE), cu_k.to(DEVICE), max(lens), max(lens),
                                         causal=causal, config=config)
@@ -166,8 +166,8 @@ def test_gpu_fused_dq_many_key_blocks_per_row_block(causal, d):
         grads.append((qd.grad, kd.grad, vd.grad))
     (a, b, sep) = grads
     assert all(torch.equal(x, y) for x, y in zip(a, b))
-    assert torch.equal(a[1], sep[1]) and torch.equal(a[2], sep[2])  # dK and dV: the same kernel's
-    assert rel(a[0].float().cpu(), sep[0].float().cpu()) < 1e-2
+    for x, y in zip(a, sep):  # (dK / dV too: with dQ fused, S^T reads K from shared memory, not registers)
+        assert rel(x.float().cpu(), y.float().cpu()) < 1e-2
 
 
 @needs_gluon
@@ -177,7 +177,7 @@ def test_gpu_fused_dq_many_key_blocks_per_row_block(causal, d):
 def test_gpu_fused_dq_rows_past_the_end_never_leak(poison, poisoned_first, d):
     paths = check_grads_beside_a_poisoned_sequence(poison, poisoned_first=poisoned_first, d=d,
                                                    tol=2 * TOL[torch.bfloat16],
-                                                   config=Config(gluon_split_keys=0, fused_dq=True))
+                                                   config=Config(gluon_split_keys=0, fused_dq=1))
     assert paths[:4] == ("gluon", "gluon", "fused", "preprocess"), paths
 
 

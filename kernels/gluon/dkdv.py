@@ -30,6 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -115,6 +116,16 @@ def _kv_item(pos, ITEMS, HKV, TILE_SEQ, TILE_BLK, CU_Q, CU_K, BROADCAST: gl.cons
 
 
 @gluon.jit
+def _row_block(m_lo, j, n_steps, FUSE_DQ: gl.constexpr):
+    # the item's j-th query block: first to last, or (FUSE_DQ) last to first, so that every key block of a
+    # sequence starts at the row block all of them see and adds in step with the key block before
+    if FUSE_DQ:
+        return m_lo + (n_steps - 1 - j) * BLOCK_M
+    else:
+        return m_lo + j * BLOCK_M
+
+
+@gluon.jit
 def _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem,
             kv_ready, kv_empty, qdo_ready, qdo_empty, tail_bar,
             ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, CU_COLS, HKV, GROUP, n_items, dynamic, flags):
@@ -163,7 +174,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, stats_
         for g in range(GROUP):
             h = hk * GROUP + g
             for j in range(n_steps):
-                m = m_lo + j * BLOCK_M
+                m = _row_block(m_lo, j, n_steps, flags.FUSE_DQ)
                 s = r % STAGES
                 mbarrier.wait(qdo_empty.index(s), ((r // STAGES) & 1) ^ 1)
                 if m + BLOCK_M <= lq:
@@ -310,11 +321,16 @@ def _dq_writer(dq_smem, pos_smem, kv_ready, kv_empty, dq_full, dq_empty, dq_desc
         for g in range(GROUP):
             h = hk * GROUP + g
             for j in range(n_steps):
-                m = m_lo + j * BLOCK_M
+                m = _row_block(m_lo, j, n_steps, flags.FUSE_DQ)
                 buf = r % 2
                 mbarrier.wait(dq_full.index(buf), (r // 2) & 1)
                 sem = SEM + h * sem_stride + (col0 + m) // BLOCK_M
-                if nblk == 0:
+                if flags.FUSE_DQ == 2:
+                    tma_reduce_add(dq_desc, [h * HEAD_D, col0 + m], dq_smem.index(buf))
+                    if SPLIT == 2:
+                        tma_reduce_add(dq_desc, [h * HEAD_D + DQ_ROWS, col0 + m], dq_smem.index(2 + buf))
+                    tma.store_wait(0)
+                elif nblk == 0:
                     tma_store(dq_desc, [h * HEAD_D, col0 + m], dq_smem.index(buf))
                     if SPLIT == 2:
                         tma_store(dq_desc, [h * HEAD_D + DQ_ROWS, col0 + m], dq_smem.index(2 + buf))
@@ -325,9 +341,10 @@ def _dq_writer(dq_smem, pos_smem, kv_ready, kv_empty, dq_full, dq_empty, dq_desc
                     tma_reduce_add(dq_desc, [h * HEAD_D, col0 + m], dq_smem.index(buf))
                     if SPLIT == 2:
                         tma_reduce_add(dq_desc, [h * HEAD_D + DQ_ROWS, col0 + m], dq_smem.index(2 + buf))
-                bulk_wait_all(nblk)
-                partition_barrier()
-                gl.atomic_add(sem, 1, sem="release", scope="gpu")
+                if flags.FUSE_DQ == 1:
+                    bulk_wait_all(nblk)
+                    partition_barrier()
+                    gl.atomic_add(sem, 1, sem="release", scope="gpu")
                 mbarrier.arrive(dq_empty.index(buf))
                 r += 1
         tk += 1
@@ -374,7 +391,7 @@ def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, k
         dv = gl.zeros([HALF_N, HEAD_DV], gl.float32, dv_layout)
         for g in range(GROUP):
             for j in range(n_steps):
-                m = m_lo + j * BLOCK_M
+                m = _row_block(m_lo, j, n_steps, flags.FUSE_DQ)
                 s = r % STAGES
                 mbarrier.wait(qdo_ready.index(s), (r // STAGES) & 1)
                 rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
