@@ -263,16 +263,34 @@ def _block(dk, dv, k_a, v_half, q_s, do_s, stats_smem, s, keys, rows, lq, diag, 
         ds_all = ds_smem.index(buf)
         ds_all.slice(WG * HALF_N, HALF_N).store(dst.to(q_s.dtype))
         fence_async_shared()
-        # dV / dK retire first: their register operands beside the dQ^T accumulator spill
-        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
-        partition_barrier()
-        mbarrier.arrive(ds_ready.index(buf))
-        mbarrier.wait(ds_ready.index(buf), (r // 2) & 1)
-        if SPLIT == 2:
-            _dq_part(k_lo, k_hi, ds_all, WG * DQ_ROWS, rows, lq, dq_smem.index(2 * WG + buf), dq_empty, dq_full,
-                     buf, r, s_layout)
-        elif r % 2 == WG:
-            _dq_part(k_lo, k_hi, ds_all, 0, rows, lq, dq_smem.index(buf), dq_empty, dq_full, buf, r, s_layout)
+        if FUSE_DQ == 3 and SPLIT == 2:
+            # the dQ^T MMAs issued behind dV / dK, one wait for all of them
+            partition_barrier()
+            mbarrier.arrive(ds_ready.index(buf))
+            mbarrier.wait(ds_ready.index(buf), (r // 2) & 1)
+            d0: gl.constexpr = WG * DQ_ROWS
+            dqt = warpgroup_mma(k_lo.permute((1, 0)).slice(d0, DQ_ROWS), ds_all.slice(0, HALF_N),
+                                gl.zeros([DQ_ROWS, BLOCK_M], gl.float32, s_layout), use_acc=False, is_async=True)
+            dqt = warpgroup_mma(k_hi.permute((1, 0)).slice(d0, DQ_ROWS), ds_all.slice(HALF_N, HALF_N), dqt,
+                                is_async=True)
+            dv, dk, p_op, ds_op, dqt = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op, dqt))
+            dqt = gl.where(gl.expand_dims(rows < lq, 0), dqt, 0.0)
+            mbarrier.wait(dq_empty.index(buf), ((r // 2) & 1) ^ 1)
+            dq_smem.index(2 * WG + buf).store(dqt)
+            fence_async_shared()
+            partition_barrier()
+            mbarrier.arrive(dq_full.index(buf))
+        else:
+            # dV / dK retire first: their register operands beside the dQ^T accumulator spill
+            dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
+            partition_barrier()
+            mbarrier.arrive(ds_ready.index(buf))
+            mbarrier.wait(ds_ready.index(buf), (r // 2) & 1)
+            if SPLIT == 2:
+                _dq_part(k_lo, k_hi, ds_all, WG * DQ_ROWS, rows, lq, dq_smem.index(2 * WG + buf), dq_empty, dq_full,
+                         buf, r, s_layout)
+            elif r % 2 == WG:
+                _dq_part(k_lo, k_hi, ds_all, 0, rows, lq, dq_smem.index(buf), dq_empty, dq_full, buf, r, s_layout)
     else:
         dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
     return dk, dv
@@ -341,7 +359,7 @@ def _dq_writer(dq_smem, pos_smem, kv_ready, kv_empty, dq_full, dq_empty, dq_desc
                     tma_reduce_add(dq_desc, [h * HEAD_D, col0 + m], dq_smem.index(buf))
                     if SPLIT == 2:
                         tma_reduce_add(dq_desc, [h * HEAD_D + DQ_ROWS, col0 + m], dq_smem.index(2 + buf))
-                if flags.FUSE_DQ == 1:
+                if flags.FUSE_DQ != 2:
                     bulk_wait_all(nblk)
                     partition_barrier()
                     gl.atomic_add(sem, 1, sem="release", scope="gpu")
