@@ -139,7 +139,7 @@ def run_fused_case(case, causal, programs, seed=0, mode=1):
 @pytest.mark.parametrize("case", FUSED_CASES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("programs", [1, 3, 0], ids=["1-program", "3-programs", "one-per-sm"])
-@pytest.mark.parametrize("mode", [1, 3])
+@pytest.mark.parametrize("mode", [1, 3, 4])
 def test_gpu_fused_dq(case, causal, programs, mode):
     # dQ inside the Gluon dK/dV kernel against the float64 reference (run_case), and bitwise the same whichever
     # program takes an item: the parts of a row block are added in key-block order
@@ -152,7 +152,7 @@ def test_gpu_fused_dq(case, causal, programs, mode):
 @needs_gluon
 @pytest.mark.parametrize("d", [128, 64])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("mode", [1, 3])
+@pytest.mark.parametrize("mode", [1, 3, 4])
 def test_gpu_fused_dq_many_key_blocks_per_row_block(causal, d, mode):
     """Long sequences: up to 24 key blocks add into one row block, from as many programs at once, so the
     ordering waits; the gradients match the separate dQ kernel's to rounding and repeat bit for bit."""

@@ -36,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.language.core import _aggregate as aggregate
 
-from .pipeline import (bulk_wait_all, compile_sm90 as _compile, desc_type, next_pos, partition_barrier, publish_pos,
+from .pipeline import (bulk_wait_all, bulk_wait_older, compile_sm90 as _compile, desc_type, next_pos, partition_barrier, publish_pos,
                        read_pos, release_after_stores, store_rows, tma_load, tma_reduce_add, tma_store, zero_rows_from)
 
 # (constexpr globals: the jitted code reads them; the host reads .value)
@@ -263,7 +263,7 @@ def _block(dk, dv, k_a, v_half, q_s, do_s, stats_smem, s, keys, rows, lq, diag, 
         ds_all = ds_smem.index(buf)
         ds_all.slice(WG * HALF_N, HALF_N).store(dst.to(q_s.dtype))
         fence_async_shared()
-        if FUSE_DQ == 3 and SPLIT == 2:
+        if FUSE_DQ >= 3 and SPLIT == 2:
             # the dQ^T MMAs issued behind dV / dK, one wait for all of them
             partition_barrier()
             mbarrier.arrive(ds_ready.index(buf))
@@ -327,6 +327,9 @@ def _dq_writer(dq_smem, pos_smem, kv_ready, kv_empty, dq_full, dq_empty, dq_desc
     SPLIT: gl.constexpr = HEAD_D // DQ_ROWS  # parts per block, one per head-dim half at 128
     r = 0
     tk = 0
+    pend = 0  # FUSE_DQ == 4: a block's adds still in flight (its count and staging buffer not yet released)
+    pend_idx = 0
+    pend_buf = 0
     mbarrier.wait(kv_ready.index(0), 0)
     pos = read_pos(pos_smem, 0, 1)
     while pos < n_items:
@@ -342,7 +345,16 @@ def _dq_writer(dq_smem, pos_smem, kv_ready, kv_empty, dq_full, dq_empty, dq_desc
                 m = _row_block(m_lo, j, n_steps, flags.FUSE_DQ)
                 buf = r % 2
                 mbarrier.wait(dq_full.index(buf), (r // 2) & 1)
-                sem = SEM + h * sem_stride + (col0 + m) // BLOCK_M
+                idx = h * sem_stride + (col0 + m) // BLOCK_M
+                sem = SEM + idx
+                if flags.FUSE_DQ == 4:
+                    if pend != 0:
+                        if pend_idx == idx:  # the same row block: its count must be in before this one waits
+                            bulk_wait_all(nblk)
+                            partition_barrier()
+                            gl.atomic_add(SEM + pend_idx, 1, sem="release", scope="gpu")
+                            mbarrier.arrive(dq_empty.index(pend_buf))
+                            pend = 0
                 if flags.FUSE_DQ == 2:
                     tma_reduce_add(dq_desc, [h * HEAD_D, col0 + m], dq_smem.index(buf))
                     if SPLIT == 2:
@@ -359,15 +371,32 @@ def _dq_writer(dq_smem, pos_smem, kv_ready, kv_empty, dq_full, dq_empty, dq_desc
                     tma_reduce_add(dq_desc, [h * HEAD_D, col0 + m], dq_smem.index(buf))
                     if SPLIT == 2:
                         tma_reduce_add(dq_desc, [h * HEAD_D + DQ_ROWS, col0 + m], dq_smem.index(2 + buf))
-                if flags.FUSE_DQ != 2:
-                    bulk_wait_all(nblk)
-                    partition_barrier()
-                    gl.atomic_add(sem, 1, sem="release", scope="gpu")
-                mbarrier.arrive(dq_empty.index(buf))
+                if flags.FUSE_DQ == 4:
+                    # the block before has completed (bulk groups complete in order; this block's SPLIT are
+                    # the most recent): release it, keep this one in flight
+                    if pend != 0:
+                        bulk_wait_older(nblk, SPLIT)
+                        partition_barrier()
+                        gl.atomic_add(SEM + pend_idx, 1, sem="release", scope="gpu")
+                        mbarrier.arrive(dq_empty.index(pend_buf))
+                    pend = 1
+                    pend_idx = idx
+                    pend_buf = buf
+                else:
+                    if flags.FUSE_DQ != 2:
+                        bulk_wait_all(nblk)
+                        partition_barrier()
+                        gl.atomic_add(sem, 1, sem="release", scope="gpu")
+                    mbarrier.arrive(dq_empty.index(buf))
                 r += 1
         tk += 1
         mbarrier.wait(kv_ready.index(tk % 2), (tk // 2) & 1)
         pos = read_pos(pos_smem, tk % 2, 1)
+    if pend != 0:
+        bulk_wait_all(pend)
+        partition_barrier()
+        gl.atomic_add(SEM + pend_idx, 1, sem="release", scope="gpu")
+        mbarrier.arrive(dq_empty.index(pend_buf))
 
 
 @gluon.jit

@@ -136,6 +136,18 @@ def bulk_wait_all(like):
 
 
 @gluon.jit
+def bulk_wait_older(like, KEEP: gl.constexpr):
+    # as bulk_wait_all, but the KEEP (1 or 2) most recent bulk groups may still be in flight
+    if KEEP == 1:
+        res = gl.inline_asm_elementwise("cp.async.bulk.wait_group 1;\n\tmov.b32 $0, $1;", "=r,r", [like],
+                                        dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        res = gl.inline_asm_elementwise("cp.async.bulk.wait_group 2;\n\tmov.b32 $0, $1;", "=r,r", [like],
+                                        dtype=gl.int32, is_pure=False, pack=1)
+    return res
+
+
+@gluon.jit
 def store_rows(x, buf, desc, base, row0, n_rows, col, stride_row, BY_TMA: gl.constexpr, layout: gl.constexpr):
     # Writes x ([R, C] in ``layout``, already in the output's dtype) to rows row0 .. row0 + R - 1 of a
     # [rows, heads * C] output, from column ``col`` of a row (``base`` points at that column of row 0).
