@@ -47,10 +47,6 @@ class Config:
     # instead of two; schedule.py); 0: always two.  Whether one program writing every item costs more GPU
     # time than the second launch costs host time is still to be measured in one process (PERF.md).
     builder_items_seqs: int = 512
-    # The backward's dQ computed inside the Gluon dK/dV kernel (five matmuls per block instead of seven),
-    # added into an fp32 buffer in key-block order (deterministic) by a writer warp, at head dim 128 where the
-    # Gluon dK/dV kernel runs and not under broadcast-Q; off: the Gluon dQ kernel.
-    fused_dq: int = 0  # EXPERIMENT: 1 ordered, 2 unordered reduce-adds (timing only: wrong sums)
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

@@ -2,8 +2,7 @@
 
 Forward: the Gluon forward over the long sequences' tiles, the tl forward over the rest.
 Backward, Gluon path: the Gluon dQ kernel (it also writes delta and the statistics), then the Gluon dK/dV
-kernel; with the fused dQ (Config.fused_dq): the preprocess pass, the Gluon dK/dV kernel adding dQ^T into an
-fp32 buffer, and a pass that scales and transposes it into dQ.  Elsewhere: the preprocess pass (delta, and the statistics where the Gluon dK/dV kernel runs), the
+kernel.  Elsewhere: the preprocess pass (delta, and the statistics where the Gluon dK/dV kernel runs), the
 dK/dV kernel, then the tl dQ kernel.
 """
 from __future__ import annotations
@@ -116,10 +115,8 @@ def backward(do, q, k, v, out, lse, cu_q, cu_k, plan):
             out, do, delta, lse, stats, cu_q if columns is None else columns.cols, n_out, out.stride(0),
             out.stride(1), do.stride(0), do.stride(1), delta.stride(0), stats.stride(0),
             BLOCK=64, HEAD_DV=dvd, WRITE_STATS=columns is not None, num_warps=4)
-    if paths.dq == "fused":
-        dq = _dkdv_gluon(q, k, v, do, stats, columns, dk, dv, cu_q, cu_k, s["kv_gluon"], plan, lse=lse)
-    elif paths.dkdv == "gluon":
-        _dkdv_gluon(q, k, v, do, stats, columns, dk, dv, cu_q, cu_k, s["kv_gluon"], plan)
+    if paths.dkdv == "gluon":
+        _dkdv_gluon(q, k, v, do, stats, columns.cu, dk, dv, cu_q, cu_k, s["kv_gluon"], plan)
     elif s["kv"].n_items > 0 and k.shape[0] > 0:
         t = s["kv"]
         bm, bn, w, st = plan.tiles.kv
@@ -165,46 +162,26 @@ def _dq_tl(q, k, v, do, lse, delta, cu_q, cu_k, s, plan):
     return dq_buf[0]
 
 
-def _dkdv_gluon(q, k, v, do, stats, columns, dk, dv, cu_q, cu_k, t, plan, lse=None):
+def _dkdv_gluon(q, k, v, do, stats, cu_cols, dk, dv, cu_q, cu_k, t, plan):
     """The Gluon dK/dV kernel.  ``stats`` [2 * Hq, columns] holds LSE * log2(e) and delta (written by the Gluon
-    dQ kernel or by tl's preprocess pass), each sequence from column ``columns.cu`` on.  Given ``lse`` (the
-    fused dQ), the kernel also adds dQ^T into an fp32 buffer [Hq * D, columns] and this returns dQ."""
+    dQ kernel or by tl's preprocess pass), each sequence from column ``cu_cols`` (Columns.cu) on."""
     from .gluon import dkdv
-    from .gluon.pipeline import TensorDescriptor, descriptor
+    from .gluon.pipeline import TensorDescriptor
     hq, d = q.shape[1], q.shape[2]
     hkv, dvd = k.shape[1], v.shape[2]
-    fused = lse is not None
-    mode = plan.config.fused_dq if fused else 0
-    dq = torch.empty(q.shape, device=q.device, dtype=q.dtype) if fused else None
     if t.n_items == 0 or k.shape[0] == 0:
-        if fused:
-            dq.zero_()  # no keys: no query sees one
-        return dq
+        return
     m, n = dkdv.BLOCK_M.value, dkdv.HALF_N.value
     qd, kd, vd, dod = _descriptors(((q, m), (k, n), (v, n), (do, m)))
     n_programs, dynamic, counter = _grid(t, q.device, plan.config)
     statsd = TensorDescriptor.from_tensor(stats, [1, m], dkdv.STATS_LAYOUT)
     dk_desc, dv_desc = _descriptors(((dk, n), (dv, n)))
-    if fused:
-        # dQ^T by key blocks in order (dkdv._dq_writer): key block 0 stores, so nothing needs zeroing but the
-        # per-(head, 32-column block) counts
-        acc = (torch.zeros if mode == 2 else torch.empty)((hq * d, columns.n_cols), device=q.device, dtype=torch.float32)
-        dq_desc = descriptor(acc, [dkdv.DQ_ROWS.value, m])
-        sem_stride = columns.n_cols // m
-        sem = torch.zeros(hq * sem_stride, device=q.device, dtype=torch.int32)
-    else:
-        dq_desc, sem, sem_stride = dk_desc, counter, 0  # (not read)
     dkdv.dkdv_kernel[(n_programs,)](
         qd, kd, vd, dod, statsd, dk, dv, cu_q, cu_k, t.seq, t.blk, t.items, counter,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), plan.scale, plan.scale * tl.LOG2E,
-        hkv, hq // hkv, t.counts, columns.cu, dk_desc, dv_desc, int(dynamic), dq_desc, sem, sem_stride,
-        BROADCAST=plan.broadcast, CAUSAL=plan.causal, HEAD_D=d, HEAD_DV=dvd, STAGES=dkdv.STAGES, FUSE_DQ=mode,
+        hkv, hq // hkv, t.counts, cu_cols, dk_desc, dv_desc,
+        BROADCAST=plan.broadcast, CAUSAL=plan.causal, HEAD_D=d, HEAD_DV=dvd, STAGES=dkdv.STAGES, dynamic=int(dynamic),
         num_warps=4)
-    if fused and q.shape[0] > 0:
-        tl._dq_from_columns[(_cdiv(q.shape[0], 64), hq)](
-            acc, dq, columns.cols, lse, q.shape[0], columns.n_cols, acc.stride(0), dq.stride(0), dq.stride(1),
-            lse.stride(0), plan.scale, BLOCK=64, HEAD_D=d, num_warps=4)
-    return dq
 
 
 def _dq_gluon(q, k, v, do, out, lse, delta, stats, columns, cu_q, cu_k, t, plan):

@@ -55,8 +55,7 @@ def tl_tiles(head_dim, dtype, device, config: Config) -> Tiles:
 
 class Paths(NamedTuple):
     """What a call runs.  forward: "gluon", "tl" or "gluon+tl" (two launches, each sequence in one);
-    dkdv: "gluon" or "tl"; dq: "gluon", "tl" or "fused" (inside the Gluon dK/dV kernel); delta: "dq kernel"
-    (the Gluon dQ kernel computes it) or "preprocess";
+    dkdv, dq: "gluon" or "tl"; delta: "dq kernel" (the Gluon dQ kernel computes it) or "preprocess";
     why_not_gluon: why the Gluon kernels do not run here ("" where they do)."""
     forward: str
     dkdv: str
@@ -154,8 +153,6 @@ def choose_paths(q, k, v, broadcast, n_out_rows, config: Config) -> Paths:
     from .gluon import dkdv
     bwd = "gluon" if q.shape[2] in dkdv.HEAD_DIMS and v.shape[2] == q.shape[2] else "tl"
     dq = "gluon" if bwd == "gluon" and not broadcast else "tl"
-    if dq == "gluon" and config.fused_dq and q.shape[2] in dkdv.FUSED_HEAD_DIMS:
-        dq = "fused"
     # (forward "gluon": the Gluon forward takes the long sequences; prepare names what the schedule gives it)
     return Paths("gluon", bwd, dq, "dq kernel" if dq == "gluon" else "preprocess")
 
@@ -292,7 +289,7 @@ def backward_lists(plan: LaunchPlan, q_shape, k_shape, device, offsets=None) -> 
     if plan.paths.dq == "gluon":  # the Gluon forward's 128-row tiles
         specs.append(sched.ListSpec(128, hq))
         names.append("q_gluon")
-    elif not plan.broadcast and plan.paths.dq != "fused":
+    elif not plan.broadcast:
         specs.append(sched.ListSpec(plan.tiles.q[0], hq))
         names.append("q")
     if order is None:

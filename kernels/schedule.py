@@ -92,20 +92,15 @@ class TileList(NamedTuple):
         return self._replace(n_items=int(self.counts[0]))
 
 
-COLUMN_ALIGN = 32  # (the builder's width rounding writes it out)
-
-
 class Columns(NamedTuple):
     """Where each output row lies in the Gluon backward's fp32 statistics buffer (laid out [..., columns]).
 
     The Gluon dK/dV kernel moves 32 rows at a time from it to shared memory by TMA; a TMA copy whose
     innermost coordinate is not 16 bytes aligned stops the kernel with an illegal instruction (measured on
-    the H200).  Every sequence starts at a column that is a multiple of 32 (COLUMN_ALIGN), so that the fused
-    dQ's 32-column blocks of its fp32 dQ^T buffer, laid out by these columns too, never reach into the next
-    sequence's columns."""
+    the H200), so every sequence starts at a column that is a multiple of 4."""
     cu: torch.Tensor  # int32 [B + 1]: first column of each sequence
     cols: torch.Tensor  # int32 [rows]: column of each output row
-    n_cols: int  # a bound, a multiple of 32: rows + 31 B rounded up, at least 32
+    n_cols: int  # a bound, a multiple of 4: rows + 3 B rounded up, at least 4
 
 
 class Chunks(NamedTuple):
@@ -319,11 +314,11 @@ def _lists_kernel(CU_Q, CU_K, ORDER, KEYS, B, broadcast, from_keys,
     wc = _flag(offs, write_columns)
     carry_c = tl.full([], 0, tl.int64)
     tl.store(CU_COLS + offs, tl.zeros([BLOCK], tl.int32), mask=(offs == 0) & wc)
-    for base in range(0, B, BLOCK):  # each sequence's output rows from a multiple of 32 on (COLUMN_ALIGN)
+    for base in range(0, B, BLOCK):  # each sequence's output rows from a multiple of 4 on
         idx = base + offs
         ok = idx < B
         lq, _ = _lengths(CU_Q, CU_K, idx, ok & wc, _flag(idx, broadcast))
-        width = tl.where(ok & wc, (lq + 31) // 32 * 32, 0)
+        width = tl.where(ok & wc, (lq + 3) // 4 * 4, 0)
         tl.store(CU_COLS + idx + 1, (carry_c + tl.cumsum(width, 0)).to(tl.int32), mask=ok & wc)
         carry_c += tl.sum(width, 0)
 
@@ -494,7 +489,7 @@ def _no_keys(device) -> torch.Tensor:
 def columns_for(n_seqs, n_out_rows, device) -> Columns:
     """Room for the statistics columns of ``n_out_rows`` output rows in ``n_seqs`` sequences
     (order_and_lists fills it)."""
-    n_cols = max(COLUMN_ALIGN, _cdiv(n_out_rows + (COLUMN_ALIGN - 1) * n_seqs, COLUMN_ALIGN) * COLUMN_ALIGN)
+    n_cols = max(4, _cdiv(n_out_rows + 3 * n_seqs, 4) * 4)
     b4 = _cdiv(n_seqs + 1, 4) * 4  # (both arrays 16-byte aligned)
     buf = torch.empty(b4 + n_out_rows, device=device, dtype=torch.int32)
     return Columns(buf[:n_seqs + 1], buf[b4:], n_cols)

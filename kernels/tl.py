@@ -178,26 +178,6 @@ def _bwd_preprocess(O, DO, DELTA, LSE, STATS, COLS, n_rows, stride_ot, stride_oh
         tl.store(STATS + (tl.num_programs(1) + h64) * stride_sh + cols, delta, mask=ok)
 
 
-@triton.jit
-def _dq_from_columns(ACC, DQ, COLS, LSE, n_rows, n_cols, stride_acc, stride_dqt, stride_dqh, stride_lse, sm_scale,
-                     BLOCK: tl.constexpr, HEAD_D: tl.constexpr):
-    # The fused dQ's last pass: dQ[row, h] = sm_scale * ACC[h * D : (h + 1) * D, COLS[row]] (the fp32 dQ^T the
-    # Gluon dK/dV kernel added up), 0 where the row sees no key (LSE -inf: no key block touched its column,
-    # which holds whatever was there).  Columns are clamped: offsets left unchecked may be malformed.
-    pid = tl.program_id(0)
-    h = tl.program_id(1)
-    rows = pid * BLOCK + tl.arange(0, BLOCK)
-    ok = rows < n_rows
-    cols = tl.minimum(tl.maximum(tl.load(COLS + rows, mask=ok, other=0), 0), n_cols - 1)
-    lse = tl.load(LSE + h * stride_lse + rows, mask=ok, other=float("-inf"))
-    d = tl.arange(0, HEAD_D)
-    acc = tl.load(ACC + (h * HEAD_D + d)[None, :].to(tl.int64) * stride_acc + cols[:, None], mask=ok[:, None],
-                  other=0.0)
-    dq = tl.where((lse == float("-inf"))[:, None], 0.0, acc * sm_scale)
-    tl.store(DQ + rows[:, None].to(tl.int64) * stride_dqt + h * stride_dqh + d[None, :], dq.to(DQ.dtype.element_ty),
-             mask=ok[:, None])
-
-
 # ----------------------------------------------------------------------------
 # backward: dK, dV (one program per (k-block tile, kv head); loops over the
 # query-head group and the query blocks that see the key block)

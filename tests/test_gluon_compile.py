@@ -36,10 +36,6 @@ CONFIGS = [
     dict(kernel="bwd", causal=True),
     dict(kernel="bwd", broadcast=True, dtype="fp16"),
     dict(kernel="bwd", head_d=64, head_dv=64, causal=True),  # the host runs it at 64 and 128
-    # ... with dQ fused (Config.fused_dq, head dims 64 and 128)
-    dict(kernel="bwd", fuse_dq=True),
-    dict(kernel="bwd", fuse_dq=True, causal=True, dtype="fp16"),
-    dict(kernel="bwd", fuse_dq=True, head_d=64, head_dv=64, causal=True),
     # the dQ kernel (it also computes delta and writes the dK/dV kernel's statistics)
     dict(kernel="dq"),
     dict(kernel="dq", causal=True),
@@ -70,25 +66,22 @@ def test_gluon_kernel_compiles_for_sm90(probed, i):
     # resources") when an MMA is left in flight across a loop's back edge
     assert not result["wgmma_serialized"]
     # the dynamic deal claims its items with one atomic (in the loader, behind the runtime flag that picks
-    # the deal); nothing else adds atomically but the fused dQ's TMA reduce-adds (one per 64 head-dim rows)
-    fused = config.get("fuse_dq", False)
-    halves = config.get("head_d", 128) // 64 if fused else 0
-    assert result["atomics"] == 1 and result["tma_reduces"] == halves
+    # the deal); nothing else adds atomically
+    assert result["atomics"] == 1 and result["tma_reduces"] == 0
     # whole 64-row output tiles by TMA stores: each consumer group stores dK and dV (dK/dV kernel), dQ (dQ
-    # kernel) or, where D == Dv, O (forward); the fused dQ's writer stores key block 0's parts
+    # kernel) or, where D == Dv, O (forward)
     kernel = config.get("kernel", "fwd")
-    stores = {"bwd": 4 + halves, "dq": 2, "fwd": 2 if config.get("tma_store") else 0}[kernel]
+    stores = {"bwd": 4, "dq": 2, "fwd": 2 if config.get("tma_store") else 0}[kernel]
     assert result["tma_stores"] == stores, result["tma_stores"]
     if kernel in ("bwd", "dq"):
         # two fp32 accumulators per consumer group and K (dK/dV) or Q (dQ) in registers leave little room: a
         # few dozen spill stores at most (Triton 3.6: 5-6 / 0, 3.9: 12-72 / 29-41), not the hundreds that a
         # 64-row query block or 32-bit store offsets gave
-        # (the fused dQ adds a 64 x 32 dQ^T tile: Triton 3.6 9-23, 3.9 103-117)
-        assert result["spill_stores"] <= (160 if fused else 96), result["spill_stores"]
+        assert result["spill_stores"] <= 96, result["spill_stores"]
     if kernel == "bwd":
         # the host's account of the kernel's shared memory is exact but for barriers and alignment
         from kernels.gluon import dkdv
-        want = dkdv.smem_bytes(config.get("head_d", 128), config.get("head_dv", 128), fuse_dq=fused)
+        want = dkdv.smem_bytes(config.get("head_d", 128), config.get("head_dv", 128))
         assert want <= result["shared"] <= want + 1024, (want, result["shared"])
 
 

@@ -124,65 +124,6 @@ def test_gpu_gluon_answers_do_not_depend_on_the_grid(case, causal):
         assert all(torch.equal(a[2][n], runs[0][2][n]) for n in ("dq", "dk", "dv"))
 
 
-# the GLUON_CASES the fused dQ takes (head dim 64 or 128, D == Dv, not broadcast-Q)
-FUSED_CASES = [i for i, c in enumerate(GLUON_CASES) if c[4] == c[5] and c[4] in dkdv.FUSED_HEAD_DIMS and not c[6]]
-
-
-def run_fused_case(case, causal, programs, seed=0, mode=1):
-    lens_q, lens_k, hq, hkv, d, dv, broadcast = GLUON_CASES[case]
-    config = Config(gluon_split_keys=0, gluon_programs=programs, fused_dq=mode)
-    return run_case(lens_q, lens_k, hq=hq, hkv=hkv, d=d, dv=dv, causal=causal, seed=seed,
-                    dtype=torch.float16 if case in (2, 4) else torch.bfloat16, config=config)
-
-
-@needs_gluon
-@pytest.mark.parametrize("case", FUSED_CASES)
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("programs", [1, 3, 0], ids=["1-program", "3-programs", "one-per-sm"])
-@pytest.mark.parametrize("mode", [1, 3, 4])
-def test_gpu_fused_dq(case, causal, programs, mode):
-    # dQ inside the Gluon dK/dV kernel against the float64 reference (run_case), and bitwise the same whichever
-    # program takes an item: the parts of a row block are added in key-block order
-    runs = [run_fused_case(case, causal, p, mode=mode) for p in (programs, 1)]
-    assert runs[0][3].dq == "fused" and runs[0][3].dkdv == "gluon", runs[0][3]
-    for n in ("dq", "dk", "dv"):
-        assert torch.equal(runs[0][2][n], runs[1][2][n]), n
-
-
-@needs_gluon
-@pytest.mark.parametrize("d", [128, 64])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("mode", [1, 3, 4])
-def test_gpu_fused_dq_many_key_blocks_per_row_block(causal, d, mode):
-    """Long sequences: up to 24 key blocks add into one row block, from as many programs at once, so the
-    ordering waits; the gradients match the separate dQ kernel's to rounding and repeat bit for bit."""
-    lens = [3000, 129, 1500, 2048]
-    q, k, v, cu_q, cu_k = make_inputs(lens, lens, 4, 2, d, d, torch.bfloat16, seed=7)
-    do = torch.randn(q.shape[0], 4, d, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16).to(DEVICE)
-    grads = []
-    for config in (Config(fused_dq=mode), Config(fused_dq=mode), Config()):
-        qd, kd, vd = (t.to(DEVICE).requires_grad_() for t in (q, k, v))
-        out, _ = jagged_flash_attention(qd, kd, vd, cu_q.to(DEVICE), cu_k.to(DEVICE), max(lens), max(lens),
-                                        causal=causal, config=config)
-        out.backward(do)
-        grads.append((qd.grad, kd.grad, vd.grad))
-    (a, b, sep) = grads
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
-    for x, y in zip(a, sep):  # (dK / dV too: with dQ fused, S^T reads K from shared memory, not registers)
-        assert rel(x.float().cpu(), y.float().cpu()) < 1e-2
-
-
-@needs_gluon
-@pytest.mark.parametrize("d", [128, 64])
-@pytest.mark.parametrize("poisoned_first", [True, False])
-@pytest.mark.parametrize("poison", ["inf", "nan"])
-def test_gpu_fused_dq_rows_past_the_end_never_leak(poison, poisoned_first, d):
-    paths = check_grads_beside_a_poisoned_sequence(poison, poisoned_first=poisoned_first, d=d,
-                                                   tol=2 * TOL[torch.bfloat16],
-                                                   config=Config(gluon_split_keys=0, fused_dq=1))
-    assert paths[:4] == ("gluon", "gluon", "fused", "preprocess"), paths
-
-
 @needs_gluon
 @pytest.mark.parametrize("scale", [0.01, 2.0])
 def test_gpu_gluon_forward_scales(scale):

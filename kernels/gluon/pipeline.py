@@ -26,26 +26,6 @@ tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_s
 # a barrier over the calling partition's threads: thread_barrier in Triton 3.6, barrier later
 partition_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
-
-def _tma_reduce_add_builtin():
-    # TMA reduce-add of a shared tile into global memory: Triton 3.9 names it tma.async_atomic_add; 3.6 has the
-    # op (GluonOpBuilder.create_async_tma_reduce) without a public name, wrapped here as its tma module wraps
-    # the other TMA ops
-    if hasattr(tma, "async_atomic_add"):
-        return tma.async_atomic_add
-    from triton._C.libtriton import ir
-    from triton.experimental.gluon.language._core import builtin
-
-    @builtin
-    def reduce_add(tensor_desc, coord, src, _semantic=None):
-        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-        _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
-                                                  src.handle)
-    return reduce_add
-
-
-tma_reduce_add = _tma_reduce_add_builtin()
-
 SMEM_BYTES = 232448  # sm_90's shared memory per block
 
 
@@ -121,30 +101,9 @@ def publish_pos(pos_smem, buf, pos):
 
 
 @gluon.jit
-def read_pos(pos_smem, buf, WARPS: gl.constexpr = 4):
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+def read_pos(pos_smem, buf):
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     return gl.max(pos_smem.index(buf).load(layout), 0)
-
-
-@gluon.jit
-def bulk_wait_all(like):
-    # Waits until this thread's TMA stores and reduce-adds have completed, their writes to global memory
-    # included (tma.store_wait waits only until they have read shared memory).  ``like``: any scalar (the asm
-    # needs an operand); returns it.
-    return gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tmov.b32 $0, $1;", "=r,r", [like],
-                                     dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def bulk_wait_older(like, KEEP: gl.constexpr):
-    # as bulk_wait_all, but the KEEP (1 or 2) most recent bulk groups may still be in flight
-    if KEEP == 1:
-        res = gl.inline_asm_elementwise("cp.async.bulk.wait_group 1;\n\tmov.b32 $0, $1;", "=r,r", [like],
-                                        dtype=gl.int32, is_pure=False, pack=1)
-    else:
-        res = gl.inline_asm_elementwise("cp.async.bulk.wait_group 2;\n\tmov.b32 $0, $1;", "=r,r", [like],
-                                        dtype=gl.int32, is_pure=False, pack=1)
-    return res
 
 
 @gluon.jit
