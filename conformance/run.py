@@ -8,6 +8,7 @@ the checks (pytest_session.py); what the recorder plugin writes becomes ``report
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import shlex
@@ -15,6 +16,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from . import workers
 from .cli_common import USAGE_ERROR, UsageError, load_report, make_console, print_summary, write_run_dir
@@ -167,8 +169,85 @@ def _checked_options(ns):
     return baseline
 
 
+@dataclasses.dataclass
+class _Run:
+    """What a run fixed before its checks started, and what its phases add as they end; the report is made
+    from it (``report``), also while the run goes on (``snapshot``)."""
+    ns: Any
+    name: str
+    run_dir: Path
+    device: str
+    chosen: list  # (spec, BackendInfo) of the backends the run covers
+    n_workers: int
+    cache_dir: Path
+    cache_bytes: int
+    started: dt.datetime = dataclasses.field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))
+    t0: float = dataclasses.field(default_factory=time.perf_counter)
+    env_info: dict = dataclasses.field(default_factory=dict)
+    timed_names: list = dataclasses.field(default_factory=list)  # the backends the benchmarks time, once they start
+    warm_summary: dict = dataclasses.field(default_factory=dict)  # what the warm-up compiled, per backend
+    warm_info: dict = dataclasses.field(default_factory=lambda: {"ran": False})
+    check_phase: dict | None = None  # where the checks' time went (report.check_phase)
+
+    @property
+    def records_path(self) -> Path:
+        return self.run_dir / ".records.jsonl"
+
+    def report(self, records, *, complete, rc, bench_status, timings, stop_reason=None, gaps=(),
+               timing_phase=None) -> dict:
+        from . import report as rp
+        ns, chosen = self.ns, self.chosen
+        times = backend_times([info.name for _, info in chosen], self.warm_summary, records)
+        return {
+            "schema": rp.SCHEMA, "schema_version": rp.SCHEMA_VERSION,
+            "run": {"name": self.name, "command": rp.home_relative("jfa-conformance " + shlex.join(ns.argv)),
+                    "started": self.started.isoformat(timespec="seconds"),
+                    "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                    "duration_s": round(time.perf_counter() - self.t0, 1), "profile": ns.profile,
+                    "max_examples": ns.max_examples,
+                    "seed": ns.seed if ns.seed is not None else ("derandomized" if ns.profile == "ci" else None),
+                    "dtypes": ns.dtype or None, "xfails_file": ns.xfails_file, "timeout_s": ns.timeout,
+                    "time_limit_s": ns.time_limit, "workers": self.n_workers, "gpus": ns.gpus,
+                    "pytest_exit_code": rc, "benchmarks": bench_status, "timed_backends": self.timed_names or None,
+                    "complete": complete, "stopped": stop_reason, "resumed_from": ns.resume,
+                    "cache_dir": rp.home_relative(str(self.cache_dir)), "cache_bytes_before": self.cache_bytes,
+                    "warmup": self.warm_info, "checks": self.check_phase, "timing_phase": timing_phase,
+                    "environment": self.env_info},
+            "backends": {info.name: {"source": info.source, "available": info.available, "reason": info.reason,
+                                     "capabilities": info.capabilities, "time": times[info.name]}
+                         for _, info in chosen},
+            "coverage": coverage_of(records),
+            "records": records,
+            "timings": timings,
+            "timing_gaps": list(gaps),
+        }
+
+    def snapshot(self) -> None:
+        """report.json of what has run so far (``complete: false``), in case this process is killed."""
+        from . import report as rp
+        collected, records, _ = rp.read_record_stream(self.records_path)
+        records = rp.complete_records(collected, records, "not reached yet: the run was still going")
+        partial = self.report(records, complete=False, rc=None, bench_status="not run yet", timings=[],
+                              stop_reason="snapshot taken while the run was going; the process never finished")
+        partial["summary"] = rp.summarize_backends(partial)
+        rp.write_json(self.run_dir / "report.json", partial)
+
+
+@dataclasses.dataclass
+class _Outcome:
+    """What the checks and the timings left: every collected check's record, the timings, how it ended."""
+    records: list
+    collected: Any = None
+    finished: bool = False
+    rc: int | None = None
+    stop_reason: str | None = None
+    timings: list = dataclasses.field(default_factory=list)
+    bench_status: str = "not run"
+    gaps: list = dataclasses.field(default_factory=list)  # timings that failed or could not be made
+    timing_phase: dict | None = None  # where the timings' session spent its time
+
+
 def cmd_run(ns) -> int:
-    from . import report as rp
     from .plugin import default_device
 
     console = make_console()
@@ -187,7 +266,6 @@ def cmd_run(ns) -> int:
     if not chosen:
         console.print(f"[bold red]no backend is available on {device}[/]; see `jfa-conformance list`")
         return 1
-    specs = [spec for spec, _ in chosen]
     from . import registry
     note = None if ns.backend else registry.registration_note()
     if note:
@@ -197,94 +275,59 @@ def cmd_run(ns) -> int:
     if (run_dir / "report.json").exists():
         raise UsageError(f"--name: {run_dir} already holds a report")
     (run_dir / ".flight").mkdir(parents=True, exist_ok=True)
-    records_path = run_dir / ".records.jsonl"
-    records_path.unlink(missing_ok=True)
-    n_workers = _worker_count(ns, device)
-    from .cache import default_dir, size_of
+    from .cache import check_seconds_file, default_dir, size_of
     cache_dir = Path(ns.cache_dir).expanduser() if ns.cache_dir else default_dir()
-    cache_bytes = size_of(cache_dir)
-    env = _child_env(device, n_workers, cache_dir)
+    run = _Run(ns, name, run_dir, device, chosen, _worker_count(ns, device), cache_dir, size_of(cache_dir))
+    run.records_path.unlink(missing_ok=True)
+    env = _child_env(device, run.n_workers, cache_dir)
     if device.startswith("cuda"):  # workers sharing a GPU hand back cached memory beyond an equal part of it
         from .containment import MEMORY_SHARE_ENV, memory_share
         env.setdefault(MEMORY_SHARE_ENV, str(memory_share(max(n for _, n in _worker_sets(ns, device)))))
     if ns.time_limit is None:
         ns.time_limit = DEFAULT_TIME_LIMIT_S.get(ns.profile)
     ns.time_limit = ns.time_limit or None  # 0: no limit
-    command = _pytest_command(ns, run_dir, specs, device)
+    command = _pytest_command(ns, run_dir, [spec for spec, _ in chosen], device)
     if unfinished:
         only = run_dir / ".resume-ids"
         only.write_text("\n".join(unfinished) + "\n")
         command += ["--jfa-only", str(only)]
     from . import check_order
-    from .cache import check_seconds_file
     seconds_kind = check_order.run_kind(device, ns.profile, ns.max_examples)
     # the checks run longest expected first, from this run's copy of the seconds earlier runs measured
     command += ["--jfa-check-seconds", str(check_order.snapshot(check_seconds_file(cache_dir), seconds_kind,
                                                                 run_dir / ".check-seconds.json"))]
-    started = dt.datetime.now(dt.timezone.utc)
-    t0 = time.perf_counter()
-    spec_of = {info.name: spec for spec, info in chosen}
-    env_info = environment(device)
-
-    timed_names: list[str] = []  # the backends the benchmarks time, once they start
-
-    def assemble(records, *, complete, rc, bench_status, timings, stop_reason=None, gaps=(), timing_phase=None) -> dict:
-        times = backend_times([info.name for _, info in chosen], warm_summary, records)
-        return {
-            "schema": rp.SCHEMA, "schema_version": rp.SCHEMA_VERSION,
-            "run": {"name": name, "command": rp.home_relative("jfa-conformance " + shlex.join(ns.argv)),
-                    "started": started.isoformat(timespec="seconds"),
-                    "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                    "duration_s": round(time.perf_counter() - t0, 1), "profile": ns.profile,
-                    "max_examples": ns.max_examples,
-                    "seed": ns.seed if ns.seed is not None else ("derandomized" if ns.profile == "ci" else None),
-                    "dtypes": ns.dtype or None, "xfails_file": ns.xfails_file, "timeout_s": ns.timeout,
-                    "time_limit_s": ns.time_limit, "workers": n_workers, "gpus": ns.gpus, "pytest_exit_code": rc,
-                    "benchmarks": bench_status, "timed_backends": timed_names or None, "complete": complete,
-                    "stopped": stop_reason,
-                    "resumed_from": ns.resume, "cache_dir": rp.home_relative(str(cache_dir)), "cache_bytes_before": cache_bytes,
-                    "warmup": warm_info, "checks": check_phase, "timing_phase": timing_phase, "environment": env_info},
-            "backends": {info.name: {"source": info.source, "available": info.available, "reason": info.reason,
-                                     "capabilities": info.capabilities, "time": times[info.name]}
-                         for _, info in chosen},
-            "coverage": coverage_of(records),
-            "records": records,
-            "timings": timings,
-            "timing_gaps": list(gaps),
-        }
-
-    def snapshot() -> None:
-        """report.json of what has run so far (``complete: false``), in case this process is killed."""
-        collected, records, _ = rp.read_record_stream(records_path)
-        records = rp.complete_records(collected, records, "not reached yet: the run was still going")
-        partial = assemble(records, complete=False, rc=None, bench_status="not run yet", timings=[],
-                           stop_reason="snapshot taken while the run was going; the process never finished")
-        partial["summary"] = rp.summarize_backends(partial)
-        rp.write_json(run_dir / "report.json", partial)
-
+    run.started, run.t0 = dt.datetime.now(dt.timezone.utc), time.perf_counter()
+    run.env_info = environment(device)
     console.print(f"jfa-conformance run [bold]{name}[/]: {', '.join(info.name for _, info in chosen)} on {device}, "
-                  f"profile {ns.profile}, {n_workers} worker{'s' if n_workers > 1 else ''}, compile caches in {cache_dir} "
-                  f"({cache_bytes / 1e6:.0f} MB)", highlight=False)
+                  f"profile {ns.profile}, {run.n_workers} worker{'s' if run.n_workers > 1 else ''}, compile caches "
+                  f"in {cache_dir} ({run.cache_bytes / 1e6:.0f} MB)", highlight=False)
+    out = _checks_then_timings(run, command, env, console)
+    if isinstance(out, int):  # pytest could not run the spec
+        return out
+    return _finish(run, out, baseline, seconds_kind, console)
+
+
+def _checks_then_timings(run: _Run, command: list[str], env: dict, console) -> _Outcome | int:
+    """The warm-up beside the checks, the checks (pytest), then the timings; stops at the run's time limit or
+    SIGTERM with what it has.  An int: pytest could not run the spec (its exit code for the command)."""
+    from . import report as rp
+    ns, device, chosen, run_dir = run.ns, run.device, run.chosen, run.run_dir
     import signal
     previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
-    records, timings, rc, finished, bench_status, check_phase = [], [], None, False, "not run", None
-    gaps: list[dict] = []  # timings that failed or could not be made (pytest_session.timing_gaps)
-    timing_phase = None  # where the timings' session spent its time (pytest_session.timing_phase)
+    out = _Outcome(records=[])
     timing_session = None  # the benchmark session, started with the checks (pytest_session.BenchmarkSession)
-    collected = None
-    warm_summary, warm_info = {}, {"ran": False}
     try:
         deadline = time.monotonic() + ns.time_limit if ns.time_limit else None
         bench = ns.bench if ns.bench is not None else device.startswith("cuda")
         timed = timed_specs(ns.backend, chosen)
-        warming, stop_reason = None, None
+        warming = None
         if ns.warmup if ns.warmup is not None else device.startswith("cuda"):
             from .warmup import start_beside
-            warming = start_beside(ns, chosen, device, run_dir, env, cache_dir, console, deadline,
+            warming = start_beside(ns, chosen, device, run_dir, env, run.cache_dir, console, deadline,
                                    _worker_sets(ns, device), lambda jobs: WarmupView(console, jobs, enabled=False),
                                    timed=timed if bench else ())
             if warming.gates:  # the checks of the backends still compiling wait at their gates
-                command += ["--jfa-warming", str(warming.gate_dir)]
+                command = command + ["--jfa-warming", str(warming.gate_dir)]
         if bench and timed:  # its start-up and first calls beside the checks; its timings after them
             timing_session = BenchmarkSession(run_dir, timed, device, env, ns.timeout,
                                               after=warming.wait if warming is not None else None)
@@ -292,55 +335,68 @@ def cmd_run(ns) -> int:
         try:
             with LiveView(console, enabled=not ns.quiet, flight_dir=run_dir / ".flight",
                           compiling=warming.status if warming is not None and warming.gates else None) as view:
-                rc, stop_reason = run_pytest(command, env, run_dir / "pytest.log", records_path, view, deadline, snapshot)
+                out.rc, out.stop_reason = run_pytest(command, env, run_dir / "pytest.log", run.records_path, view,
+                                                     deadline, run.snapshot)
         finally:
             if warming is not None:  # the checks are over (a full run's gates are all open by then): what the
                 warming.checks_over.set()  # warm-up has yet to compile for checks (-k left them out) serves nobody,
-                if not (bench and rc is not None and stop_reason is None):  # and the rest only timings to come
+                if not (bench and out.rc is not None and out.stop_reason is None):  # and the rest only timings to come
                     warming.stopping.set()
                 elif (left := warming.status()):
                     console.print(f"warm-up: the timings' kernels: {left}", highlight=False, soft_wrap=True)
-                warm_summary, warm_info = warming.join()
+                run.warm_summary, run.warm_info = warming.join()
         checks_wall = time.time() - checks_started
-        collected, records, finished = rp.read_record_stream(records_path)
-        check_phase = rp.check_phase(records, checks_started, checks_wall, n_workers)
-        if rc in (3, 4) and not records and stop_reason is None:
+        out.collected, records, out.finished = rp.read_record_stream(run.records_path)
+        run.check_phase = rp.check_phase(records, checks_started, checks_wall, run.n_workers)
+        if out.rc in (3, 4) and not records and out.stop_reason is None:
             log_tail = (run_dir / "pytest.log").read_text(errors="replace")[-3000:]
             console.print(log_tail, markup=False)
-            console.print(f"[bold red]pytest could not run the spec (exit code {rc}); see {run_dir / 'pytest.log'}[/]")
+            console.print(f"[bold red]pytest could not run the spec (exit code {out.rc}); see {run_dir / 'pytest.log'}[/]")
             (run_dir / "report.json").unlink(missing_ok=True)
-            return USAGE_ERROR if rc == 4 else 1
-        records = rp.complete_records(
-            collected, records, f"never ran: {stop_reason}" if stop_reason else
-            "never ran: the run stopped before reaching it (see pytest.log)", stopped=stop_reason is not None)
-        timings, bench_status, gaps = [], BENCH_NOT_ASKED, []
-        if bench and stop_reason is None:
-            timed_names[:] = [info.name for spec, info in chosen if spec in timed and info.available]
-        if bench and stop_reason is not None:
-            bench_status = f"not run: {stop_reason}"
+            return USAGE_ERROR if out.rc == 4 else 1
+        out.records = rp.complete_records(
+            out.collected, records, f"never ran: {out.stop_reason}" if out.stop_reason else
+            "never ran: the run stopped before reaching it (see pytest.log)", stopped=out.stop_reason is not None)
+        out.bench_status = BENCH_NOT_ASKED
+        if bench and out.stop_reason is None:
+            run.timed_names[:] = [info.name for spec, info in chosen if spec in timed and info.available]
+        if bench and out.stop_reason is not None:
+            out.bench_status = f"not run: {out.stop_reason}"
         elif bench and not timed:
-            bench_status = ("not run: no kernel backend to time (the references, and backends an interpreter runs, "
-                            "are timed when named with --backend)")
+            out.bench_status = ("not run: no kernel backend to time (the references, and backends an interpreter "
+                                "runs, are timed when named with --backend)")
         elif bench:
-            timings, bench_status, gaps, timing_phase = timing_session.finish(console, deadline)
+            out.timings, out.bench_status, out.gaps, out.timing_phase = timing_session.finish(console, deadline)
     except RunStopped as exc:  # SIGTERM while the benchmarks ran, or outside the checks' own stop handling
-        stop_reason, bench_status = str(exc), f"stopped: {exc}"
-        if collected is None:  # stopped before the checks' records were read: what they wrote, the rest not run
-            collected, records, finished = rp.read_record_stream(records_path)
-            records = rp.complete_records(collected, records, f"never ran: {stop_reason}", stopped=True)
+        out.stop_reason, out.bench_status = str(exc), f"stopped: {exc}"
+        if out.collected is None:  # stopped before the checks' records were read: what they wrote, the rest not run
+            out.collected, records, out.finished = rp.read_record_stream(run.records_path)
+            out.records = rp.complete_records(out.collected, records, f"never ran: {out.stop_reason}", stopped=True)
     finally:
         signal.signal(signal.SIGTERM, previous)
         if timing_session is not None:  # a run that ends without its timings: the session leaves
             timing_session.cancel()
-    for r in records:
+    return out
+
+
+def _finish(run: _Run, out: _Outcome, baseline, seconds_kind, console) -> int:
+    """The report: replay files for the failures, the baseline comparison, the run directory's files, the
+    checks' seconds for the next run's order, the printed summary; returns the exit code."""
+    from . import check_order
+    from . import report as rp
+    from .cache import check_seconds_file
+    ns, run_dir = run.ns, run.run_dir
+    spec_of = {info.name: spec for spec, info in run.chosen}
+    for r in out.records:
         if r["outcome"] in rp.FAILING and r["outcome"] != "not-run":
             r["replay"] = _replay(run_dir, r, spec_of)
     partial_junit = run_dir / ".junit.xml.partial"
     if partial_junit.exists():
         os.replace(partial_junit, run_dir / "junit.xml")
-    complete = rp.verdicts_complete(collected, records, finished)
-    report = assemble(records, complete=complete, rc=rc, bench_status=bench_status, timings=timings, gaps=gaps,
-                      stop_reason=stop_reason, timing_phase=timing_phase)
+    complete = rp.verdicts_complete(out.collected, out.records, out.finished)
+    report = run.report(out.records, complete=complete, rc=out.rc, bench_status=out.bench_status,
+                        timings=out.timings, gaps=out.gaps, stop_reason=out.stop_reason,
+                        timing_phase=out.timing_phase)
     regressions = []
     if baseline is not None:
         comparison = rp.compare(baseline, report, ns.timing_threshold)
@@ -351,10 +407,10 @@ def cmd_run(ns) -> int:
     write_run_dir(run_dir, report, regressions)
     shutil.rmtree(run_dir / ".flight", ignore_errors=True)
     try:  # what the checks took orders the next run's (check_order.py)
-        check_order.record(check_seconds_file(cache_dir), seconds_kind, report["records"])
+        check_order.record(check_seconds_file(run.cache_dir), seconds_kind, report["records"])
     except OSError as exc:
-        console.print(f"could not record the checks' seconds in {cache_dir}: {exc}", style="yellow", markup=False)
-    if stop_reason:
-        console.print(f"[bold yellow]{stop_reason}[/]: the checks that never ran are marked not-run")
+        console.print(f"could not record the checks' seconds in {run.cache_dir}: {exc}", style="yellow", markup=False)
+    if out.stop_reason:
+        console.print(f"[bold yellow]{out.stop_reason}[/]: the checks that never ran are marked not-run")
     print_summary(console, report, regressions, run_dir)
     return report["run"]["exit_code"]
