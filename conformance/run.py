@@ -181,9 +181,9 @@ class _Run:
     n_workers: int
     cache_dir: Path
     cache_bytes: int
+    env_info: dict  # (environment.environment)
     started: dt.datetime = dataclasses.field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))
-    t0: float = dataclasses.field(default_factory=time.perf_counter)
-    env_info: dict = dataclasses.field(default_factory=dict)
+    t0: float = dataclasses.field(default_factory=time.perf_counter)  # made with the run: it starts then
     timed_names: list = dataclasses.field(default_factory=list)  # the backends the benchmarks time, once they start
     warm_summary: dict = dataclasses.field(default_factory=dict)  # what the warm-up compiled, per backend
     warm_info: dict = dataclasses.field(default_factory=lambda: {"ran": False})
@@ -193,10 +193,9 @@ class _Run:
     def records_path(self) -> Path:
         return self.run_dir / ".records.jsonl"
 
-    def report(self, records, *, complete, rc, bench_status, timings, stop_reason=None, gaps=(),
-               timing_phase=None) -> dict:
+    def report(self, out: _Outcome, *, complete: bool) -> dict:
         from . import report as rp
-        ns, chosen = self.ns, self.chosen
+        ns, chosen, records = self.ns, self.chosen, out.records
         times = backend_times([info.name for _, info in chosen], self.warm_summary, records)
         return {
             "schema": rp.SCHEMA, "schema_version": rp.SCHEMA_VERSION,
@@ -208,18 +207,19 @@ class _Run:
                     "seed": ns.seed if ns.seed is not None else ("derandomized" if ns.profile == "ci" else None),
                     "dtypes": ns.dtype or None, "xfails_file": ns.xfails_file, "timeout_s": ns.timeout,
                     "time_limit_s": ns.time_limit, "workers": self.n_workers, "gpus": ns.gpus,
-                    "pytest_exit_code": rc, "benchmarks": bench_status, "timed_backends": self.timed_names or None,
-                    "complete": complete, "stopped": stop_reason, "resumed_from": ns.resume,
+                    "pytest_exit_code": out.rc, "benchmarks": out.bench_status,
+                    "timed_backends": self.timed_names or None, "complete": complete, "stopped": out.stop_reason,
+                    "resumed_from": ns.resume,
                     "cache_dir": rp.home_relative(str(self.cache_dir)), "cache_bytes_before": self.cache_bytes,
-                    "warmup": self.warm_info, "checks": self.check_phase, "timing_phase": timing_phase,
+                    "warmup": self.warm_info, "checks": self.check_phase, "timing_phase": out.timing_phase,
                     "environment": self.env_info},
             "backends": {info.name: {"source": info.source, "available": info.available, "reason": info.reason,
                                      "capabilities": info.capabilities, "time": times[info.name]}
                          for _, info in chosen},
             "coverage": coverage_of(records),
             "records": records,
-            "timings": timings,
-            "timing_gaps": list(gaps),
+            "timings": out.timings,
+            "timing_gaps": list(out.gaps),
         }
 
     def snapshot(self) -> None:
@@ -227,8 +227,9 @@ class _Run:
         from . import report as rp
         collected, records, _ = rp.read_record_stream(self.records_path)
         records = rp.complete_records(collected, records, "not reached yet: the run was still going")
-        partial = self.report(records, complete=False, rc=None, bench_status="not run yet", timings=[],
-                              stop_reason="snapshot taken while the run was going; the process never finished")
+        partial = self.report(_Outcome(records, bench_status="not run yet",
+                                       stop_reason="snapshot taken while the run was going; the process never finished"),
+                              complete=False)
         partial["summary"] = rp.summarize_backends(partial)
         rp.write_json(self.run_dir / "report.json", partial)
 
@@ -277,9 +278,10 @@ def cmd_run(ns) -> int:
     (run_dir / ".flight").mkdir(parents=True, exist_ok=True)
     from .cache import check_seconds_file, default_dir, size_of
     cache_dir = Path(ns.cache_dir).expanduser() if ns.cache_dir else default_dir()
-    run = _Run(ns, name, run_dir, device, chosen, _worker_count(ns, device), cache_dir, size_of(cache_dir))
-    run.records_path.unlink(missing_ok=True)
-    env = _child_env(device, run.n_workers, cache_dir)
+    (run_dir / ".records.jsonl").unlink(missing_ok=True)
+    n_workers = _worker_count(ns, device)
+    cache_bytes = size_of(cache_dir)
+    env = _child_env(device, n_workers, cache_dir)
     if device.startswith("cuda"):  # workers sharing a GPU hand back cached memory beyond an equal part of it
         from .containment import MEMORY_SHARE_ENV, memory_share
         env.setdefault(MEMORY_SHARE_ENV, str(memory_share(max(n for _, n in _worker_sets(ns, device)))))
@@ -296,11 +298,10 @@ def cmd_run(ns) -> int:
     # the checks run longest expected first, from this run's copy of the seconds earlier runs measured
     command += ["--jfa-check-seconds", str(check_order.snapshot(check_seconds_file(cache_dir), seconds_kind,
                                                                 run_dir / ".check-seconds.json"))]
-    run.started, run.t0 = dt.datetime.now(dt.timezone.utc), time.perf_counter()
-    run.env_info = environment(device)
+    run = _Run(ns, name, run_dir, device, chosen, n_workers, cache_dir, cache_bytes, environment(device))
     console.print(f"jfa-conformance run [bold]{name}[/]: {', '.join(info.name for _, info in chosen)} on {device}, "
-                  f"profile {ns.profile}, {run.n_workers} worker{'s' if run.n_workers > 1 else ''}, compile caches "
-                  f"in {cache_dir} ({run.cache_bytes / 1e6:.0f} MB)", highlight=False)
+                  f"profile {ns.profile}, {n_workers} worker{'s' if n_workers > 1 else ''}, compile caches in {cache_dir} "
+                  f"({cache_bytes / 1e6:.0f} MB)", highlight=False)
     out = _checks_then_timings(run, command, env, console)
     if isinstance(out, int):  # pytest could not run the spec
         return out
@@ -394,9 +395,7 @@ def _finish(run: _Run, out: _Outcome, baseline, seconds_kind, console) -> int:
     if partial_junit.exists():
         os.replace(partial_junit, run_dir / "junit.xml")
     complete = rp.verdicts_complete(out.collected, out.records, out.finished)
-    report = run.report(out.records, complete=complete, rc=out.rc, bench_status=out.bench_status,
-                        timings=out.timings, gaps=out.gaps, stop_reason=out.stop_reason,
-                        timing_phase=out.timing_phase)
+    report = run.report(out, complete=complete)
     regressions = []
     if baseline is not None:
         comparison = rp.compare(baseline, report, ns.timing_threshold)
