@@ -47,6 +47,11 @@ class Config:
     # instead of two; schedule.py); 0: always two.  Whether one program writing every item costs more GPU
     # time than the second launch costs host time is still to be measured in one process (PERF.md).
     builder_items_seqs: int = 512
+    # Under causal masking the tile lists take a sequence's heads in groups whose streamed rows (K and V for
+    # query tiles, Q and dO for key tiles) fit this many bytes, tile by tile across a group, heaviest first,
+    # so a launch ends on light tiles while L2 still holds what the tiles in flight read (schedule.py;
+    # FA3's order takes 32 MiB of Hopper's 50 MiB L2); 0: head by head.
+    head_group_bytes: int = 32 << 20
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -56,6 +61,8 @@ class Config:
                 raise ValueError(f"Config.{field.name} must be {want.__name__}, got {value!r}")
         if self.gluon_split_keys < 0:
             raise ValueError(f"Config.gluon_split_keys must be >= 0, got {self.gluon_split_keys}")
+        if self.head_group_bytes < 0:
+            raise ValueError(f"Config.head_group_bytes must be >= 0, got {self.head_group_bytes}")
         if self.builder_items_seqs < 0:
             raise ValueError(f"Config.builder_items_seqs must be >= 0, got {self.builder_items_seqs}")
         if self.gluon_programs < 0:

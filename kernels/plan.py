@@ -79,6 +79,7 @@ class LaunchPlan(NamedTuple):
     broadcast: bool
     n_out_rows: int
     split: Optional[int]  # the Gluon forward's key split (None: no Gluon forward)
+    group_rows: tuple  # ListSpec.group_rows of the query tiles' lists and of the key tiles' (head_groups)
     schedule: dict  # schedule.TileList etc. by kernel; the backward's added at the backward (a plan: at once)
 
 
@@ -173,6 +174,7 @@ class _Decision(NamedTuple):
     tiles: Tiles
     split: Optional[int]
     n_out_rows: int
+    group_rows: tuple
     specs: tuple  # the forward's tile lists (schedule.ListSpec) ...
     names: tuple  # ... and their names in LaunchPlan.schedule
 
@@ -195,6 +197,16 @@ def _layout_key(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, softmax
             type(softmax_scale), softmax_scale, type(broadcast_q), broadcast_q, config)
 
 
+def head_groups(q, k, v, config: Config) -> tuple:
+    """ListSpec.group_rows for the query tiles' lists and the key tiles' lists: the streamed rows (K and V for a
+    query tile, Q and dO for a key tile, which takes the query heads of its KV head) whose bytes fit
+    ``Config.head_group_bytes``."""
+    row_bytes = (q.shape[2] + v.shape[2]) * q.element_size()
+    gqa = max(1, q.shape[1] // max(1, k.shape[1]))
+    rows = config.head_group_bytes // row_bytes
+    return rows * gqa, rows // gqa
+
+
 def _decide(q, k, v, n_seqs, max_seqlen_k, causal, softmax_scale, broadcast, config: Config) -> _Decision:
     """Paths, tiles, the forward's key split and lists for q, k, v as the kernels take them (kernel_layout)."""
     d = q.shape[2]
@@ -211,17 +223,18 @@ def _decide(q, k, v, n_seqs, max_seqlen_k, causal, softmax_scale, broadcast, con
             paths = paths._replace(forward="tl")
         elif split > 0:
             paths = paths._replace(forward="gluon+tl")
+    groups = head_groups(q, k, v, config)
     specs, names = [], []
     if split is not None:
         from .gluon import fwd
         specs.append(sched.ListSpec(fwd.BLOCK_M, q.shape[1], side=sched.ALL if split == 0 else sched.KEYS_AT_LEAST,
-                                    split=split))
+                                    split=split, group_rows=groups[0]))
         names.append("fwd_gluon")
     if split != 0:
         specs.append(sched.ListSpec(tiles.fwd[0], q.shape[1], side=sched.ALL if split is None else sched.KEYS_BELOW,
-                                    split=split or 0))
+                                    split=split or 0, group_rows=groups[0]))
         names.append("fwd")
-    return _Decision(scale, paths, tiles, split, n_out_rows, tuple(specs), tuple(names))
+    return _Decision(scale, paths, tiles, split, n_out_rows, groups, tuple(specs), tuple(names))
 
 
 def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, broadcast_q,
@@ -255,7 +268,7 @@ def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
             _decisions[key] = decision
     broadcast, causal = bool(broadcast_q), bool(causal)
     plan = LaunchPlan(config, decision.paths, decision.tiles, causal, decision.scale, broadcast, decision.n_out_rows,
-                      decision.split, {})
+                      decision.split, decision.group_rows, {})
     if lists == "backward":
         plan.schedule.update(backward_lists(plan, q.shape, k.shape, q.device, offsets=(cu_seqlens_q, cu_seqlens_k)))
         order = plan.schedule["order"]
@@ -281,16 +294,16 @@ def backward_lists(plan: LaunchPlan, q_shape, k_shape, device, offsets=None) -> 
     if plan.paths.dkdv == "gluon":
         from .gluon import dkdv
         s["columns"] = sched.columns_for(n_seqs, plan.n_out_rows, device)
-        specs.append(sched.ListSpec(dkdv.BLOCK_N.value, hkv, kv=True))
+        specs.append(sched.ListSpec(dkdv.BLOCK_N.value, hkv, kv=True, group_rows=plan.group_rows[1]))
         names.append("kv_gluon")
     else:
-        specs.append(sched.ListSpec(plan.tiles.kv[1], hkv, kv=True))
+        specs.append(sched.ListSpec(plan.tiles.kv[1], hkv, kv=True, group_rows=plan.group_rows[1]))
         names.append("kv")
     if plan.paths.dq == "gluon":  # the Gluon forward's 128-row tiles
-        specs.append(sched.ListSpec(128, hq))
+        specs.append(sched.ListSpec(128, hq, group_rows=plan.group_rows[0]))
         names.append("q_gluon")
     elif not plan.broadcast:
-        specs.append(sched.ListSpec(plan.tiles.q[0], hq))
+        specs.append(sched.ListSpec(plan.tiles.q[0], hq, group_rows=plan.group_rows[0]))
         names.append("q")
     if order is None:
         order, lists = sched.order_and_lists(offsets[0], offsets[1], q_shape[0], k_shape[0], specs,

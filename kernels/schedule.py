@@ -7,9 +7,14 @@ A *tile* is one (sequence, block) pair: a block of ``block`` query rows of one s
 
 * sequences by visible (query, key) pairs, heaviest first; equal pairs: the lower sequence index first.
   One order per call (``Order``), shared by the forward's and the backward's lists;
-* then by head; then the sequence's tiles, heaviest first: the last query block first under causal
-  masking (it sees the most keys), else in block order (a key block's query count falls with its index
-  under causal masking, so dK/dV keeps block order too).
+* then the sequence's tiles, heaviest first: the last query block first under causal masking (it sees the
+  most keys), else in block order (a key block's query count falls with its index under causal masking, so
+  dK/dV keeps block order too); and each tile's heads.  Without causal masking, or with
+  ``ListSpec.group_rows`` 0, head by head (all of a head's tiles, then the next head's).  Under causal
+  masking a sequence's heads go in groups, tile by tile across a group's heads (its heaviest tiles on
+  every head, then the next heaviest, ...), so a launch ends on light tiles wherever a sequence ends
+  (FA3's "LPT" order): a group holds as many heads as keep ``group_rows`` rows of the streamed side (keys
+  for query tiles, queries for key tiles) of the sequence, at least one, at most ``heads``.
 
 Programs in flight then read the same few (sequence, head) pairs' K/V (or Q/dO), which L2 serves, and the
 hardware block scheduler (or a Gluon kernel's item counter) deals the items to SMs as they free up, the
@@ -76,6 +81,7 @@ class ListSpec(NamedTuple):
     kv: bool = False
     side: int = ALL
     split: int = 0
+    group_rows: int = 0  # under causal masking, heads go in groups of this many streamed rows (docstring)
 
 
 class TileList(NamedTuple):
@@ -223,31 +229,39 @@ def _store_counts(COUNTS_A, COUNTS_B, carry_a, carry_b, heads_a, heads_b, two, B
 
 
 @triton.jit
-def _expand_one(s, pos, ok, NBLK, START, SEQ, BLK, ITEMS, heads, reverse, TILES: tl.constexpr):
-    # one list's tiles and items of the sequences s at sorted positions pos: a [sequences, TILES] block at a
-    # time, as far as the group's longest tile run
+def _expand_one(s, pos, ok, lq, lk, NBLK, START, SEQ, BLK, ITEMS, heads, reverse, group_rows,
+                TILES: tl.constexpr):
+    # one list's tiles and items of the sequences s at sorted positions pos (lengths lq, lk): a
+    # [sequences, TILES] block at a time, as far as the group's longest tile run.  reverse (query tiles
+    # under causal masking): blocks last to first.  group_rows > 0 (causal masking only): heads in groups of
+    # group_rows // (streamed rows) heads, tile-major within a group (module docstring)
     n = tl.load(NBLK + pos, mask=ok, other=0)
     t0 = tl.load(START + pos, mask=ok, other=0)
     n2, t2, s2 = n[:, None], t0[:, None], s[:, None]
     rev = _flag(n2, reverse)
+    streamed = tl.where(_flag(lk, reverse), lk, lq)
+    g = tl.where(_flag(lk, group_rows), group_rows // tl.maximum(streamed, 1), 1)
+    g2 = tl.minimum(tl.maximum(g, 1), heads)[:, None]
     for j0 in range(0, tl.max(n, 0), TILES):
         j = j0 + tl.arange(0, TILES)[None, :]
         m = j < n2
         tl.store(SEQ + t2 + j, s2 + j * 0, mask=m)
         tl.store(BLK + t2 + j, tl.where(rev, n2 - 1 - j, j), mask=m)
         for h in range(heads):
-            tl.store(ITEMS + t2 * heads + h * n2 + j, (t2 + j) * heads + h, mask=m)
+            h0 = h // g2 * g2  # the head's group: heads h0 .. h0 + size - 1
+            size = tl.minimum(g2, heads - h0)
+            tl.store(ITEMS + t2 * heads + h0 * n2 + j * size + (h - h0), (t2 + j) * heads + h, mask=m)
 
 
 # the builders' integer arguments are not specialized on (sizes follow the batch; flags, tiles and head counts the
 # call): one variant per sort size
 @triton.jit(do_not_specialize=['B', 'rows_q', 'rows_k', 'causal', 'broadcast', 'block_a', 'heads_a', 'kv_a', 'side_a',
                                   'block_b', 'heads_b', 'kv_b', 'side_b', 'split', 'two', 'reverse_a', 'reverse_b',
-                                  'expand'])
+                                  'group_a', 'group_b', 'expand'])
 def _order_kernel(CU_Q, CU_K, CU_Q_OUT, CU_K_OUT, ORDER, KEYS, B, rows_q, rows_k, causal, broadcast,
                   NBLK_A, START_A, COUNTS_A, block_a, heads_a, kv_a, side_a,
                   NBLK_B, START_B, COUNTS_B, block_b, heads_b, kv_b, side_b, split, two,
-                  SEQ_A, BLK_A, ITEMS_A, reverse_a, SEQ_B, BLK_B, ITEMS_B, reverse_b, expand,
+                  SEQ_A, BLK_A, ITEMS_A, reverse_a, group_a, SEQ_B, BLK_B, ITEMS_B, reverse_b, group_b, expand,
                   SORT: tl.constexpr, IN_REGISTERS: tl.constexpr):
     # one program.  IN_REGISTERS (B <= SORT): the clamped offsets, the order (sorted in registers) and both
     # lists' tiles, and with ``expand`` their items too (what _expand_kernel writes: one launch in all).
@@ -274,9 +288,11 @@ def _order_kernel(CU_Q, CU_K, CU_Q_OUT, CU_K_OUT, ORDER, KEYS, B, rows_q, rows_k
             e_pos = e_base + tl.arange(0, _EXPAND_IN_BUILDER)
             e_ok = e_pos < B
             e_seq = tl.load(ORDER + e_pos, mask=e_ok, other=0)
-            _expand_one(e_seq, e_pos, e_ok, NBLK_A, START_A, SEQ_A, BLK_A, ITEMS_A, heads_a, reverse_a, 32)
-            _expand_one(e_seq, e_pos, e_ok & _flag(e_pos, two), NBLK_B, START_B, SEQ_B, BLK_B, ITEMS_B, heads_b,
-                        reverse_b, 32)
+            e_lq, e_lk = _lengths(CU_Q_OUT, CU_K_OUT, e_seq, e_ok, _flag(e_pos, broadcast))
+            _expand_one(e_seq, e_pos, e_ok, e_lq, e_lk, NBLK_A, START_A, SEQ_A, BLK_A, ITEMS_A, heads_a, reverse_a,
+                        group_a, 32)
+            _expand_one(e_seq, e_pos, e_ok & _flag(e_pos, two), e_lq, e_lk, NBLK_B, START_B, SEQ_B, BLK_B, ITEMS_B,
+                        heads_b, reverse_b, group_b, 32)
     else:
         for base in range(0, B, SORT):
             idx = base + offs
@@ -324,19 +340,21 @@ def _lists_kernel(CU_Q, CU_K, ORDER, KEYS, B, broadcast, from_keys,
 
 
 # the builders' integer arguments are not specialized on: one variant per block size
-@triton.jit(do_not_specialize=['B', 'heads_a', 'reverse_a', 'heads_b', 'reverse_b', 'two', 'broadcast', 'write_columns'])
-def _expand_kernel(ORDER, B, NBLK_A, START_A, SEQ_A, BLK_A, ITEMS_A, heads_a, reverse_a,
-                   NBLK_B, START_B, SEQ_B, BLK_B, ITEMS_B, heads_b, reverse_b, two,
-                   CU_Q, CU_COLS, COLS, broadcast, write_columns, SEQS: tl.constexpr, TILES: tl.constexpr):
+@triton.jit(do_not_specialize=['B', 'heads_a', 'reverse_a', 'group_a', 'heads_b', 'reverse_b', 'group_b', 'two',
+                                  'broadcast', 'write_columns'])
+def _expand_kernel(ORDER, B, NBLK_A, START_A, SEQ_A, BLK_A, ITEMS_A, heads_a, reverse_a, group_a,
+                   NBLK_B, START_B, SEQ_B, BLK_B, ITEMS_B, heads_b, reverse_b, group_b, two,
+                   CU_Q, CU_K, CU_COLS, COLS, broadcast, write_columns, SEQS: tl.constexpr, TILES: tl.constexpr):
     # program p: the lists' tiles and items of the sequences at sorted positions [p * SEQS, (p + 1) * SEQS),
     # and their rows' statistics columns
     pos = tl.program_id(0) * SEQS + tl.arange(0, SEQS)
     ok = pos < B
     s = tl.load(ORDER + pos, mask=ok, other=0)
-    _expand_one(s, pos, ok, NBLK_A, START_A, SEQ_A, BLK_A, ITEMS_A, heads_a, reverse_a, TILES)
-    _expand_one(s, pos, ok & _flag(pos, two), NBLK_B, START_B, SEQ_B, BLK_B, ITEMS_B, heads_b, reverse_b, TILES)
+    lq, lk = _lengths(CU_Q, CU_K, s, ok, _flag(pos, broadcast))
+    _expand_one(s, pos, ok, lq, lk, NBLK_A, START_A, SEQ_A, BLK_A, ITEMS_A, heads_a, reverse_a, group_a, TILES)
+    _expand_one(s, pos, ok & _flag(pos, two), lq, lk, NBLK_B, START_B, SEQ_B, BLK_B, ITEMS_B, heads_b, reverse_b,
+                group_b, TILES)
     wc = ok & _flag(pos, write_columns)
-    lq, _ = _lengths(CU_Q, CU_Q, s, wc, _flag(pos, broadcast))
     start = tl.where(_flag(pos, broadcast), lq * s, tl.load(CU_Q + s, mask=wc, other=0).to(tl.int64))
     col0 = tl.load(CU_COLS + s, mask=wc, other=0)
     lq = tl.where(wc, lq, 0)
@@ -442,6 +460,7 @@ def order_and_lists(cu_q, cu_k, rows_q, rows_k, specs: Sequence[ListSpec], *, ca
     list_args = _list_args(a, specs[0]) + _list_args(b, specs[-1]) + (specs[0].split, int(two))
     flags = (int(bool(causal)), int(bool(broadcast)))
     reverse = [int(bool(causal) and not sp.kv) for sp in specs]
+    group = [sp.group_rows if causal else 0 for sp in specs]
     lists_done = expanded = False
     keys = None
     if order is None:
@@ -457,7 +476,8 @@ def order_and_lists(cu_q, cu_k, rows_q, rows_k, specs: Sequence[ListSpec], *, ca
         expand = in_registers and columns is None and n_seqs <= fused_items_seqs
         _order_kernel[(1,)](cu_q, cu_k, order.cu_q, order.cu_k, order.order, keys if keys is not None else order.cu_k,
                             n_seqs, rows_q, rows_k, *flags, *list_args,
-                            a.seq, a.blk, a.items, reverse[0], b.seq, b.blk, b.items, reverse[-1], int(expand),
+                            a.seq, a.blk, a.items, reverse[0], group[0], b.seq, b.blk, b.items, reverse[-1], group[-1],
+                            int(expand),
                             SORT=sort, IN_REGISTERS=in_registers, num_warps=4 if sort <= 1024 else 8)
         expanded = expand
         if in_registers:
@@ -471,9 +491,9 @@ def order_and_lists(cu_q, cu_k, rows_q, rows_k, specs: Sequence[ListSpec], *, ca
                             BLOCK=1024, num_warps=4)
     if n_seqs > 0 and not expanded:
         _expand_kernel[(_cdiv(n_seqs, _EXPAND_SEQS),)](
-            order.order, n_seqs, a.nblk, a.start, a.seq, a.blk, a.items, specs[0].heads, reverse[0],
-            b.nblk, b.start, b.seq, b.blk, b.items, specs[-1].heads, reverse[-1], int(two),
-            order.cu_q, columns.cu if columns is not None else a.counts,
+            order.order, n_seqs, a.nblk, a.start, a.seq, a.blk, a.items, specs[0].heads, reverse[0], group[0],
+            b.nblk, b.start, b.seq, b.blk, b.items, specs[-1].heads, reverse[-1], group[-1], int(two),
+            order.cu_q, order.cu_k, columns.cu if columns is not None else a.counts,
             columns.cols if columns is not None else a.counts, flags[1], int(columns is not None),
             SEQS=_EXPAND_SEQS, TILES=64, num_warps=4)
     return order, [TileList(x.seq, x.blk, x.items, x.counts, sp.heads, x.n_items) for x, sp in zip(arrays, specs)]

@@ -51,7 +51,12 @@ def expected_list(lens_q, lens_k, spec: sched.ListSpec, causal):
         n = int(nblk[s])
         seq += [s] * n
         blk += list(range(n - 1, -1, -1)) if causal and not spec.kv else list(range(n))
-        items += [(t0 + j) * spec.heads + h for h in range(spec.heads) for j in range(n)]
+        # heads in groups that keep group_rows streamed rows (causal masking only), tile by tile in a group
+        streamed = int(lq[s] if spec.kv else lk[s])
+        size = min(max(spec.group_rows // max(streamed, 1), 1), spec.heads) if causal and spec.group_rows else 1
+        for h0 in range(0, spec.heads, size):
+            group = range(h0, min(h0 + size, spec.heads))
+            items += [(t0 + j) * spec.heads + h for j in range(n) for h in group]
     return seq, blk, items
 
 
@@ -70,8 +75,9 @@ def build(lens_q, lens_k, specs, *, causal=False, broadcast=False, dtype=torch.i
 
 
 lengths = st.lists(st.integers(0, 300), min_size=0, max_size=40)
-SPECS = st.builds(sched.ListSpec, block=st.sampled_from([16, 64, 128]), heads=st.integers(1, 3), kv=st.booleans(),
-                  side=st.sampled_from([sched.ALL, sched.KEYS_AT_LEAST, sched.KEYS_BELOW]), split=st.just(100))
+SPECS = st.builds(sched.ListSpec, block=st.sampled_from([16, 64, 128]), heads=st.integers(1, 5), kv=st.booleans(),
+                  side=st.sampled_from([sched.ALL, sched.KEYS_AT_LEAST, sched.KEYS_BELOW]), split=st.just(100),
+                  group_rows=st.sampled_from([0, 1, 250, 600, 10 ** 6]))
 
 
 @settings(max_examples=25, deadline=None)
@@ -106,6 +112,24 @@ def test_sequences_go_heaviest_first_and_each_sequence_and_head_is_one_run():
     assert [r // 3 for r in runs[::3]] == [2, 4, 0, 3, 5]
     # causal: a sequence's last query block (the one that sees the most keys) first
     assert [blk[i] for i in range(len(seq)) if seq[i] == 2] == [4, 3, 2, 1, 0]
+
+
+def test_causal_heads_go_in_groups_tile_by_tile_so_a_sequence_ends_on_its_light_tiles():
+    # two 1,024-row sequences, 5 heads, 128-row tiles; 2,048 streamed rows per group: two heads a group
+    lens = [1024, 1024]
+    for kv in (False, True):
+        _, (t,) = build(lens, lens, [sched.ListSpec(128, 5, kv=kv, group_rows=2048)], causal=True)
+        seq, blk, items = _built(t)
+        tile_head = [(blk[i // 5], i % 5) for i in items[:40]]  # the first sequence's 8 tiles x 5 heads
+        heaviest = 7 if not kv else 0  # the last query block sees the most keys; key block 0 the most queries
+        step = -1 if not kv else 1
+        blocks = [heaviest + step * j for j in range(8)]
+        assert tile_head == ([(b, h) for b in blocks for h in (0, 1)] + [(b, h) for b in blocks for h in (2, 3)]
+                             + [(b, 4) for b in blocks])
+    # without causal masking the same spec goes head by head
+    _, (t,) = build(lens, lens, [sched.ListSpec(128, 5, group_rows=2048)], causal=False)
+    _, blk, items = _built(t)
+    assert [(blk[i // 5], i % 5) for i in items[:9]] == [(j, 0) for j in range(8)] + [(0, 1)]
 
 
 @pytest.mark.parametrize("n_seqs, register_sort", [(300, True), (300, False), (600, True), (4097, True)])
