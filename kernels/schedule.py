@@ -38,11 +38,12 @@ outside q, k, v or the outputs.
 
 ``zigzag_assign`` / ``round_robin_assign`` / ``imbalance`` (numpy) deal tiles to a fixed number of bins and
 measure such a deal: the static alternative to the dynamic deal, kept with the seed document's numbers as a
-test.
+test; ``claim_assign`` models the dynamic deal itself (the causal head groups' test).
 """
 from __future__ import annotations
 
 import functools
+import heapq
 from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -555,6 +556,19 @@ def round_robin_assign(workloads, n_sms: int):
     assign = (np.arange(w.shape[0]) % n_sms).astype(np.int32)
     loads = np.bincount(assign, weights=w, minlength=n_sms).astype(np.int64)
     return assign, loads
+
+
+def claim_assign(workloads, n_sms: int):
+    """The dynamic deal modelled: tiles in their given (launch) order, each to the bin that frees first (a
+    Gluon kernel's programs claiming items from a counter).  Returns ``(assign, loads)`` like the others."""
+    w = np.asarray(workloads, dtype=np.float64)
+    free = [(0.0, b) for b in range(n_sms)]
+    assign = np.empty(w.shape[0], dtype=np.int32)
+    for i, x in enumerate(w):
+        t, b = heapq.heappop(free)
+        assign[i] = b
+        heapq.heappush(free, (t + x, b))
+    return assign, np.bincount(assign, weights=w, minlength=n_sms)
 
 
 def imbalance(loads) -> float:
