@@ -660,11 +660,7 @@ CATALOG: tuple[BugClass, ...] = (
         "two calls with the same shapes that differ in something a cached kernel or plan bakes in (the softmax "
         "scale, a tensor's address)",
         BUG,
-        "pending", (),
-        "a metamorphic relation: the same shapes called again with the softmax scale halved and the queries "
-        "doubled, which leaves every score exact (powers of two), so out and the LSE must not move; a backend "
-        "that compiles per scale value (flex bakes it into its graph) would compile a new kernel for every "
-        "example of it, so it waits for the warm-up to plan those configurations"),
+        "mutant", (META,)),
     BugClass(
         "batch-past-grid-limit", "More sequences than a launch grid's y or z axis holds",
         (issue(FA, 1786, "flash_attn_varlen_qkvpacked_func raised a RuntimeError on 80,000 sequences of 16 tokens "

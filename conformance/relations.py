@@ -8,12 +8,13 @@ same inputs measures; and each side's own rounding, as the low-precision referen
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import torch
 
 from .harness import Run
-from .problem import AttentionArgs, offsets
+from .problem import AttentionArgs, default_scale, offsets
 from .tolerance import FORWARD_FACTOR, Verdict, allowed_error, magnitude, max_error
 
 AttentionFn = Callable[[AttentionArgs], Run]
@@ -119,6 +120,19 @@ def value_linearity(f: AttentionFn, args: AttentionArgs, gen: torch.Generator) -
     return [("out", together.float(), apart)]
 
 
+def scale_folded_into_queries(f: AttentionFn, args: AttentionArgs, gen: torch.Generator) -> Pairs:
+    """Doubling the queries and halving the softmax scale leaves every score as it was (both factors are
+    powers of two, exact in every dtype), so out and the LSE must not move. The second call comes after the
+    first, with the same shapes: a kernel or plan cached by shapes alone, with the first call's scale baked
+    in, answers it with the first call's scale."""
+    first = f(args)
+    folded = f(args.replace(q=args.q * 2, softmax_scale=args.softmax_scale / 2))
+    pairs = [("out", folded.out, first.out)]
+    if first.lse is not None:
+        pairs.append(("lse", folded.lse, first.lse))
+    return pairs
+
+
 def not_applicable(name: str, capabilities) -> str | None:
     """Why relation ``name`` cannot hold for a backend with ``capabilities`` whatever problem is drawn, or
     None. Decided before drawing: a relation whose every example the backend would refuse costs a whole
@@ -134,7 +148,32 @@ RELATIONS = {
     "batch_split": batch_split,
     "key_shift": key_shift,
     "value_linearity": value_linearity,
+    "scale_folded_into_queries": scale_folded_into_queries,
 }
+# Relations whose own calls leave the run's kernel configurations: the folded call has a scale of its own,
+# which a backend that compiles per scale value (flex bakes it into its kernel) compiles anew. They draw on the
+# run's first configuration only, whose folded form the warm-up compiles too (folded_configs): one
+# configuration more per backend, where drawing on every configuration would compile one more per
+# configuration inside the checks.
+ONE_CONFIGURATION = frozenset({"scale_folded_into_queries"})
+
+
+def relation_configs(name: str, configs):
+    """The run's configurations relation ``name`` draws on (``configs`` None: drawn freely, as every check
+    then is)."""
+    if configs is None or name not in ONE_CONFIGURATION:
+        return configs
+    return tuple(configs[:1])
+
+
+def folded_configs(configs) -> tuple:
+    """The kernel configurations the relations' own calls add to the run's ``configs`` (KernelConfig):
+    the first one's with its scale halved (scale_folded_into_queries)."""
+    if not configs:
+        return ()
+    first = configs[0]
+    scale = default_scale(first.head_dim) if first.scale is None else first.scale
+    return (dataclasses.replace(first, scale=scale / 2),)
 
 
 def check_relation(relation, backend_fn: AttentionFn, reference_fn: AttentionFn, exact_fn: AttentionFn,

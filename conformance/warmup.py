@@ -524,12 +524,22 @@ def timing_configs(backend, device: str, known=()) -> list[KernelConfig]:
     return made
 
 
+def warm_configs(backend, seed: int, extra: int = 0, dtypes=()) -> tuple[KernelConfig, ...]:
+    """The kernel configurations the checks of ``backend`` call (in ``dtypes``, if given): the run's
+    (plugin.configs_for), then those the relations' own calls add (relations.folded_configs)."""
+    from .plugin import configs_for
+    from .relations import folded_configs
+    configs = configs_for(backend, seed, extra)
+    if dtypes:
+        configs = tuple(c for c in configs if c.dtype in dtypes)
+    return configs + tuple(c for c in folded_configs(configs) if c not in configs)
+
+
 def plan_warmup(ns, chosen, device: str, cache_dir: Path, timed=()) -> Plan:
     """Every backend's kernel configurations (configs.py), less those an earlier run settled (the manifest);
     for the backends of ``timed`` (the run times them), also the configurations of the timings' shapes, which
     no check waits for (``Job.gate`` False): compiled beside the checks, not in the timings' first calls."""
     from . import profiles, registry
-    from .plugin import configs_for
     seed = ns.seed if ns.seed is not None else 0
     extra = profiles.extra_kernel_configs(ns.profile) or 0
     jobs, priors = [], {}
@@ -539,9 +549,7 @@ def plan_warmup(ns, chosen, device: str, cache_dir: Path, timed=()) -> Plan:
         backend = registry.resolve(spec)
         if backend.capabilities.compile_s == 0:
             continue  # compiles nothing a cache could keep
-        configs = configs_for(backend, seed, extra)
-        if ns.dtype:
-            configs = tuple(c for c in configs if c.dtype in ns.dtype)
+        configs = warm_configs(backend, seed, extra, ns.dtype)
         packages = manifest.package_versions(backend.requires)
         background = backend.capabilities.parallel_build
         jobs += [Job(spec, info.name, c, packages, _build_key(backend, c, device), background) for c in configs]

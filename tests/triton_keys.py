@@ -156,11 +156,10 @@ def warm_keys(profile: str = "ci", seed: int = 0) -> dict[tuple, set[str]]:
     `jfa-conformance run` sends its warm-up workers, run here in-process), each with the configurations
     that launched it. Run under ``TRITON_INTERPRET=1``."""
     from conformance import profiles, registry
-    from conformance.plugin import configs_for
-    from conformance.warmup import warm
+    from conformance.warmup import warm, warm_configs
 
     backend = registry.resolve("triton-jfa")
-    configs = configs_for(backend, seed, profiles.extra_kernel_configs(profile) or 0)
+    configs = warm_configs(backend, seed, profiles.extra_kernel_configs(profile) or 0)
     with KeyRecorder() as recorder:
         for config in configs:
             recorder.label = config.key

@@ -40,6 +40,7 @@ MUTANTS: dict[str, type[Unmutated]] = _registry(
     forward.CrossSequenceLeak,
     backward.NondeterministicDq,
     forward.ScaleFromValueDim,
+    forward.ScaleKeyedOnShapes,
     backward.GqaDvNotReduced,
     forward.UnwrittenTail,
     forward.MaxSeqlenOffByOne,

@@ -337,6 +337,18 @@ class ScaleFromValueDim(Unmutated):
         return 1.0 / math.sqrt(args.v.shape[2])
 
 
+class ScaleKeyedOnShapes(Unmutated):
+    name = "mutant-scale-keyed-on-shapes"
+    catalog_id = "kernel-cache-key-incomplete"
+    bug = ("the softmax scale is baked into a kernel kept in a cache keyed on the tensors' shapes alone: a later "
+           "call with the same shapes and another scale runs with the first call's scale")
+
+    def scale(self, args):
+        kernels = self.__dict__.setdefault("_kernels", {})
+        key = (tuple(args.q.shape), tuple(args.k.shape), tuple(args.v.shape), args.q.dtype)
+        return kernels.setdefault(key, args.softmax_scale)
+
+
 class Float32AsBfloat16(Unmutated):
     name = "mutant-float32-as-bfloat16"
     catalog_id = "float32-reduced-precision-matmul"

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance import checks
-from conformance.relations import RELATIONS, not_applicable
+from conformance.relations import RELATIONS, not_applicable, relation_configs
 from conformance.strategies import problems
 
 from .support import require, supported
@@ -19,7 +19,8 @@ pytestmark = pytest.mark.spec
 def test_metamorphic(backend, device, check, configs, relation, data):
     reason = not_applicable(relation, backend.capabilities)
     require(reason is None, f"{relation}: {reason}")
-    problem = data.draw(problems(backend.capabilities, configs=configs, min_batch=1), label="problem")
+    problem = data.draw(problems(backend.capabilities, configs=relation_configs(relation, configs), min_batch=1),
+                        label="problem")
     with supported(check):
         verdicts = checks.relation(backend, problem, device, relation)
     check.verify(problem, verdicts)
