@@ -49,9 +49,10 @@ class Config:
     builder_items_seqs: int = 512
     # Under causal masking the tile lists take a sequence's heads in groups whose streamed rows (K and V for
     # query tiles, Q and dO for key tiles) fit this many bytes, tile by tile across a group, heaviest first,
-    # so a launch ends on light tiles while L2 still holds what the tiles in flight read (schedule.py;
-    # FA3's order takes 32 MiB of Hopper's 50 MiB L2); 0: head by head.
-    head_group_bytes: int = 32 << 20
+    # so a launch ends on light tiles while L2 still holds what the tiles in flight read (schedule.py); 0:
+    # head by head.  8 MiB (four heads of S4b): its backward 1.4% faster, its forward level; 32 MiB (FA3's
+    # figure) made the forward 2% slower (perf/LOG.md v37).
+    head_group_bytes: int = 8 << 20
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
