@@ -30,7 +30,8 @@ END = "<!-- catalog:end -->"
 STATUSES = ("mutant", "pending", "gpu-only", "convention")
 # What may catch a class: the spec's checks (conformance/spec/) and input validation (validation.py).
 CHECKS = ("test_forward", "test_lse", "test_gradients", "test_edge_case", "test_metamorphic",
-          "test_broadcast_q_native_matches_replicated", "test_guarded_inputs", "test_determinism", "validation")
+          "test_broadcast_q_native_matches_replicated", "test_guarded_inputs", "test_determinism", "validation",
+          "test_offsets_rewritten_between_calls")
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ PT = "pytorch/pytorch"
 CUDNN = "NVIDIA/cudnn-frontend"
 
 BUG = "a bug: "
-FWD, LSE, GRAD, EDGE, META, BCAST, GUARD, DET, VALID = CHECKS
+FWD, LSE, GRAD, EDGE, META, BCAST, GUARD, DET, VALID, REWRITE = CHECKS
 
 CATALOG: tuple[BugClass, ...] = (
     # -- causal masking --------------------------------------------------------------------------------
@@ -660,7 +661,7 @@ CATALOG: tuple[BugClass, ...] = (
         "two calls with the same shapes that differ in something a cached kernel or plan bakes in (the softmax "
         "scale, a tensor's address)",
         BUG,
-        "mutant", (META,)),
+        "mutant", (META, REWRITE)),
     BugClass(
         "batch-past-grid-limit", "More sequences than a launch grid's y or z axis holds",
         (issue(FA, 1786, "flash_attn_varlen_qkvpacked_func raised a RuntimeError on 80,000 sequences of 16 tokens "

@@ -2,6 +2,8 @@
 backend cannot run it). The spec tests draw problems and call these; ``replay`` calls the same ones."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .backend import Backend
@@ -52,6 +54,38 @@ def everything(backend: Backend, problem: Problem, device) -> list[Verdict]:
     run = run_backend(backend, problem, device, gradients=with_gradients)
     verdicts = judge_forward(problem, run)
     return verdicts + (judge_gradients(problem, run) if with_gradients else [])
+
+
+def _rotated(lengths: tuple) -> tuple:
+    """The sequences one place on (the last first): the same batch and totals in another order."""
+    return lengths[-1:] + lengths[:-1]
+
+
+def offsets_rewritten(backend: Backend, problem: Problem, device) -> list[Verdict]:
+    """Three forward calls whose offsets are the same tensor objects: ``problem``'s; then the offsets of its
+    sequences one place on (the same shapes and totals), written into those tensors in place (``copy_``, which
+    advances their version counters); then the first offsets again, the tensors rebound to new storage
+    (``.data =``, which leaves the version counters as they were). Each call is judged against the oracle:
+    a plan or kernel kept by the offsets tensors' identity (or identity and version) answers a later call
+    with an earlier call's sequences."""
+    ensure_supported(backend, problem)
+    other = problem.replace(seqlens_q=_rotated(problem.seqlens_q), seqlens_k=_rotated(problem.seqlens_k))
+    ensure_supported(backend, other)
+    args = make_inputs(problem, device)
+    cu_q, cu_k = args.cu_seqlens_q, args.cu_seqlens_k
+    verdicts = judge_forward(problem, call_backend(backend, args))
+    moved = make_inputs(other, device)
+    with torch.no_grad():
+        cu_q.copy_(moved.cu_seqlens_q)
+        cu_k.copy_(moved.cu_seqlens_k)
+    run = call_backend(backend, moved.replace(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k))
+    verdicts += [dataclasses.replace(v, quantity=f"{v.quantity} (offsets written in place)")
+                 for v in judge_forward(other, run)]
+    again = make_inputs(problem, device)
+    cu_q.data, cu_k.data = again.cu_seqlens_q, again.cu_seqlens_k
+    run = call_backend(backend, again.replace(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k))
+    return verdicts + [dataclasses.replace(v, quantity=f"{v.quantity} (offsets rebound)")
+                       for v in judge_forward(problem, run)]
 
 
 def _on(device, run: Run) -> Run:

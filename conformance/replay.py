@@ -100,6 +100,7 @@ CHECKS: dict[str, CheckFn] = {
     "test_forward": _verdicts(checks.forward),
     "test_lse": _verdicts(checks.lse),
     "test_gradients": _verdicts(checks.gradients),
+    "test_offsets_rewritten_between_calls": _verdicts(checks.offsets_rewritten),
     "test_edge_case": _verdicts(checks.everything),
     "test_kernel_configs": _verdicts(checks.everything),
     "test_metamorphic": _metamorphic,

@@ -134,3 +134,15 @@ def test_spec_failures_replay_to_the_same_failure(tmp_path):
         assert data["check"] in ("test_forward", "test_lse")
         assert replay.main([str(path)]) == 1
         assert replay.main([str(path), "--backend", "reference"]) == 0
+
+
+def test_every_spec_check_can_be_replayed():
+    import re
+    from pathlib import Path
+
+    import conformance.spec as spec
+    from conformance import replay
+    names = {name for path in Path(spec.__file__).parent.glob("test_*.py")
+             for name in re.findall(r"^def (test_\w+)\(", path.read_text(), flags=re.M)}
+    assert "test_offsets_rewritten_between_calls" in names
+    assert names <= set(replay.CHECKS), sorted(names - set(replay.CHECKS))

@@ -41,6 +41,7 @@ MUTANTS: dict[str, type[Unmutated]] = _registry(
     backward.NondeterministicDq,
     forward.ScaleFromValueDim,
     forward.ScaleKeyedOnShapes,
+    forward.OffsetsPlanKeyedOnIdentity,
     backward.GqaDvNotReduced,
     forward.UnwrittenTail,
     forward.MaxSeqlenOffByOne,

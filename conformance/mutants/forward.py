@@ -349,6 +349,21 @@ class ScaleKeyedOnShapes(Unmutated):
         return kernels.setdefault(key, args.softmax_scale)
 
 
+class OffsetsPlanKeyedOnIdentity(Unmutated):
+    name = "mutant-offsets-plan-keyed-on-identity"
+    catalog_id = "kernel-cache-key-incomplete"
+    bug = ("the sequences are read from the offsets once and kept under the offsets tensors' identity and version "
+           "counter: offsets tensors rebound to new storage (which leaves the counter) are read as they were")
+
+    def read_inputs(self, args):
+        plans = self.__dict__.setdefault("_plans", {})
+        cu_q, cu_k = args.cu_seqlens_q, args.cu_seqlens_k
+        key = (id(cu_q), cu_q._version, id(cu_k), cu_k._version)
+        # the tensors themselves are kept too, so their ids are not reused by other tensors
+        _, _, kept_q, kept_k = plans.setdefault(key, (cu_q, cu_k, cu_q.clone(), cu_k.clone()))
+        return args.replace(cu_seqlens_q=kept_q, cu_seqlens_k=kept_k)
+
+
 class Float32AsBfloat16(Unmutated):
     name = "mutant-float32-as-bfloat16"
     catalog_id = "float32-reduced-precision-matmul"
