@@ -17,15 +17,12 @@ PROBLEMS = [
 STAGES = ("", " (offsets written in place)", " (offsets rebound)")
 
 
-class IdentityOnly(Unmutated):
+class IdentityOnly(OffsetsPlanKeyedOnIdentity):
     """Offsets read once and kept under the tensors' identity alone (no version counter)."""
     name = "mutant-identity-only"
 
-    def read_inputs(self, args):
-        plans = self.__dict__.setdefault("_plans", {})
-        cu_q, cu_k = args.cu_seqlens_q, args.cu_seqlens_k
-        _, _, kept_q, kept_k = plans.setdefault((id(cu_q), id(cu_k)), (cu_q, cu_k, cu_q.clone(), cu_k.clone()))
-        return args.replace(cu_seqlens_q=kept_q, cu_seqlens_k=kept_k)
+    def plan_key(self, cu_q, cu_k) -> tuple:
+        return (id(cu_q), id(cu_k))
 
 
 def _failed(verdicts) -> set[str]:

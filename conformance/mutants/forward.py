@@ -355,12 +355,14 @@ class OffsetsPlanKeyedOnIdentity(Unmutated):
     bug = ("the sequences are read from the offsets once and kept under the offsets tensors' identity and version "
            "counter: offsets tensors rebound to new storage (which leaves the counter) are read as they were")
 
+    def plan_key(self, cu_q, cu_k) -> tuple:
+        return (id(cu_q), cu_q._version, id(cu_k), cu_k._version)
+
     def read_inputs(self, args):
         plans = self.__dict__.setdefault("_plans", {})
         cu_q, cu_k = args.cu_seqlens_q, args.cu_seqlens_k
-        key = (id(cu_q), cu_q._version, id(cu_k), cu_k._version)
         # the tensors themselves are kept too, so their ids are not reused by other tensors
-        _, _, kept_q, kept_k = plans.setdefault(key, (cu_q, cu_k, cu_q.clone(), cu_k.clone()))
+        _, _, kept_q, kept_k = plans.setdefault(self.plan_key(cu_q, cu_k), (cu_q, cu_k, cu_q.clone(), cu_k.clone()))
         return args.replace(cu_seqlens_q=kept_q, cu_seqlens_k=kept_k)
 
 
