@@ -35,7 +35,9 @@ case $STAGE in
       -p no:cacheprovider > "$OUT_DIR/pytest.txt" 2>&1
     echo "pytest rc=$?" | tee -a "$LOG"; tail -3 "$OUT_DIR/pytest.txt" ;;
   spec)
-    timeout 560 python3 -m conformance.cli run --backend triton-jfa --profile ci --device cuda --no-bench -q \
+    # the adapters register through the package's entry points: install the tree (offline, no deps)
+    python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT_DIR/pip.log" 2>&1
+    timeout 540 python3 -m conformance.cli run --backend triton-jfa --profile ci --device cuda --no-bench -q \
       -n "$WORKERS" --timeout 520 --time-limit 520 --max-worker-restart 100 --report-dir "$OUT_DIR/spec" \
       --name ci >> "$LOG" 2>&1
     echo "spec rc=$?" | tee -a "$LOG"; tail -5 "$OUT_DIR/spec/ci/summary.md" 2>/dev/null ;;
