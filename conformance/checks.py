@@ -79,13 +79,15 @@ def offsets_rewritten(backend: Backend, problem: Problem, device) -> list[Verdic
         cu_q.copy_(moved.cu_seqlens_q)
         cu_k.copy_(moved.cu_seqlens_k)
     run = call_backend(backend, moved.replace(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k))
-    verdicts += [dataclasses.replace(v, quantity=f"{v.quantity} (offsets written in place)")
-                 for v in judge_forward(other, run)]
+    verdicts += _labelled(judge_forward(other, run), "offsets written in place")
     again = make_inputs(problem, device)
     cu_q.data, cu_k.data = again.cu_seqlens_q, again.cu_seqlens_k
     run = call_backend(backend, again.replace(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k))
-    return verdicts + [dataclasses.replace(v, quantity=f"{v.quantity} (offsets rebound)")
-                       for v in judge_forward(problem, run)]
+    return verdicts + _labelled(judge_forward(problem, run), "offsets rebound")
+
+
+def _labelled(verdicts: list[Verdict], stage: str) -> list[Verdict]:
+    return [dataclasses.replace(v, quantity=f"{v.quantity} ({stage})") for v in verdicts]
 
 
 def _on(device, run: Run) -> Run:
