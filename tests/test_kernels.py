@@ -179,14 +179,14 @@ def test_causal_rows_without_keys_have_zero_grad():
 
 
 @needs_kernels
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gqa(causal):
     run_case([17, 35, 0, 8], [17, 20, 6, 40], hq=4, hkv=2, d=32, causal=causal)
     run_case([17, 35], [30, 20], hq=4, hkv=1, d=16, causal=causal, dtype=torch.float16)
 
 
 @needs_kernels
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", FP)
 def test_broadcast_q(causal, dtype):
     # 40 shared query rows vs 6 jagged K/V sequences (incl. empty ones); dQ is
@@ -297,7 +297,7 @@ def _first_sequence_alone(la, lb, d, dtype, poison, causal, poisoned, config=Non
 
 @needs_kernels
 @pytest.mark.parametrize("poison", ["huge", "inf", "nan"])
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 # the interpreter computes the masked-out lanes too, in numpy, which warns on the poison it meets there
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
                             "ignore:All-NaN slice encountered:RuntimeWarning")

@@ -29,7 +29,7 @@ needs_gluon = pytest.mark.skipif(bool(_GLUON_WHY), reason=f"the Gluon kernels ca
 
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("config", [Config(), TL_ONLY], ids=["default", "tl"])
 def test_gpu_multiblock(dtype, causal, config):
     # the default kernels (on sm_90 for bf16/fp16: the Gluon forward for sequences with >= 512 keys, the Gluon
@@ -44,7 +44,7 @@ def test_gpu_multiblock(dtype, causal, config):
 
 
 @needs_cuda
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("config", [Config(), TL_ONLY], ids=["default", "tl"])
 def test_gpu_broadcast_multiblock(causal, config):
     paths = run_case([256], [300, 0, 1, 513, 64, 200, 999, 128] * 3, hq=4, hkv=4, d=128, causal=causal,
@@ -102,7 +102,7 @@ def run_gluon_case(case, causal, programs=3, dtype=None):
 
 @needs_gluon
 @pytest.mark.parametrize("case", range(len(GLUON_CASES)))
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("programs", [3, 0], ids=["3-programs", "one-per-sm"])
 def test_gpu_gluon_kernels(case, causal, programs):
     # the Gluon forward on every shape class it takes, and the Gluon dK/dV and dQ kernels where they run (D == Dv
@@ -115,7 +115,7 @@ def test_gpu_gluon_kernels(case, causal, programs):
 
 @needs_gluon
 @pytest.mark.parametrize("case", [0, 2, 4])
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gpu_gluon_answers_do_not_depend_on_the_grid(case, causal):
     # one writer per output element: the same bits whichever program takes an item
     runs = [run_gluon_case(case, causal, programs) for programs in (1, 3, 0)]
@@ -137,7 +137,7 @@ def test_gpu_gluon_forward_scales(scale):
 
 @needs_gluon
 @pytest.mark.parametrize("poison", ["huge", "inf", "nan"])
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gpu_gluon_rows_past_lk_never_leak(poison, causal):
     """TMA reads the next sequence's rows past a ragged end; the loader zeroes those value rows and the
     scores are masked, so nothing they hold may reach the first sequence."""
@@ -159,7 +159,7 @@ def test_gpu_gluon_backward_rows_past_the_end_never_leak(poison, poisoned_first,
 
 
 @needs_gluon
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gpu_default_forward_is_split_at_512_keys(causal):
     # the default on sm_90: sequences with >= 512 keys on Gluon, the rest on tl, nothing configured
     assert Config().gluon_split_keys == 512
@@ -169,7 +169,7 @@ def test_gpu_default_forward_is_split_at_512_keys(causal):
 
 
 @needs_gluon
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gpu_split_forward(causal):
     # long sequences on the Gluon forward, short ones on the tl kernel, in one call (split at 256 keys)
     config = Config(gluon_split_keys=256)
