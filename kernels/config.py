@@ -53,10 +53,6 @@ class Config:
     # head by head.  8 MiB (four heads of S4b): its backward 1.4% faster, its forward level; 32 MiB (FA3's
     # figure) made the forward 2% slower (perf/LOG.md v37).
     head_group_bytes: int = 8 << 20
-    # EXPERIMENT (temporary): the Gluon dK/dV kernel's block pipeline, consumer registers and Q/dO stages
-    dkdv_pipe: int = int(os.environ.get("JFA_DKDV_PIPE", 0))
-    dkdv_regs: int = int(os.environ.get("JFA_DKDV_REGS", 232))
-    dkdv_stages: int = int(os.environ.get("JFA_DKDV_STAGES", 3))
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

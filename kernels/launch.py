@@ -180,8 +180,8 @@ def _dkdv_gluon(q, k, v, do, stats, cu_cols, dk, dv, cu_q, cu_k, t, plan):
         qd, kd, vd, dod, statsd, dk, dv, cu_q, cu_k, t.seq, t.blk, t.items, counter,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), plan.scale, plan.scale * tl.LOG2E,
         hkv, hq // hkv, t.counts, cu_cols, dk_desc, dv_desc,
-        BROADCAST=plan.broadcast, CAUSAL=plan.causal, HEAD_D=d, HEAD_DV=dvd, STAGES=plan.config.dkdv_stages,
-        PIPE=plan.config.dkdv_pipe, REGS=plan.config.dkdv_regs, dynamic=int(dynamic), num_warps=4)
+        BROADCAST=plan.broadcast, CAUSAL=plan.causal, HEAD_D=d, HEAD_DV=dvd, STAGES=dkdv.STAGES, dynamic=int(dynamic),
+        num_warps=4)
 
 
 def _dq_gluon(q, k, v, do, out, lse, delta, stats, columns, cu_q, cu_k, t, plan):

@@ -66,17 +66,15 @@ class BwdFlags:
     HEAD_D: gl.constexpr
     HEAD_DV: gl.constexpr
     STAGES: gl.constexpr
-    PIPE: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, PIPE):
+    def __init__(self, WG, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES):
         self.WG = gl.constexpr(WG)
         self.BROADCAST = gl.constexpr(BROADCAST)
         self.CAUSAL = gl.constexpr(CAUSAL)
         self.HEAD_D = gl.constexpr(HEAD_D)
         self.HEAD_DV = gl.constexpr(HEAD_DV)
         self.STAGES = gl.constexpr(STAGES)
-        self.PIPE = gl.constexpr(PIPE)
 
 
 @gluon.jit
@@ -199,31 +197,13 @@ def _block(dk, dv, k_a, v_half, q_s, do_s, stats_smem, s, keys, rows, lq, diag, 
            CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, ds_layout: gl.constexpr):
     # one query block against this group's 64 keys: S^T and dP^T first (k_a: K as S^T's A operand, in
     # registers), then the two accumulating MMAs
-    st, dpt = _issue_scores(k_a, v_half, q_s, do_s, s_layout)
-    st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
-    p_op, ds_op = _probs(st, dpt, stats_smem, s, keys, rows, lq, diag, qk_scale, q_s.dtype, CAUSAL, s_layout,
-                         p_layout, ds_layout)
-    dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
-    dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
-    dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
-    return dk, dv
-
-
-@gluon.jit
-def _issue_scores(k_a, v_half, q_s, do_s, s_layout: gl.constexpr):
     st = warpgroup_mma(k_a, q_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
                        use_acc=False, is_async=True)
     dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout),
                         use_acc=False, is_async=True)
-    return st, dpt
-
-
-@gluon.jit
-def _probs(st, dpt, stats_smem, s, keys, rows, lq, diag, qk_scale, dtype: gl.constexpr, CAUSAL: gl.constexpr,
-           s_layout: gl.constexpr, p_layout: gl.constexpr, ds_layout: gl.constexpr):
-    # P^T and dS^T of one block as the A operands of dV's and dK's MMAs
     row_ok = rows < lq
     lse2, delta = _row_stats(stats_smem, s, row_ok, s_layout)
+    st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
     pt = gl.exp2(st * qk_scale - lse2)
     # Every block is masked, also those that need no mask: with a separate unmasked path, Triton 3.6
     # compiled that path wrong on the H200 once the Q/dO ring had two or more stages and D == Dv; the
@@ -232,123 +212,17 @@ def _probs(st, dpt, stats_smem, s, keys, rows, lq, diag, qk_scale, dtype: gl.con
     if CAUSAL:
         keep = keep & (gl.expand_dims(keys, 1) <= gl.expand_dims(rows, 0) + diag)
     pt = gl.where(keep, pt, 0.0)
-    p_op = gl.convert_layout(pt.to(dtype), p_layout)
+    p_op = gl.convert_layout(pt.to(do_s.dtype), p_layout)
+    dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
     dst = pt * (dpt - delta)
-    ds_op = gl.convert_layout(dst.to(dtype), ds_layout)
-    return p_op, ds_op
+    ds_op = gl.convert_layout(dst.to(q_s.dtype), ds_layout)
+    dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
+    dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
+    return dk, dv
 
 
 @gluon.jit
-def _pipelined_blocks(dk, dv, k_a, v_half, q_smem, do_smem, stats_smem, qdo_ready, qdo_empty, r, T, n_steps, m_lo,
-                      keys, lq, diag, qk_scale, PIPE: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                      s_layout: gl.constexpr, p_layout: gl.constexpr, ds_layout: gl.constexpr):
-    # the item's T blocks with block t-1's dV / dK MMAs issued beside block t's S^T / dP^T.  PIPE 1: issued
-    # after them, running while block t's softmax does; PIPE 2: issued before them, one wait for all four.
-    # Every MMA retires inside the iteration that issues it.
-    dtype: gl.constexpr = q_smem.dtype
-    if T > 0:
-        s = r % STAGES
-        mbarrier.wait(qdo_ready.index(s), (r // STAGES) & 1)
-        rows = m_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-        st, dpt = _issue_scores(k_a, v_half, q_smem.index(s), do_smem.index(s), s_layout)
-        st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
-        p_op, ds_op = _probs(st, dpt, stats_smem, s, keys, rows, lq, diag, qk_scale, dtype, CAUSAL, s_layout,
-                             p_layout, ds_layout)
-        sp = s
-        r += 1
-        for t in range(1, T):
-            s = r % STAGES
-            mbarrier.wait(qdo_ready.index(s), (r // STAGES) & 1)
-            j = t % n_steps
-            rows = m_lo + j * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-            if PIPE % 2 == 1:
-                st, dpt = _issue_scores(k_a, v_half, q_smem.index(s), do_smem.index(s), s_layout)
-                dv = warpgroup_mma(p_op, do_smem.index(sp), dv, is_async=True)
-                dk = warpgroup_mma(ds_op, q_smem.index(sp), dk, is_async=True)
-                st, dpt = warpgroup_mma_wait(2, deps=(st, dpt))  # groups retire in order
-                p_new, ds_new = _probs(st, dpt, stats_smem, s, keys, rows, lq, diag, qk_scale, dtype, CAUSAL,
-                                       s_layout, p_layout, ds_layout)
-                dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
-                mbarrier.arrive(qdo_empty.index(sp))
-                p_op = p_new
-                ds_op = ds_new
-            else:
-                dv = warpgroup_mma(p_op, do_smem.index(sp), dv, is_async=True)
-                dk = warpgroup_mma(ds_op, q_smem.index(sp), dk, is_async=True)
-                st, dpt = _issue_scores(k_a, v_half, q_smem.index(s), do_smem.index(s), s_layout)
-                dv, dk, p_op, ds_op, st, dpt = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op, st, dpt))
-                mbarrier.arrive(qdo_empty.index(sp))
-                p_op, ds_op = _probs(st, dpt, stats_smem, s, keys, rows, lq, diag, qk_scale, dtype, CAUSAL,
-                                     s_layout, p_layout, ds_layout)
-            sp = s
-            r += 1
-        dv = warpgroup_mma(p_op, do_smem.index(sp), dv, is_async=True)
-        dk = warpgroup_mma(ds_op, q_smem.index(sp), dk, is_async=True)
-        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
-        mbarrier.arrive(qdo_empty.index(sp))
-    return dk, dv, r
-
-
-@gluon.jit
-def _pipelined_blocks_smem(dk, dv, k_a, v_half, q_smem, do_smem, stats_smem, p_smem, ds_smem, WG: gl.constexpr,
-                           qdo_ready, qdo_empty, r, T, n_steps, m_lo, keys, lq, diag, qk_scale,
-                           STAGES: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
-    # as _pipelined_blocks (PIPE 1), P^T and dS^T through shared memory (two buffers per group), so no
-    # register operand is in flight during the softmax
-    dtype: gl.constexpr = q_smem.dtype
-    if T > 0:
-        s = r % STAGES
-        mbarrier.wait(qdo_ready.index(s), (r // STAGES) & 1)
-        rows = m_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-        st, dpt = _issue_scores(k_a, v_half, q_smem.index(s), do_smem.index(s), s_layout)
-        st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
-        pt, dst = _probs_f32(st, dpt, stats_smem, s, keys, rows, lq, diag, qk_scale, CAUSAL, s_layout)
-        p_smem.index(2 * WG).store(pt.to(dtype))
-        ds_smem.index(2 * WG).store(dst.to(dtype))
-        fence_async_shared()
-        sp = s
-        b = 0
-        r += 1
-        for t in range(1, T):
-            s = r % STAGES
-            mbarrier.wait(qdo_ready.index(s), (r // STAGES) & 1)
-            j = t % n_steps
-            rows = m_lo + j * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-            st, dpt = _issue_scores(k_a, v_half, q_smem.index(s), do_smem.index(s), s_layout)
-            dv = warpgroup_mma(p_smem.index(2 * WG + b), do_smem.index(sp), dv, is_async=True)
-            dk = warpgroup_mma(ds_smem.index(2 * WG + b), q_smem.index(sp), dk, is_async=True)
-            st, dpt = warpgroup_mma_wait(2, deps=(st, dpt))
-            pt, dst = _probs_f32(st, dpt, stats_smem, s, keys, rows, lq, diag, qk_scale, CAUSAL, s_layout)
-            b = 1 - b
-            p_smem.index(2 * WG + b).store(pt.to(dtype))
-            ds_smem.index(2 * WG + b).store(dst.to(dtype))
-            fence_async_shared()
-            dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
-            mbarrier.arrive(qdo_empty.index(sp))
-            sp = s
-            r += 1
-        dv = warpgroup_mma(p_smem.index(2 * WG + b), do_smem.index(sp), dv, is_async=True)
-        dk = warpgroup_mma(ds_smem.index(2 * WG + b), q_smem.index(sp), dk, is_async=True)
-        dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
-        mbarrier.arrive(qdo_empty.index(sp))
-    return dk, dv, r
-
-
-@gluon.jit
-def _probs_f32(st, dpt, stats_smem, s, keys, rows, lq, diag, qk_scale, CAUSAL: gl.constexpr,
-               s_layout: gl.constexpr):
-    row_ok = rows < lq
-    lse2, delta = _row_stats(stats_smem, s, row_ok, s_layout)
-    pt = gl.exp2(st * qk_scale - lse2)
-    keep = gl.expand_dims(row_ok, 0)
-    if CAUSAL:
-        keep = keep & (gl.expand_dims(keys, 1) <= gl.expand_dims(rows, 0) + diag)
-    pt = gl.where(keep, pt, 0.0)
-    return pt, pt * (dpt - delta)
-
-
-@gluon.jit
-def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, p_smem, ds_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
+def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
               DK, DV, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
               stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, qk_scale, dk_desc, dv_desc, flags):
     WG: gl.constexpr = flags.WG
@@ -377,31 +251,19 @@ def _consumer(q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, p_smem, ds_
         kw = n0 + WG * HALF_N  # this group's first key
         keys = kw + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
         # the item's K half as S^T's A operand in registers, loaded once per item
-        if flags.PIPE == 3 or flags.PIPE == 4 or flags.PIPE == 6:
-            k_a = k_half  # S^T's A operand from shared memory: 32 registers less
-        else:
-            k_a = k_half.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
+        k_a = k_half.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
         dk = gl.zeros([HALF_N, HEAD_D], gl.float32, dk_layout)
         dv = gl.zeros([HALF_N, HEAD_DV], gl.float32, dv_layout)
-        if flags.PIPE == 0:
-            for g in range(GROUP):
-                for j in range(n_steps):
-                    m = m_lo + j * BLOCK_M
-                    s = r % STAGES
-                    mbarrier.wait(qdo_ready.index(s), (r // STAGES) & 1)
-                    rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-                    dk, dv = _block(dk, dv, k_a, v_half, q_smem.index(s), do_smem.index(s), stats_smem, s, keys,
-                                    rows, lq, diag, qk_scale, CAUSAL, s_layout, p_layout, ds_layout)
-                    mbarrier.arrive(qdo_empty.index(s))
-                    r += 1
-        elif flags.PIPE >= 5:
-            dk, dv, r = _pipelined_blocks_smem(dk, dv, k_a, v_half, q_smem, do_smem, stats_smem, p_smem, ds_smem, WG,
-                                               qdo_ready, qdo_empty, r, GROUP * n_steps, n_steps, m_lo, keys, lq,
-                                               diag, qk_scale, STAGES, CAUSAL, s_layout)
-        else:
-            dk, dv, r = _pipelined_blocks(dk, dv, k_a, v_half, q_smem, do_smem, stats_smem, qdo_ready, qdo_empty, r,
-                                          GROUP * n_steps, n_steps, m_lo, keys, lq, diag, qk_scale, flags.PIPE,
-                                          STAGES, CAUSAL, s_layout, p_layout, ds_layout)
+        for g in range(GROUP):
+            for j in range(n_steps):
+                m = m_lo + j * BLOCK_M
+                s = r % STAGES
+                mbarrier.wait(qdo_ready.index(s), (r // STAGES) & 1)
+                rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+                dk, dv = _block(dk, dv, k_a, v_half, q_smem.index(s), do_smem.index(s), stats_smem, s, keys, rows,
+                                lq, diag, qk_scale, CAUSAL, s_layout, p_layout, ds_layout)
+                mbarrier.arrive(qdo_empty.index(s))
+                r += 1
         # every MMA reading this item's K/V is done
         dk = (dk * sm_scale).to(DK.dtype.element_ty)
         dv = dv.to(DV.dtype.element_ty)
@@ -423,7 +285,7 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
                 COUNTER, stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, qk_scale,
                 HKV, GROUP, N_ITEMS, CU_COLS, dk_desc, dv_desc, dynamic,
                 BROADCAST: gl.constexpr, CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
-                STAGES: gl.constexpr, PIPE: gl.constexpr = 0, REGS: gl.constexpr = 232):
+                STAGES: gl.constexpr):
     # work items: (128-key block, kv head) in ITEMS' order; program p runs the launch positions p, then
     # p + P, ... (dynamic != 0: those it claims from COUNTER)
     n_items = gl.load(N_ITEMS)  # the item count, written on the device by the schedule's builder
@@ -434,10 +296,6 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [4, HALF_N, HEAD_D], k_desc.layout)  # 2 buffers x 2 halves
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [4, HALF_N, HEAD_DV], v_desc.layout)
     pos_smem = gl.allocate_shared_memory(gl.int32, [2, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    pl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
-    nbuf: gl.constexpr = 4 if PIPE >= 5 else 1
-    p_smem = gl.allocate_shared_memory(q_desc.dtype, [nbuf, HALF_N, BLOCK_M], pl)
-    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [nbuf, HALF_N, BLOCK_M], pl)
     kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -451,20 +309,20 @@ def dkdv_kernel(q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, CU_Q, CU_K,
         mbarrier.init(qdo_ready.index(i), count=1)
         mbarrier.init(qdo_empty.index(i), count=2)  # ... and every Q/dO buffer
     fence_async_shared()
-    shared = (q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, p_smem, ds_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
+    shared = (q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
               DK, DV, ITEMS, TILE_SEQ, TILE_BLK, CU_Q, CU_K, HKV, GROUP, n_items,
               stride_dkt, stride_dkh, stride_dvt, stride_dvh, sm_scale, qk_scale, dk_desc, dv_desc)
     gl.warp_specialize([
-        (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, PIPE), )),
-        (_consumer, shared + (BwdFlags(1, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, PIPE), )),
+        (_consumer, shared + (BwdFlags(0, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES), )),
+        (_consumer, shared + (BwdFlags(1, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES), )),
         (_loader, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, stats_smem, k_smem, v_smem, pos_smem,
                    kv_ready, kv_empty, qdo_ready, qdo_empty, tail_bar,
                    ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, CU_COLS, HKV, GROUP, n_items, dynamic,
-                   BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES, PIPE))),
-    ], [4, 1], [REGS, 504 - 2 * REGS])
+                   BwdFlags(2, BROADCAST, CAUSAL, HEAD_D, HEAD_DV, STAGES))),
+    ], [4, 1], [232, 40])
 
 
-def compile_sm90(head_d=128, head_dv=128, stages=STAGES, causal=False, broadcast=False, dtype="bf16", pipe=0, regs=232):
+def compile_sm90(head_d=128, head_dv=128, stages=STAGES, causal=False, broadcast=False, dtype="bf16"):
     """``dkdv_kernel`` compiled for sm_90 on any machine (pipeline.compile_sm90)."""
     m, n = BLOCK_M.value, HALF_N.value
     types = {"q_desc": desc_type(dtype, m, head_d), "k_desc": desc_type(dtype, n, head_d),
@@ -476,4 +334,4 @@ def compile_sm90(head_d=128, head_dv=128, stages=STAGES, causal=False, broadcast
              "CU_COLS": "*i32", "dk_desc": desc_type(dtype, n, head_d), "dv_desc": desc_type(dtype, n, head_dv),
              "dynamic": "i32"}
     return _compile(dkdv_kernel, types, dict(BROADCAST=broadcast, CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv,
-                                             STAGES=stages, PIPE=pipe, REGS=regs))
+                                             STAGES=stages))
