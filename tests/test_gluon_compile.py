@@ -86,8 +86,8 @@ def test_gluon_kernel_compiles_for_sm90(probed, i):
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="ptxas hoists PV's wait above the softmax exponentials (the new P's bf16 packing "
-                          "writes the registers PV reads; perf/LOG.md v34); a fix makes this pass")
+                   reason="ptxas moves PV's wait into the row maximum's shuffles, above the softmax "
+                          "exponentials (perf/LOG.md v34, v40); a fix makes this pass")
 def test_forward_keeps_the_softmax_between_the_waits(probed):
     result = probed[0]
     if "error" in result:

@@ -7,9 +7,9 @@
   consumer groups).  Each consumer group takes 64 query rows.
 * Per key block the consumer runs FA3's intra-warpgroup overlap: QK^T(j) and PV(j-1) are issued, then a
   wait for QK^T alone, block j's softmax while PV(j-1) runs, a wait for PV and the rescale.  So the source;
-  in the SASS ptxas moves the wait for PV above the exponentials (block j's P is packed into the registers
-  PV(j-1) reads), so within a group they do not overlap (``perf/LOG.md`` v34; the xfail in
-  tests/test_gluon_compile.py).  The two groups are separate warp groups, so one's softmax runs while the
+  in the SASS ptxas moves the wait for PV into the row maximum's shuffles, above the exponentials, so
+  within a group they do not overlap (``perf/LOG.md`` v34, v40: the maximum's shuffles come with it, P in
+  shared memory does not help; the xfail in tests/test_gluon_compile.py).  The two groups are separate warp groups, so one's softmax runs while the
   other's ``wgmma`` keeps the tensor cores busy.
 * Key block order: under causal masking first to last (the masked diagonal blocks last); without it last
   to first, so an item's ragged last block, which the loader must wait for and zero before publishing it,
