@@ -173,6 +173,10 @@ def test_s3_seeds_are_timed_even_where_the_shapes_do_not_name_them():
 def test_the_head_dim_64_shape_is_timed_at_its_head_dim_and_leaves_the_others_unchanged():
     shapes = bench.make_shapes()
     assert shapes["S5"].get("D") == 64 and len(shapes["S5"]["lk"]) == 1024
+    # the small head dims: S6 / S6c at 32 (S6c causal), S7 at 16, on S5's lengths
+    assert [shapes[n].get("D") for n in ("S6", "S6c", "S7")] == [32, 32, 16]
+    assert [shapes[n]["causal"] for n in ("S6", "S6c", "S7")] == [False, True, False]
+    assert all(shapes[n]["lk"] is shapes["S5"]["lk"] for n in ("S6", "S6c", "S7"))
     assert all("D" not in shapes[n] for n in ("S1", "S1c", "S2", "S3", "S4a", "S4b"))
     # its lengths come from a generator of its own: S1-S3's draws are what they were
     assert int(shapes["S1"]["lk"].sum()) == int(bench._uniform_lens(np.random.default_rng(bench.SEED), 1024, 1,
