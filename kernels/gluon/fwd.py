@@ -58,10 +58,9 @@ class PartitionFlags:
     HEAD_DV: gl.constexpr
     STAGES: gl.constexpr
     TMA_STORE: gl.constexpr
-    FENCE: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE, FENCE):
+    def __init__(self, WG, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE):
         self.WG = gl.constexpr(WG)
         self.BROADCAST = gl.constexpr(BROADCAST)
         self.CAUSAL = gl.constexpr(CAUSAL)
@@ -70,7 +69,6 @@ class PartitionFlags:
         self.HEAD_DV = gl.constexpr(HEAD_DV)
         self.STAGES = gl.constexpr(STAGES)
         self.TMA_STORE = gl.constexpr(TMA_STORE)
-        self.FENCE = gl.constexpr(FENCE)
 
 
 @gluon.jit
@@ -167,8 +165,7 @@ def _issue_qk(r, q, k_smem, k_ready, BLOCK_N: gl.constexpr, STAGES: gl.constexpr
 def _pipelined_block(j, r, acc, p_prev, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                      offs_m, offs_n, lk, diag, qk_scale,
                      MASKED: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                     s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-                     FENCE: gl.constexpr):
+                     s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
     # key block j (ring position r): its softmax runs while the previous block's PV (ring position r - 1) is in
     # flight (FA3's intra-warpgroup overlap): issue QK^T(j), issue that PV, wait for QK^T only, softmax(j),
     # then wait for PV and rescale.
@@ -179,19 +176,8 @@ def _pipelined_block(j, r, acc, p_prev, l_i, m_i, q, k_smem, v_smem, k_ready, v_
     pv = warpgroup_mma(p_prev, v_smem.index(sp), acc, is_async=True)
     scores = warpgroup_mma_wait(1, deps=(qk, ))  # groups retire in order: QK^T(j) is done
     mbarrier.arrive(k_empty.index(s))
-    if FENCE:
-        # always true (r >= 0), but ptxas schedules within a basic block: the branch keeps the PV wait
-        # below the exponentials, so block j's softmax runs while PV(j-1) does
-        if r >= 0:
-            p, alpha, l_i, m_new = _softmax_step(scores, m_i, l_i, j, offs_m, offs_n, lk, diag, qk_scale,
-                                                 MASKED, CAUSAL, BLOCK_N)
-        else:
-            p = scores
-            alpha = m_i
-            m_new = m_i
-    else:
-        p, alpha, l_i, m_new = _softmax_step(scores, m_i, l_i, j, offs_m, offs_n, lk, diag, qk_scale,
-                                             MASKED, CAUSAL, BLOCK_N)
+    p, alpha, l_i, m_new = _softmax_step(scores, m_i, l_i, j, offs_m, offs_n, lk, diag, qk_scale,
+                                         MASKED, CAUSAL, BLOCK_N)
     acc, p_prev = warpgroup_mma_wait(0, deps=(pv, p_prev))
     mbarrier.arrive(v_empty.index(sp))
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
@@ -253,19 +239,19 @@ def _consumer(q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_rea
                         acc, p_op, l_i, m_i = _pipelined_block(
                             j, r0 + j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                             offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL, BLOCK_N, STAGES, s_layout, o_layout,
-                            p_layout, flags.FENCE)
+                            p_layout)
                     for j in range(gl.maximum(n_full, 1), n_blocks):
                         acc, p_op, l_i, m_i = _pipelined_block(
                             j, r0 + j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                             offs_m, offs_n, lk, diag, qk_scale, True, CAUSAL, BLOCK_N, STAGES, s_layout, o_layout,
-                            p_layout, flags.FENCE)
+                            p_layout)
                 else:
                     # the rest, last to first: without causal masking only the ragged last block is masked
                     for t in range(1, n_blocks):
                         acc, p_op, l_i, m_i = _pipelined_block(
                             n_blocks - 1 - t, r0 + t, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
                             k_empty, v_empty, offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL, BLOCK_N, STAGES,
-                            s_layout, o_layout, p_layout, flags.FENCE)
+                            s_layout, o_layout, p_layout)
                 last = r0 + n_blocks - 1
                 mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
                 acc = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
@@ -308,7 +294,7 @@ def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, I
                stride_ot, stride_oh, stride_lh, qk_scale, H, GROUP, N_ITEMS, o_desc, dynamic,
                BROADCAST: gl.constexpr, CAUSAL: gl.constexpr,
                BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
-               STAGES: gl.constexpr, TMA_STORE: gl.constexpr = False, FENCE: gl.constexpr = True):
+               STAGES: gl.constexpr, TMA_STORE: gl.constexpr = False):
     # work items: (128-row query tile, query head) in ITEMS' order; program p runs the launch positions p,
     # p + P, ... (dynamic != 0: p, then those it claims from COUNTER, a zeroed int32)
     n_items = gl.load(N_ITEMS)  # the item count, written on the device by the schedule's builder
@@ -339,16 +325,16 @@ def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, I
               O, LSE, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, stride_ot, stride_oh,
               stride_lh, qk_scale, o_desc)
     gl.warp_specialize([
-        (_consumer, shared + (PartitionFlags(0, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE, FENCE), )),
-        (_consumer, shared + (PartitionFlags(1, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE, FENCE), )),
+        (_consumer, shared + (PartitionFlags(0, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE), )),
+        (_consumer, shared + (PartitionFlags(1, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE), )),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready,
                    k_empty, v_empty, tail_bar, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-                   dynamic, PartitionFlags(2, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE, FENCE))),
+                   dynamic, PartitionFlags(2, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE))),
     ], [4, 1], [232, 40])
 
 
 def compile_sm90(block_n=BLOCK_N, head_d=128, head_dv=128, stages=STAGES, causal=False, broadcast=False,
-                 dtype="bf16", tma_store=False, fence=True):
+                 dtype="bf16", tma_store=False):
     """``fwd_kernel`` compiled for sm_90 on any machine (pipeline.compile_sm90)."""
     types = {"q_desc": desc_type(dtype, HALF_M, head_d), "k_desc": desc_type(dtype, block_n, head_d),
              "v_desc": desc_type(dtype, block_n, head_dv), "O": "*" + dtype, "LSE": "*fp32", "CU_Q": "*i32",
@@ -356,4 +342,4 @@ def compile_sm90(block_n=BLOCK_N, head_d=128, head_dv=128, stages=STAGES, causal
              "stride_ot": "i32", "stride_oh": "i32", "stride_lh": "i32", "qk_scale": "fp32", "H": "i32",
              "GROUP": "i32", "N_ITEMS": "*i32", "o_desc": desc_type(dtype, HALF_M, head_dv), "dynamic": "i32"}
     return _compile(fwd_kernel, types, dict(BROADCAST=broadcast, CAUSAL=causal, BLOCK_N=block_n, HEAD_D=head_d,
-                                            HEAD_DV=head_dv, STAGES=stages, TMA_STORE=tma_store, FENCE=fence))
+                                            HEAD_DV=head_dv, STAGES=stages, TMA_STORE=tma_store))
