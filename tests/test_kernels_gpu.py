@@ -87,11 +87,6 @@ GLUON_CASES = [
     ([300, 0, 65, 129, 1], [257, 5, 64, 400, 1], 2, 1, 128, 128, False),
     # head dim 64's 64-row query blocks in the dK/dV kernel, under broadcast-Q and GQA, ragged against 64
     ([130], [300, 0, 1, 129, 64, 65], 4, 2, 64, 64, True),
-    # the small head dims (32- and 64-byte rows: the narrowest TMA boxes and swizzles), GQA, and a Dv the
-    # backward leaves to tl
-    ([300, 0, 513, 129, 1, 65], [257, 5, 513, 400, 1, 64], 4, 2, 32, 32, False),
-    ([200, 7, 130, 64], [190, 300, 1, 64], 2, 1, 16, 16, False),
-    ([100, 257], [129, 80], 2, 2, 128, 32, False),
 ]
 
 
@@ -119,7 +114,7 @@ def test_gpu_gluon_kernels(case, causal, programs):
 
 
 @needs_gluon
-@pytest.mark.parametrize("case", [0, 2, 4, 6])
+@pytest.mark.parametrize("case", [0, 2, 4])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gpu_gluon_answers_do_not_depend_on_the_grid(case, causal):
     # one writer per output element: the same bits whichever program takes an item
@@ -152,7 +147,7 @@ def test_gpu_gluon_rows_past_lk_never_leak(poison, causal):
 
 
 @needs_gluon
-@pytest.mark.parametrize("d", [128, 64, 32, 16])
+@pytest.mark.parametrize("d", [128, 64])
 @pytest.mark.parametrize("poisoned_first", [True, False])
 @pytest.mark.parametrize("poison", ["inf", "nan"])
 def test_gpu_gluon_backward_rows_past_the_end_never_leak(poison, poisoned_first, d):

@@ -43,7 +43,7 @@ HALF_N = gl.constexpr(64)  # keys per consumer warp group: one wgmma M-extent
 BLOCK_N = gl.constexpr(128)  # keys per item
 BLOCK_M = gl.constexpr(32)  # query rows per streamed block
 STAGES = 3  # Q/dO blocks in flight
-HEAD_DIMS = (16, 32, 64, 128)  # where the host runs it (D == Dv)
+HEAD_DIMS = (64, 128)  # where the host runs it (D == Dv)
 # the [1, BLOCK_M] fp32 boxes of the backward statistics: unswizzled, since a stage's box is 128 bytes and a
 # swizzled TMA destination must start on a 1,024-byte boundary
 STATS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
