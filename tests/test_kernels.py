@@ -534,7 +534,10 @@ def test_plan_refuses_tensors_of_another_layout():
 def _call(**kw):
     q, k, v, cu_q, cu_k = make_inputs([5, 7], [6, 8], 2, 2, 32, 32, torch.float32)
     a = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=7, max_seqlen_k=8)
-    extra = {x: kw.pop(x) for x in ("causal", "broadcast_q", "softmax_scale", "config") if x in kw}
+    # offsets on the GPU are read back (and checked against max_seqlen) only under check_offsets: the same
+    # rules on every device
+    extra = {"config": Config(check_offsets=True)}
+    extra.update({x: kw.pop(x) for x in ("causal", "broadcast_q", "softmax_scale", "config") if x in kw})
     a.update(kw)
     a = {n: (t.to(DEVICE) if isinstance(t, torch.Tensor) else t) for n, t in a.items()}
     return jagged_flash_attention(a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["cu_seqlens_k"],
@@ -630,9 +633,11 @@ def test_a_bad_config_field_is_refused_by_name(kw, words):
 def test_the_environment_config_is_read_at_the_first_call():
     # in a fresh process: JFA_TL_TILES reaches the plan of a call that gives no config; a bad value is an
     # error at the first call, naming the variable
-    code = ("import torch\nfrom kernels import JaggedPlan\nq = torch.randn(4, 1, 16)\n"
-            "cu = torch.tensor([0, 4], dtype=torch.int32)\nprint(JaggedPlan(q, q, q, cu, cu, 4, 4).config)\n")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    # (on the device the other tests use: the builders run in the interpreter only without CUDA)
+    code = (f"import torch\nfrom kernels import JaggedPlan\nq = torch.randn(4, 1, 16, device={DEVICE!r})\n"
+            f"cu = torch.tensor([0, 4], dtype=torch.int32, device={DEVICE!r})\n"
+            "print(JaggedPlan(q, q, q, cu, cu, 4, 4).config)\n")
+    env = {**os.environ, "TRITON_INTERPRET": "0" if _HAS_CUDA else "1"}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
                          env={**env, "JFA_TL_TILES": "64"})
     assert run.returncode == 0 and "tl_tiles=64" in run.stdout, run.stderr[-2000:]

@@ -8,9 +8,10 @@
 * Per key block the consumer runs FA3's intra-warpgroup overlap: QK^T(j) and PV(j-1) are issued, then a
   wait for QK^T alone, block j's softmax while PV(j-1) runs, a wait for PV and the rescale.  So the source;
   in the SASS ptxas moves the wait for PV into the row maximum's shuffles, above the exponentials, so
-  within a group they do not overlap (``perf/LOG.md`` v34, v40: the maximum's shuffles come with it, P in
-  shared memory does not help; the xfail in tests/test_gluon_compile.py).  The two groups are separate
-  warp groups, so one's softmax runs while the other's ``wgmma`` keeps the tensor cores busy.
+  within a group they do not overlap (the xfail in tests/test_gluon_compile.py).  The two groups are
+  separate warp groups, so one's softmax runs while the other's ``wgmma`` keeps the tensor cores busy; the
+  softmax in a basic block of its own keeps all of it under PV in the SASS, and measured no faster
+  (``perf/LOG.md`` v34, v40, v41).
 * Key block order: under causal masking first to last (the masked diagonal blocks last); without it last
   to first, so an item's ragged last block, which the loader must wait for and zero before publishing it,
   is loaded first, while the consumers still finish the item before (S5 forward 8% faster, S1 4%,
