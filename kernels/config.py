@@ -53,9 +53,6 @@ class Config:
     # head by head.  8 MiB (four heads of S4b): its backward 1.4% faster, its forward level; 32 MiB (FA3's
     # figure) made the forward 2% slower (perf/LOG.md v37).
     head_group_bytes: int = 8 << 20
-    # The Gluon dQ kernel at head dim 64 streams 128-key blocks (240 registers a consumer thread); 0: 64-key
-    # blocks as at 128.  Being measured: 0 is the kernel as it was.
-    dq_keys_64: bool = True
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
