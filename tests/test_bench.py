@@ -173,6 +173,7 @@ def test_s3_seeds_are_timed_even_where_the_shapes_do_not_name_them():
 def test_the_head_dim_64_shape_is_timed_at_its_head_dim_and_leaves_the_others_unchanged():
     shapes = bench.make_shapes()
     assert shapes["S5"].get("D") == 64 and len(shapes["S5"]["lk"]) == 1024
+    assert shapes["S5c"].get("D") == 64 and shapes["S5c"]["causal"] and shapes["S5c"]["lk"] is shapes["S5"]["lk"]
     # the small head dims: S6 / S6c at 32 (S6c causal), S7 at 16, on S5's lengths
     assert [shapes[n].get("D") for n in ("S6", "S6c", "S7")] == [32, 32, 16]
     assert [shapes[n]["causal"] for n in ("S6", "S6c", "S7")] == [False, True, False]

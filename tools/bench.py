@@ -78,6 +78,8 @@ def make_shapes(s3_seeds=()):
         "S4b": dict(desc="dense B=8 L=4096 H=16 causal", lq=np.full(8, 4096), lk=np.full(8, 4096), H=16,
                     causal=True, bq=False),
         "S5": dict(desc="jagged head dim 64 B=1024 U[1,1024) H=8", lq=s5, lk=s5, H=8, causal=False, bq=False, D=64),
+        "S5c": dict(desc="jagged head dim 64 B=1024 U[1,1024) H=8 causal", lq=s5, lk=s5, H=8, causal=True, bq=False,
+                    D=64),
         "S6": dict(desc="jagged head dim 32 B=1024 U[1,1024) H=16", lq=s5, lk=s5, H=16, causal=False, bq=False, D=32),
         "S6c": dict(desc="jagged head dim 32 B=1024 U[1,1024) H=16 causal", lq=s5, lk=s5, H=16, causal=True, bq=False,
                     D=32),
