@@ -70,9 +70,7 @@ def forward(q, k, v, cu_q, cu_k, plan):
             qd, kd, vd, out, lse, cu_q, cu_k, t.seq, t.blk, t.items, counter,
             out.stride(0), out.stride(1), lse.stride(0), plan.scale * tl.LOG2E, hq, hq // hkv, t.counts, od,
             BROADCAST=plan.broadcast, CAUSAL=plan.causal, BLOCK_N=fwd.BLOCK_N, HEAD_D=d, HEAD_DV=dv,
-            STAGES=fwd.STAGES, TMA_STORE=tma_store, PINGPONG=plan.config.fwd_pingpong, FENCE=plan.config.fwd_fence,
-            REGS=240 if plan.config.fwd_regs_240 else 232, LOADER_REGS=24 if plan.config.fwd_regs_240 else 40,
-            dynamic=int(dynamic), num_warps=4)
+            STAGES=fwd.STAGES, TMA_STORE=tma_store, dynamic=int(dynamic), num_warps=4)
     t = s["fwd"]
     if t is not None and t.n_items > 0:
         bm, bn, w, st = plan.tiles.fwd
