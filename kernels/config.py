@@ -53,18 +53,6 @@ class Config:
     # head by head.  8 MiB (four heads of S4b): its backward 1.4% faster, its forward level; 32 MiB (FA3's
     # figure) made the forward 2% slower (perf/LOG.md v37).
     head_group_bytes: int = 8 << 20
-    # The Gluon forward's two consumer groups take turns to issue their MMAs (FA3's ping-pong).  Being
-    # measured: 0 is the kernel as it was.
-    fwd_pingpong: bool = True
-    # The Gluon forward's softmax in a basic block of its own, so that ptxas keeps the wait for PV(j-1) below
-    # block j's exponentials (gluon/fwd.py).  Being measured: 0 is the kernel as it was.
-    fwd_fence: bool = True
-    # The Gluon forward's consumer groups at 240 registers a thread and its loader warp at 24 (FA4's sm_90
-    # split); 0: 232 / 40.  Being measured: 0 is the kernel as it was.
-    fwd_regs_240: bool = False
-    # The Gluon dQ kernel at head dim 64 streams 128-key blocks (240 registers a consumer thread); 0: 64-key
-    # blocks as at 128.  Being measured: 0 is the kernel as it was.
-    dq_keys_64: bool = True
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

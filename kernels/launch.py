@@ -70,9 +70,7 @@ def forward(q, k, v, cu_q, cu_k, plan):
             qd, kd, vd, out, lse, cu_q, cu_k, t.seq, t.blk, t.items, counter,
             out.stride(0), out.stride(1), lse.stride(0), plan.scale * tl.LOG2E, hq, hq // hkv, t.counts, od,
             BROADCAST=plan.broadcast, CAUSAL=plan.causal, BLOCK_N=fwd.BLOCK_N, HEAD_D=d, HEAD_DV=dv,
-            STAGES=fwd.STAGES, TMA_STORE=tma_store, PINGPONG=plan.config.fwd_pingpong, FENCE=plan.config.fwd_fence,
-            REGS=240 if plan.config.fwd_regs_240 else 232, LOADER_REGS=24 if plan.config.fwd_regs_240 else 40,
-            dynamic=int(dynamic), num_warps=4)
+            STAGES=fwd.STAGES, TMA_STORE=tma_store, dynamic=int(dynamic), num_warps=4)
     t = s["fwd"]
     if t is not None and t.n_items > 0:
         bm, bn, w, st = plan.tiles.fwd
@@ -195,14 +193,12 @@ def _dq_gluon(q, k, v, do, out, lse, delta, stats, columns, cu_q, cu_k, t, plan)
     dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)  # every row with queries is in exactly one tile
     if t.n_items == 0 or q.shape[0] == 0:
         return dq
-    m = gdq.HALF_M.value
-    n, regs, loader_regs = gdq.block_n(d, plan.config.dq_keys_64)
+    m, n = gdq.HALF_M.value, gdq.BLOCK_N.value
     qd, kd, vd, dod, dqd = _descriptors(((q, m), (k, n), (v, n), (do, m), (dq, m)))
     n_programs, dynamic, counter = _grid(t, q.device, plan.config)
     gdq.dq_kernel[(n_programs,)](
         qd, kd, vd, dod, dq, lse, delta, cu_q, cu_k, t.seq, t.blk, t.items, counter,
         dq.stride(0), dq.stride(1), lse.stride(0), plan.scale, plan.scale * tl.LOG2E, hq, hq // hkv, t.counts, dqd,
         out, stats, columns.cols, out.stride(0), out.stride(1), stats.stride(0),
-        CAUSAL=plan.causal, HEAD_D=d, HEAD_DV=dvd, STAGES=gdq.STAGES, BLOCK_N=n, REGS=regs,
-        LOADER_REGS=loader_regs, dynamic=int(dynamic), num_warps=4)
+        CAUSAL=plan.causal, HEAD_D=d, HEAD_DV=dvd, STAGES=gdq.STAGES, dynamic=int(dynamic), num_warps=4)
     return dq

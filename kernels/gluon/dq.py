@@ -39,7 +39,7 @@ from .pipeline import (compile_sm90 as _compile, desc_type, next_pos, publish_po
                        release_after_stores, store_rows, tma_load, zero_rows_from)
 
 HALF_M = gl.constexpr(64)  # query rows per consumer warp group: one wgmma M-extent
-BLOCK_N = 64  # keys per streamed block (block_n: 128 at head dim 64 under Config.dq_keys_64)
+BLOCK_N = gl.constexpr(64)  # keys per streamed block
 LOG2E = gl.constexpr(1.4426950408889634)
 STAGES = 2  # K/V blocks in flight: two fill sm_90's shared memory at head dim 128
 
@@ -53,10 +53,9 @@ class DqFlags:
     HEAD_DV: gl.constexpr
     STAGES: gl.constexpr
     K_STAGES: gl.constexpr
-    BLOCK_N: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, CAUSAL, HEAD_D, HEAD_DV, STAGES, BLOCK_N):
+    def __init__(self, WG, CAUSAL, HEAD_D, HEAD_DV, STAGES):
         self.WG = gl.constexpr(WG)
         self.CAUSAL = gl.constexpr(CAUSAL)
         self.HEAD_D = gl.constexpr(HEAD_D)
@@ -64,7 +63,6 @@ class DqFlags:
         self.STAGES = gl.constexpr(STAGES)
         # block j-1's K stays for its dQ MMA while block j's K is read and block j+1's is loaded
         self.K_STAGES = gl.constexpr(STAGES + 1)
-        self.BLOCK_N = gl.constexpr(BLOCK_N)
 
 
 @gluon.jit
@@ -75,7 +73,6 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, po
     HEAD_DV: gl.constexpr = flags.HEAD_DV
     STAGES: gl.constexpr = flags.STAGES
     KS: gl.constexpr = flags.K_STAGES
-    BLOCK_N: gl.constexpr = flags.BLOCK_N
     r0 = 0  # ring position of the item's first key block (runs on across items)
     n_tails = 0
     tq = 0  # items so far: Q/dO buffer tq % 2
@@ -144,7 +141,7 @@ def _row_delta(o, do, row_ok, o_layout: gl.constexpr, s_layout: gl.constexpr):
 
 @gluon.jit
 def _ds_block(st, dp, j, rows, row_ok, lse2, delta, cols0, lk, diag, qk_scale, dtype: gl.constexpr,
-              CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, ds_layout: gl.constexpr):
+              CAUSAL: gl.constexpr, ds_layout: gl.constexpr):
     # dS of key block j as the dQ MMA's register operand, 0 outside the sequence and the causal triangle
     cols = j * BLOCK_N + cols0
     keep = gl.expand_dims(row_ok, 1) & gl.expand_dims(cols < lk, 0)
@@ -157,7 +154,7 @@ def _ds_block(st, dp, j, rows, row_ok, lse2, delta, cols0, lk, diag, qk_scale, d
 
 @gluon.jit
 def _issue_s_dp(r, q, do, k_smem, v_smem, k_ready, v_ready, STAGES: gl.constexpr, KS: gl.constexpr,
-                BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+                s_layout: gl.constexpr):
     # S = Q K^T and dP = dO V^T of the block at ring position r, issued asynchronously
     sk = r % KS
     mbarrier.wait(k_ready.index(sk), (r // KS) & 1)
@@ -173,7 +170,7 @@ def _issue_s_dp(r, q, do, k_smem, v_smem, k_ready, v_ready, STAGES: gl.constexpr
 @gluon.jit
 def _key_blocks(q, do, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, r0, n_blocks, rows, row_ok, lse2,
                 delta, cols0, lk, diag, qk_scale, o, CAUSAL: gl.constexpr, STAGES: gl.constexpr, KS: gl.constexpr,
-                HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr,
+                HEAD_D: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr,
                 ds_layout: gl.constexpr, o_layout: gl.constexpr):
     # The forward's order (FA3's intra-warpgroup overlap): block j's S and dP are issued, then block
     # j-1's dQ MMA; one wait for S and dP alone (dQ(j-1) stays in flight) and dS(j) is computed while
@@ -184,21 +181,21 @@ def _key_blocks(q, do, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, r0, n
     dq = gl.zeros([HALF_M, HEAD_D], gl.float32, dq_layout)
     delta_rows = gl.zeros([HALF_M], gl.float32, gl.SliceLayout(1, s_layout))
     if n_blocks > 0:
-        st, dp = _issue_s_dp(r0, q, do, k_smem, v_smem, k_ready, v_ready, STAGES, KS, BLOCK_N, s_layout)
+        st, dp = _issue_s_dp(r0, q, do, k_smem, v_smem, k_ready, v_ready, STAGES, KS, s_layout)
         delta_rows = _row_delta(o, do, row_ok, o_layout, s_layout)
         delta = gl.expand_dims(delta_rows, 1)
         st, dp = warpgroup_mma_wait(0, deps=(st, dp))
         mbarrier.arrive(v_empty.index(r0 % STAGES))
         ds_prev = _ds_block(st, dp, 0, rows, row_ok, lse2, delta, cols0, lk, diag, qk_scale, k_smem.dtype,
-                            CAUSAL, BLOCK_N, ds_layout)
+                            CAUSAL, ds_layout)
         for j in range(1, n_blocks):
             r = r0 + j
-            st, dp = _issue_s_dp(r, q, do, k_smem, v_smem, k_ready, v_ready, STAGES, KS, BLOCK_N, s_layout)
+            st, dp = _issue_s_dp(r, q, do, k_smem, v_smem, k_ready, v_ready, STAGES, KS, s_layout)
             dq_run = warpgroup_mma(ds_prev, k_smem.index((r - 1) % KS), dq, is_async=True)
             st, dp = warpgroup_mma_wait(1, deps=(st, dp))
             mbarrier.arrive(v_empty.index(r % STAGES))
             ds = _ds_block(st, dp, j, rows, row_ok, lse2, delta, cols0, lk, diag, qk_scale, k_smem.dtype,
-                           CAUSAL, BLOCK_N, ds_layout)
+                           CAUSAL, ds_layout)
             dq, ds_prev = warpgroup_mma_wait(0, deps=(dq_run, ds_prev))
             mbarrier.arrive(k_empty.index((r - 1) % KS))
             ds_prev = ds
@@ -218,7 +215,6 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_rea
     CAUSAL: gl.constexpr = flags.CAUSAL
     HEAD_D: gl.constexpr = flags.HEAD_D
     STAGES: gl.constexpr = flags.STAGES
-    BLOCK_N: gl.constexpr = flags.BLOCK_N
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -251,7 +247,7 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_rea
         q_a = q.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
         dq, delta_rows = _key_blocks(q_a, do, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, r0, n_blocks,
                                      rows, row_ok, lse2, delta, cols0, lk, diag, qk_scale, o, CAUSAL, STAGES,
-                                     flags.K_STAGES, HEAD_D, BLOCK_N, s_layout, dq_layout, ds_layout, o_layout)
+                                     flags.K_STAGES, HEAD_D, s_layout, dq_layout, ds_layout, o_layout)
         # what the preprocess pass would have written: delta, and the dK/dV kernel's statistics
         gl.store(DELTA + lse_ptrs, delta_rows, mask=row_ok)
         gl.store(STATS + h.to(gl.int64) * stride_sh + stat_cols, lse2_rows, mask=row_ok)
@@ -274,8 +270,7 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_rea
 def dq_kernel(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, CU_Q, CU_K, TILE_SEQ, TILE_BLK, ITEMS, COUNTER,
               stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, H, GROUP, N_ITEMS, dq_desc,
               O, STATS, COLS, stride_ot, stride_oh, stride_sh, dynamic,
-              CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
-              BLOCK_N: gl.constexpr = BLOCK_N, REGS: gl.constexpr = 232, LOADER_REGS: gl.constexpr = 40):
+              CAUSAL: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr):
     # work items: (128-row query tile, query head) in ITEMS' order; program p runs the launch positions p,
     # then p + P, ... (dynamic != 0: those it claims from COUNTER)
     n_items = gl.load(N_ITEMS)  # the item count, written on the device by the schedule's builder
@@ -308,26 +303,18 @@ def dq_kernel(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, CU_Q, CU_K, TILE_
               stride_dqt, stride_dqh, stride_lh, sm_scale, qk_scale, dq_desc, O, STATS, COLS, stride_ot, stride_oh,
               stride_sh)
     gl.warp_specialize([
-        (_consumer, shared + (DqFlags(0, CAUSAL, HEAD_D, HEAD_DV, STAGES, BLOCK_N), )),
-        (_consumer, shared + (DqFlags(1, CAUSAL, HEAD_D, HEAD_DV, STAGES, BLOCK_N), )),
+        (_consumer, shared + (DqFlags(0, CAUSAL, HEAD_D, HEAD_DV, STAGES), )),
+        (_consumer, shared + (DqFlags(1, CAUSAL, HEAD_D, HEAD_DV, STAGES), )),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, pos_smem,
                    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, tail_bar,
                    ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, dynamic,
-                   DqFlags(2, CAUSAL, HEAD_D, HEAD_DV, STAGES, BLOCK_N))),
-    ], [4, 1], [REGS, LOADER_REGS])
+                   DqFlags(2, CAUSAL, HEAD_D, HEAD_DV, STAGES))),
+    ], [4, 1], [232, 40])
 
 
-def block_n(head_d, keys_64=True):
-    """(keys per block, registers of a consumer thread, of the loader's): 128 keys at head dim 64 where keys_64
-    (Config.dq_keys_64), with 240 / 24 registers, under which ptxas runs the wider S and dP accumulators
-    without serializing the wgmma (at 232 it does); 64 keys and 232 / 40 registers elsewhere."""
-    return (128, 240, 24) if head_d == 64 and keys_64 else (BLOCK_N, 232, 40)
-
-
-def compile_sm90(head_d=128, head_dv=128, stages=STAGES, causal=False, dtype="bf16", keys_64=True):
+def compile_sm90(head_d=128, head_dv=128, stages=STAGES, causal=False, dtype="bf16"):
     """``dq_kernel`` compiled for sm_90 on any machine (pipeline.compile_sm90)."""
-    n, regs, loader_regs = block_n(head_d, keys_64)
-    m = HALF_M.value
+    m, n = HALF_M.value, BLOCK_N.value
     types = {"q_desc": desc_type(dtype, m, head_d), "k_desc": desc_type(dtype, n, head_d),
              "v_desc": desc_type(dtype, n, head_dv), "do_desc": desc_type(dtype, m, head_dv), "DQ": "*" + dtype,
              "LSE": "*fp32", "DELTA": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "TILE_SEQ": "*i32",
@@ -335,5 +322,4 @@ def compile_sm90(head_d=128, head_dv=128, stages=STAGES, causal=False, dtype="bf
              "stride_lh": "i32", "sm_scale": "fp32", "qk_scale": "fp32", "H": "i32", "GROUP": "i32",
              "N_ITEMS": "*i32", "dq_desc": desc_type(dtype, m, head_d), "O": "*" + dtype, "STATS": "*fp32",
              "COLS": "*i32", "stride_ot": "i32", "stride_oh": "i32", "stride_sh": "i32", "dynamic": "i32"}
-    return _compile(dq_kernel, types, dict(CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages, BLOCK_N=n,
-                                           REGS=regs, LOADER_REGS=loader_regs))
+    return _compile(dq_kernel, types, dict(CAUSAL=causal, HEAD_D=head_d, HEAD_DV=head_dv, STAGES=stages))

@@ -59,11 +59,9 @@ class PartitionFlags:
     HEAD_DV: gl.constexpr
     STAGES: gl.constexpr
     TMA_STORE: gl.constexpr
-    PINGPONG: gl.constexpr
-    FENCE: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, WG, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE, PINGPONG, FENCE):
+    def __init__(self, WG, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE):
         self.WG = gl.constexpr(WG)
         self.BROADCAST = gl.constexpr(BROADCAST)
         self.CAUSAL = gl.constexpr(CAUSAL)
@@ -72,8 +70,6 @@ class PartitionFlags:
         self.HEAD_DV = gl.constexpr(HEAD_DV)
         self.STAGES = gl.constexpr(STAGES)
         self.TMA_STORE = gl.constexpr(TMA_STORE)
-        self.PINGPONG = gl.constexpr(PINGPONG)
-        self.FENCE = gl.constexpr(FENCE)
 
 
 @gluon.jit
@@ -158,20 +154,6 @@ def _softmax_step(scores, m_i, l_i, j, offs_m, offs_n, lk, diag, qk_scale,
 
 
 @gluon.jit
-def _my_turn(turn, t, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    # the two consumer groups take turns to issue their MMAs, so that one group's softmax runs while the
-    # other's MMAs use the tensor cores; group 0 goes first (its first wait is on the phase before 0)
-    if PINGPONG:
-        mbarrier.wait(turn.index(WG), (t & 1) ^ (1 - WG))
-
-
-@gluon.jit
-def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    if PINGPONG:
-        mbarrier.arrive(turn.index(1 - WG))
-
-
-@gluon.jit
 def _issue_qk(r, q, k_smem, k_ready, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr):
     # QK^T against the K block at ring position r, issued asynchronously
     s = r % STAGES
@@ -181,36 +163,22 @@ def _issue_qk(r, q, k_smem, k_ready, BLOCK_N: gl.constexpr, STAGES: gl.constexpr
 
 
 @gluon.jit
-def _pipelined_block(j, r, t, acc, p_prev, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn,
+def _pipelined_block(j, r, acc, p_prev, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                      offs_m, offs_n, lk, diag, qk_scale,
                      MASKED: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                     s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-                     WG: gl.constexpr, PINGPONG: gl.constexpr, FENCE: gl.constexpr):
+                     s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
     # key block j (ring position r): its softmax runs while the previous block's PV (ring position r - 1) is in
     # flight (FA3's intra-warpgroup overlap): issue QK^T(j), issue that PV, wait for QK^T only, softmax(j),
     # then wait for PV and rescale.
     s = r % STAGES
     sp = (r - 1) % STAGES
-    _my_turn(turn, t, WG, PINGPONG)
     qk = _issue_qk(r, q, k_smem, k_ready, BLOCK_N, STAGES, s_layout)
     mbarrier.wait(v_ready.index(sp), ((r - 1) // STAGES) & 1)
     pv = warpgroup_mma(p_prev, v_smem.index(sp), acc, is_async=True)
-    _pass_turn(turn, WG, PINGPONG)
     scores = warpgroup_mma_wait(1, deps=(qk, ))  # groups retire in order: QK^T(j) is done
     mbarrier.arrive(k_empty.index(s))
-    if FENCE:
-        # always true (r >= 0), but ptxas schedules within a basic block: the branch keeps the PV wait
-        # below the exponentials, so block j's softmax runs while PV(j-1) does
-        if r >= 0:
-            p, alpha, l_i, m_new = _softmax_step(scores, m_i, l_i, j, offs_m, offs_n, lk, diag, qk_scale,
-                                                 MASKED, CAUSAL, BLOCK_N)
-        else:
-            p = scores
-            alpha = m_i
-            m_new = m_i
-    else:
-        p, alpha, l_i, m_new = _softmax_step(scores, m_i, l_i, j, offs_m, offs_n, lk, diag, qk_scale,
-                                             MASKED, CAUSAL, BLOCK_N)
+    p, alpha, l_i, m_new = _softmax_step(scores, m_i, l_i, j, offs_m, offs_n, lk, diag, qk_scale,
+                                         MASKED, CAUSAL, BLOCK_N)
     acc, p_prev = warpgroup_mma_wait(0, deps=(pv, p_prev))
     mbarrier.arrive(v_empty.index(sp))
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
@@ -219,7 +187,7 @@ def _pipelined_block(j, r, t, acc, p_prev, l_i, m_i, q, k_smem, v_smem, k_ready,
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+def _consumer(q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
               O, LSE, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
               stride_ot, stride_oh, stride_lh, qk_scale, o_desc, flags):
     WG: gl.constexpr = flags.WG
@@ -227,7 +195,6 @@ def _consumer(q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_rea
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     HEAD_DV: gl.constexpr = flags.HEAD_DV
     STAGES: gl.constexpr = flags.STAGES
-    PINGPONG: gl.constexpr = flags.PINGPONG
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -235,7 +202,6 @@ def _consumer(q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_rea
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     r0 = 0  # ring position of the item's first key block
     tq = 0  # items so far: Q buffer tq % 2
-    t0 = 0  # turns taken so far (PINGPONG)
     # the loader names each item it loads (and, last, a position past the end)
     mbarrier.wait(q_ready.index(0), 0)
     pos = read_pos(pos_smem, 0)
@@ -252,9 +218,7 @@ def _consumer(q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_rea
         q = q_smem.index(2 * qb + WG)
         if first < lq:
             if n_blocks > 0:
-                _my_turn(turn, t0, WG, PINGPONG)
                 qk = _issue_qk(r0, q, k_smem, k_ready, BLOCK_N, STAGES, s_layout)
-                _pass_turn(turn, WG, PINGPONG)
                 scores = warpgroup_mma_wait(0, deps=(qk, ))
                 mbarrier.arrive(k_empty.index(r0 % STAGES))
                 # the first block: block 0 under causal masking, else the last (masked where it is ragged)
@@ -274,26 +238,24 @@ def _consumer(q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_rea
                 if CAUSAL:
                     for j in range(1, n_full):
                         acc, p_op, l_i, m_i = _pipelined_block(
-                            j, r0 + j, t0 + j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty,
-                            v_empty, turn, offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL, BLOCK_N, STAGES,
-                            s_layout, o_layout, p_layout, WG, PINGPONG, flags.FENCE)
+                            j, r0 + j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                            offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL, BLOCK_N, STAGES, s_layout, o_layout,
+                            p_layout)
                     for j in range(gl.maximum(n_full, 1), n_blocks):
                         acc, p_op, l_i, m_i = _pipelined_block(
-                            j, r0 + j, t0 + j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty,
-                            v_empty, turn, offs_m, offs_n, lk, diag, qk_scale, True, CAUSAL, BLOCK_N, STAGES,
-                            s_layout, o_layout, p_layout, WG, PINGPONG, flags.FENCE)
+                            j, r0 + j, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                            offs_m, offs_n, lk, diag, qk_scale, True, CAUSAL, BLOCK_N, STAGES, s_layout, o_layout,
+                            p_layout)
                 else:
                     # the rest, last to first: without causal masking only the ragged last block is masked
                     for t in range(1, n_blocks):
                         acc, p_op, l_i, m_i = _pipelined_block(
-                            n_blocks - 1 - t, r0 + t, t0 + t, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready,
-                            v_ready, k_empty, v_empty, turn, offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL,
-                            BLOCK_N, STAGES, s_layout, o_layout, p_layout, WG, PINGPONG, flags.FENCE)
+                            n_blocks - 1 - t, r0 + t, acc, p_op, l_i, m_i, q, k_smem, v_smem, k_ready, v_ready,
+                            k_empty, v_empty, offs_m, offs_n, lk, diag, qk_scale, False, CAUSAL, BLOCK_N, STAGES,
+                            s_layout, o_layout, p_layout)
                 last = r0 + n_blocks - 1
-                _my_turn(turn, t0 + n_blocks, WG, PINGPONG)
                 mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
                 acc = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
-                _pass_turn(turn, WG, PINGPONG)
                 acc = warpgroup_mma_wait(0, deps=(acc, ))
                 mbarrier.arrive(v_empty.index(last % STAGES))
             if not flags.TMA_STORE:
@@ -313,8 +275,6 @@ def _consumer(q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_rea
             # them (step t: K(t) and V(t-1)), so neither group waits on something the other holds
             if n_blocks > 0:  # with no key block the active group takes no step either
                 for t in range(0, n_blocks + 1):
-                    _my_turn(turn, t0 + t, WG, PINGPONG)  # and pass every turn
-                    _pass_turn(turn, WG, PINGPONG)
                     if t < n_blocks:
                         mbarrier.wait(k_ready.index((r0 + t) % STAGES), ((r0 + t) // STAGES) & 1)
                         mbarrier.arrive(k_empty.index((r0 + t) % STAGES))
@@ -324,8 +284,6 @@ def _consumer(q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_rea
             mbarrier.arrive(q_empty.index(qb))
         r0 += n_blocks
         tq += 1
-        if n_blocks > 0:
-            t0 += n_blocks + 1
         mbarrier.wait(q_ready.index(tq % 2), (tq // 2) & 1)
         pos = read_pos(pos_smem, tq % 2)
 
@@ -337,8 +295,7 @@ def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, I
                stride_ot, stride_oh, stride_lh, qk_scale, H, GROUP, N_ITEMS, o_desc, dynamic,
                BROADCAST: gl.constexpr, CAUSAL: gl.constexpr,
                BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
-               STAGES: gl.constexpr, TMA_STORE: gl.constexpr = False, PINGPONG: gl.constexpr = False,
-               FENCE: gl.constexpr = False, REGS: gl.constexpr = 232, LOADER_REGS: gl.constexpr = 40):
+               STAGES: gl.constexpr, TMA_STORE: gl.constexpr = False):
     # work items: (128-row query tile, query head) in ITEMS' order; program p runs the launch positions p,
     # p + P, ... (dynamic != 0: p, then those it claims from COUNTER, a zeroed int32)
     n_items = gl.load(N_ITEMS)  # the item count, written on the device by the schedule's builder
@@ -354,10 +311,7 @@ def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, I
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     pos_smem = gl.allocate_shared_memory(gl.int32, [2, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(tail_bar, count=1)
-    mbarrier.init(turn.index(0), count=1)
-    mbarrier.init(turn.index(1), count=1)
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # both consumer groups release a Q buffer
@@ -368,23 +322,20 @@ def fwd_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, TILE_SEQ, TILE_BLK, I
         mbarrier.init(v_empty.index(i), count=2)
     fence_async_shared()
     # the two consumer groups differ only in which 64 rows they take (the flags' WG)
-    shared = (q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turn,
+    shared = (q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
               O, LSE, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items, stride_ot, stride_oh,
               stride_lh, qk_scale, o_desc)
     gl.warp_specialize([
-        (_consumer, shared + (PartitionFlags(0, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE,
-                                             PINGPONG, FENCE), )),
-        (_consumer, shared + (PartitionFlags(1, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE,
-                                             PINGPONG, FENCE), )),
+        (_consumer, shared + (PartitionFlags(0, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE), )),
+        (_consumer, shared + (PartitionFlags(1, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE), )),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pos_smem, q_ready, q_empty, k_ready, v_ready,
                    k_empty, v_empty, tail_bar, ITEMS, COUNTER, TILE_SEQ, TILE_BLK, CU_Q, CU_K, H, GROUP, n_items,
-                   dynamic, PartitionFlags(2, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE, PINGPONG,
-                                           FENCE))),
-    ], [4, 1], [REGS, LOADER_REGS])
+                   dynamic, PartitionFlags(2, BROADCAST, CAUSAL, BLOCK_N, HEAD_D, HEAD_DV, STAGES, TMA_STORE))),
+    ], [4, 1], [232, 40])
 
 
 def compile_sm90(block_n=BLOCK_N, head_d=128, head_dv=128, stages=STAGES, causal=False, broadcast=False,
-                 dtype="bf16", tma_store=False, pingpong=False, fence=False, regs=(232, 40)):
+                 dtype="bf16", tma_store=False):
     """``fwd_kernel`` compiled for sm_90 on any machine (pipeline.compile_sm90)."""
     types = {"q_desc": desc_type(dtype, HALF_M, head_d), "k_desc": desc_type(dtype, block_n, head_d),
              "v_desc": desc_type(dtype, block_n, head_dv), "O": "*" + dtype, "LSE": "*fp32", "CU_Q": "*i32",
@@ -392,5 +343,4 @@ def compile_sm90(block_n=BLOCK_N, head_d=128, head_dv=128, stages=STAGES, causal
              "stride_ot": "i32", "stride_oh": "i32", "stride_lh": "i32", "qk_scale": "fp32", "H": "i32",
              "GROUP": "i32", "N_ITEMS": "*i32", "o_desc": desc_type(dtype, HALF_M, head_dv), "dynamic": "i32"}
     return _compile(fwd_kernel, types, dict(BROADCAST=broadcast, CAUSAL=causal, BLOCK_N=block_n, HEAD_D=head_d,
-                                            HEAD_DV=head_dv, STAGES=stages, TMA_STORE=tma_store, PINGPONG=pingpong,
-                                            FENCE=fence, REGS=regs[0], LOADER_REGS=regs[1]))
+                                            HEAD_DV=head_dv, STAGES=stages, TMA_STORE=tma_store))
